@@ -1,0 +1,340 @@
+"""Site config and job spec: the schema, documented key by key, and loading.
+
+A site config holds facts about one cluster that rarely change; a job spec
+holds one training run. Both load into frozen, keyword-only dataclasses and are
+never changed after loading: derived values live in the plan (hpcyolo.plan).
+site_configs/example.yaml is the annotated version of the same schema.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .errors import ConfigError
+from .loader import build, read_yaml, spec
+
+# -- value checks (each raises ValueError with the message the user sees) ----
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Values that go into `#SBATCH` lines cannot be shell-quoted (sbatch reads
+# those lines itself), so they are restricted to characters Slurm uses there.
+_SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:+@%=-]*")
+_CONSTRAINT = re.compile(r"[A-Za-z0-9_.,:&|*!\[\]()-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(?:=[A-Za-z0-9_.,:+@%=/*&|\[\]()-]+)?")
+_MEMORY = re.compile(r"[0-9]+[KMGT]?")
+PATH_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+
+
+def check_name(value: str) -> None:
+    if not _NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a valid name: use letters, digits, '.', '_' and '-' "
+                         "(at most 64, starting with a letter or digit)")
+
+
+def check_slurm_word(value: str) -> None:
+    if not _SLURM_WORD.fullmatch(value):
+        raise ValueError(f"{value!r} has characters Slurm does not take here "
+                         "(letters, digits and _ . , : + @ % = - only)")
+
+
+def check_constraint(value: str) -> None:
+    if not _CONSTRAINT.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Slurm constraint expression (features joined by & | , [ ] *)")
+
+
+def check_memory(value: str) -> None:
+    if not _MEMORY.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Slurm memory size such as 480G, 64000 (MB) or 0 (all memory)")
+
+
+def check_env(value: dict) -> None:
+    for name in value:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+
+
+def check_sbatch_options(value: tuple) -> None:
+    for option in value:
+        if not _SBATCH_OPTION.fullmatch(option):
+            raise ValueError(f"{option!r} is not a single sbatch option such as --hint=nomultithread "
+                             "(no spaces or quotes)")
+
+
+def check_path(value: str) -> None:
+    """Absolute, or starting with an environment variable ($SCRATCH/runs)."""
+    if not (value.startswith("/") or PATH_VAR.match(value)):
+        raise ValueError(f"{value!r} must be an absolute path or start with a variable such as $SCRATCH "
+                         "(use $HOME, not ~)")
+
+
+def check_plain_path(value: str) -> None:
+    """Absolute, no variables: Slurm itself reads it (#SBATCH --output)."""
+    if not value.startswith("/") or "$" in value:
+        raise ValueError(f"{value!r} must be an absolute path without variables (Slurm reads it, not the shell)")
+    check_slurm_path_chars(value)
+
+
+def check_slurm_path_chars(value: str) -> None:
+    if re.search(r"[\s'\"\\`;]", value):
+        raise ValueError(f"{value!r} must not contain spaces, quotes, backslashes or ';' (Slurm reads it)")
+
+
+def check_host_suffix(value: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9.-]*", value):
+        raise ValueError(f"{value!r} is not a host name suffix (letters, digits, '.', '-')")
+
+
+def check_signal(value: str) -> None:
+    if value not in SIGNALS:
+        raise ValueError(f"{value!r} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
+
+
+def check_positive(value: int) -> None:
+    if value < 1:
+        raise ValueError(f"must be at least 1 (got {value})")
+
+
+def check_non_negative(value: int | float) -> None:
+    if value < 0:
+        raise ValueError(f"must not be negative (got {value})")
+
+
+def check_time(value: str) -> None:
+    parse_time(value)
+
+
+def parse_time(value: str) -> int:
+    """Slurm's time formats (man sbatch, --time) to seconds: M, M:S, H:M:S,
+    D-H, D-H:M, D-H:M:S."""
+    m = _TIME.fullmatch(value.strip())
+    if not m:
+        raise ValueError(f"{value!r} is not a Slurm time such as 90 (minutes), 04:00:00 or 2-00:00:00")
+    days, a, b, c = m.groups()
+    a, b, c = int(a), int(b or 0), int(c or 0)
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        seconds = int(days) * 86400 + a * 3600 + b * 60 + c
+    elif m.group(4) is not None:  # H:M:S
+        seconds = a * 3600 + b * 60 + c
+    elif m.group(3) is not None:  # M:S
+        seconds = a * 60 + b
+    else:  # M
+        seconds = a * 60
+    if seconds <= 0:
+        raise ValueError(f"{value!r} is not a positive time")
+    return seconds
+
+
+def format_time(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms
+
+
+# -- site config ---------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSite:
+    partition: str | None = spec(None, doc="Partition (--partition); empty for the cluster's default.",
+                                 check=check_slurm_word)
+    account: str | None = spec(None, doc="Account charged (--account).", check=check_slurm_word)
+    qos: str | None = spec(None, doc="Quality of service (--qos).", check=check_slurm_word)
+    constraint: str | None = spec(None, doc="Node features (--constraint), e.g. gpu or gpu&hbm80g.",
+                                  check=check_constraint)
+    reservation: str | None = spec(None, doc="Reservation (--reservation).", check=check_slurm_word)
+    max_time: str | None = spec(None, doc="Longest walltime the partition allows; jobs asking more are refused.",
+                                check=check_time)
+    gpu_request: Literal["gres", "gpus-per-node", "gpus-per-task", "none"] = spec(
+        "gres", doc="How the site asks for GPUs: gres (--gres=gpu:N), gpus-per-node, gpus-per-task, none (CPU site).")
+    gres_name: str = spec("gpu", doc="The GRES name, with a type if the site wants one (gpu:a100).",
+                          check=check_slurm_word)
+    launcher: Literal["srun", "torchrun"] = spec(
+        "srun", doc="srun: one task per GPU; torchrun: one task per node running torchrun (c10d rendezvous).")
+    extra_sbatch: tuple[str, ...] = spec((), doc="More sbatch options, one per item (--hint=nomultithread).",
+                                         check=check_sbatch_options)
+    extra_srun: tuple[str, ...] = spec((), doc="More srun options for the training step (--cpu-bind=cores).",
+                                       check=check_sbatch_options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSite:
+    gpus: int = spec(0, doc="GPUs per node; 0 for a CPU site.", check=check_non_negative)
+    cpus: int | None = spec(None, doc="CPU cores per node a job may use; sets --cpus-per-task and OMP_NUM_THREADS.",
+                            check=check_positive)
+    memory: str | None = spec(None, doc="Memory per node to ask for (--mem): 480G, 64000 (MB), or 0 for all.",
+                              check=check_memory)
+    threads_per_core: int = spec(1, doc="Hardware threads per core that node.cpus counts (2 where Slurm counts "
+                                        "hyperthreads); OMP_NUM_THREADS gets one thread per core.",
+                                 check=check_positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSite:
+    interface: str | None = spec(None, doc="Interface for NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (ib0, hsn0).",
+                                 check=check_slurm_word)
+    master_suffix: str = spec("", doc="Appended to the first host's name for MASTER_ADDR, where the site names "
+                                      "a node's fast interface that way (JSC: jwb0001 -> jwb0001i).",
+                              check=check_host_suffix)
+    infiniband: bool = spec(False, doc="InfiniBand present; false sets NCCL_IB_DISABLE=1.")
+    ib_hca: tuple[str, ...] = spec((), doc="HCAs for NCCL_IB_HCA (mlx5_0, mlx5_1, ...).")
+    nccl_env: dict[str, str] = spec({}, doc="More NCCL/network variables, exported ($VAR expands).", check=check_env)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageSite:
+    runs: str = spec(doc="Shared root for run directories and checkpoints ($VAR allowed: $SCRATCH/hpcyolo).",
+                     check=check_path)
+    scratch: str = spec("/dev/shm", doc="Node-local scratch for staged data (tmpfs /dev/shm, or NVMe).",
+                        check=check_path)
+    logs: str | None = spec(None, doc="Directory for Slurm output files (no $VAR); empty: the submit directory.",
+                            check=check_plain_path)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentSite:
+    module_purge: bool = spec(False, doc="Run `module purge` before loading modules.")
+    module_use: tuple[str, ...] = spec((), doc="Module directories to add first (`module use DIR`).")
+    modules: tuple[str, ...] = spec((), doc="Environment modules to load, in order.")
+    venv: str | None = spec(None, doc="Python virtual environment to activate (its root directory).",
+                            check=check_path)
+    env: dict[str, str] = spec({}, doc="Environment variables to export ($VAR expands at run time).",
+                               check=check_env)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerSite:
+    runtime: Literal["none", "apptainer", "singularity", "pyxis"] = spec(
+        "none", doc="Run the steps in a container: none, apptainer or singularity (exec), "
+                    "pyxis (srun --container-image).")
+    image: str | None = spec(None, doc="Image: a .sif/.sqsh path or a registry reference, hpcyolo installed in it "
+                                       "($VAR expands).")
+    mounts: tuple[str, ...] = spec((), doc="Bind mounts, SRC[:DST], so runs, data and scratch are visible "
+                                           "($VAR expands).")
+    options: tuple[str, ...] | None = spec(None, doc="Extra runtime options; default for apptainer on GPUs: [--nv].")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreemptionSite:
+    signal: str = spec("USR2", doc="Signal Slurm sends before the time limit; hpcyolo checkpoints on it.",
+                       check=check_signal)
+    grace: int = spec(120, doc="Seconds before the time limit to send it (--signal=SIG@grace); 0: none.",
+                      check=check_non_negative)
+    max_requeues: int = spec(3, doc="How often a job may requeue itself after preemption or time-out.",
+                             check=check_non_negative)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteConfig:
+    name: str = spec(doc="Short name of the site, shown in the script header.", check=check_name)
+    description: str = spec("", doc="What the site is, and which public facts the file reflects.")
+    slurm: SlurmSite = spec(SlurmSite, doc="How jobs are asked of Slurm.")
+    node: NodeSite = spec(NodeSite, doc="What one node has.")
+    network: NetworkSite = spec(NetworkSite, doc="Interconnect settings for NCCL and Gloo.")
+    storage: StorageSite = spec(doc="Where runs, checkpoints, staged data and logs go.")
+    environment: EnvironmentSite = spec(EnvironmentSite, doc="Software set-up run before every step.")
+    container: ContainerSite = spec(ContainerSite, doc="Container runtime for the steps.")
+    preemption: PreemptionSite = spec(PreemptionSite, doc="Time-limit and preemption handling.")
+
+
+# -- job spec ------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    nodes: int = spec(1, doc="Number of nodes.", check=check_positive)
+    gpus_per_node: int | None = spec(None, doc="GPUs per node (one training process each); empty: all the site has.",
+                                     check=check_positive)
+    tasks_per_node: int | None = spec(None, doc="CPU sites only: training processes per node (default 1).",
+                                      check=check_positive)
+    time: str = spec("01:00:00", doc="Walltime (--time): 90, 04:00:00, 1-12:00:00.", check=check_time)
+    launcher: Literal["srun", "torchrun"] | None = spec(None, doc="Override the site's launcher.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    yaml: str = spec(doc="Ultralytics-style data YAML (path, train, val, names); relative to this file.")
+    stage: bool = spec(False, doc="Copy the dataset into node-local scratch once per node before training.")
+    cache: Literal["none", "ram", "disk"] = spec("none", doc="Decoded-image cache: none, ram (one per node), disk.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Train:
+    model: Literal["n", "s", "m"] = spec("n", doc="Model scale (YOLOv8-style n, s, m).")
+    epochs: int = spec(100, doc="Epochs to train.", check=check_positive)
+    batch: int = spec(64, doc="Global batch size, split evenly over all ranks.", check=check_positive)
+    imgsz: int = spec(640, doc="Training image size (pixels, a multiple of 32).", check=check_positive)
+    workers: int = spec(4, doc="Data-loader worker processes per rank.", check=check_non_negative)
+    seed: int = spec(0, doc="Random seed (each rank derives its own from it).", check=check_non_negative)
+    optimizer: Literal["sgd", "adamw"] = spec("sgd", doc="Optimizer: sgd or adamw.")
+    lr0: float | None = spec(None, doc="Initial learning rate; empty: 0.01 for sgd, 0.001 for adamw.",
+                             check=check_non_negative)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    every_steps: int = spec(0, doc="Also checkpoint every N optimizer steps; 0: at the end of each epoch only.",
+                            check=check_non_negative)
+    keep: int = spec(3, doc="How many recent checkpoints to keep.", check=check_positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    name: str | None = spec(None, doc="Run directory name under the site's storage.runs; empty: the job name.",
+                            check=check_name)
+    resume: bool = spec(False, doc="Continue an existing run of this name; false refuses to touch one "
+                                   "(a requeued job always resumes its own run).")
+    dist_timeout: int = spec(600, doc="Seconds a collective may wait before the job gives up (hang protection).",
+                             check=check_positive)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    name: str = spec(doc="Job name (--job-name).", check=check_name)
+    resources: Resources = spec(Resources, doc="Nodes, processes per node and walltime.")
+    data: Data = spec(doc="The dataset.")
+    train: Train = spec(Train, doc="Training hyper-parameters.")
+    checkpoint: Checkpoint = spec(Checkpoint, doc="Checkpoint policy.")
+    run: Run = spec(Run, doc="The run directory.")
+    entrypoint: tuple[str, ...] | None = spec(
+        None, split=True,
+        doc="A custom command instead of the built-in trainer (any torch.distributed script); "
+            "it gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.")
+
+
+def load_site(path: str | Path) -> SiteConfig:
+    file = str(path)
+    site = build(SiteConfig, read_yaml(path), file)
+    _check_site(site, file)
+    return site
+
+
+def load_job(path: str | Path) -> JobSpec:
+    file = str(path)
+    job = build(JobSpec, read_yaml(path), file)
+    if job.entrypoint is not None and not job.entrypoint:
+        raise ConfigError(file, "entrypoint", "must name a command")
+    if job.train.imgsz % 32:
+        raise ConfigError(file, "train.imgsz", f"must be a multiple of 32 (the largest stride), got {job.train.imgsz}")
+    return job
+
+
+def _check_site(site: SiteConfig, file: str) -> None:
+    """Checks across keys of one site config."""
+    gpu_site = site.node.gpus > 0
+    if gpu_site and site.slurm.gpu_request == "none":
+        raise ConfigError(file, "slurm.gpu_request", f"is none, but node.gpus is {site.node.gpus}")
+    if not gpu_site and site.slurm.gpu_request != "none":
+        raise ConfigError(file, "node.gpus", f"is 0, so slurm.gpu_request must be none (got {site.slurm.gpu_request})")
+    if site.container.runtime != "none" and not site.container.image:
+        raise ConfigError(file, "container.image", f"is required with container.runtime: {site.container.runtime}")
+    if site.network.ib_hca and not site.network.infiniband:
+        raise ConfigError(file, "network.ib_hca", "is set, but network.infiniband is false")
+    if site.slurm.max_time and site.preemption.grace >= parse_time(site.slurm.max_time):
+        raise ConfigError(file, "preemption.grace", "must be shorter than slurm.max_time")

@@ -1,0 +1,205 @@
+"""Reading YAML into frozen dataclasses, with errors that name file and key.
+
+The schema is the dataclasses themselves (hpcyolo.config): each field's type
+says what YAML value it takes, `spec(doc=..., check=...)` documents it and adds
+a value check. This module walks a parsed mapping against them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Literal, Union, get_args, get_origin
+
+import yaml
+
+from .errors import ConfigError
+
+
+def spec(default: Any = dataclasses.MISSING, *, doc: str, check: Callable[[Any], None] | None = None,
+         split: bool = False) -> Any:
+    """A schema field: `doc` is its one-line documentation, `check` raises
+    ValueError(message) for a bad value, `split` lets a string stand for a
+    list (shell words, as shlex.split reads them)."""
+    meta = {"doc": doc, "check": check, "split": split}
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda: dict(default), metadata=meta)
+    if dataclasses.is_dataclass(default) and isinstance(default, type):
+        return dataclasses.field(default_factory=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser is 20x faster
+    """SafeLoader without YAML 1.1's base-60 numbers and with duplicate keys
+    as errors: `time: 04:00:00` must stay a string, not become 14400."""
+
+
+# Drop the implicit int/float resolvers and re-add them without the
+# sexagesimal forms (`1:30` would otherwise be read as 90).
+_Loader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: object, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+def _mapping_without_duplicates(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise _DuplicateKey(key, key_node.start_mark.line + 1)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse one YAML file; any problem becomes a ConfigError naming it."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(name, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(name, "", f"cannot read: {e}") from None
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except _DuplicateKey as e:
+        raise ConfigError(name, str(e.key), f"duplicate key (again on line {e.line})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(name, "", f"not valid YAML: {where}{problem}") from None
+
+
+def _typename(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
+    """Build dataclass `cls` from parsed YAML `raw`, checking every key."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(file, prefix or "(top level)", f"must be a mapping, got {_typename(raw)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            import difflib  # only on this error path: it is slow to import
+
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(fields)}"
+            raise ConfigError(file, _join(prefix, key), f"unknown key{hint}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, f in fields.items():
+        key = _join(prefix, name)
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(file, key, "required key is missing")
+            continue
+        value = raw[name]
+        if f.metadata.get("split") and isinstance(value, str):
+            try:
+                value = shlex.split(value)
+            except ValueError as e:
+                raise ConfigError(file, key, f"cannot split into words: {e}") from None
+        value = _convert(hints[name], value, file, key)
+        check = f.metadata.get("check")
+        if check is not None and value is not None:
+            try:
+                check(value)
+            except ValueError as e:
+                raise ConfigError(file, key, str(e)) from None
+        values[name] = value
+    return cls(**values)
+
+
+def _convert(tp: Any, value: Any, file: str, key: str) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, file, key)
+    if value is None:
+        raise ConfigError(file, key, "must not be empty")
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, file, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(file, key, f"must be one of {', '.join(map(str, args))} (got {value!r})")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(file, key, f"must be a list, got {_typename(value)}")
+        return tuple(_convert(args[0], v, file, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(file, key, f"must be a mapping, got {_typename(value)}")
+        return {_convert(args[0], k, file, key): _convert(args[1], v, file, _join(key, k)) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(file, key, f"must be true or false, got {_typename(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(file, key, f"must be an integer, got {_typename(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(file, key, f"must be a number, got {_typename(value)}")
+        return float(value)
+    if tp is str:
+        # Numbers are fine where a string is expected (`memory: 512`), but
+        # containers and booleans are not.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ConfigError(file, key, f"must be a string, got {_typename(value)}")
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(file, key, "must not contain control characters such as a newline")
+        return value
+    raise AssertionError(f"unsupported schema type {tp!r} at {key}")
+
+
+def field_docs(cls: type, prefix: str = "") -> dict[str, str]:
+    """Every dotted key of a schema with its doc line (for docs and tests)."""
+    out = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = _join(prefix, f.name)
+        out[key] = f.metadata.get("doc", "")
+        inner = hints[f.name]
+        if dataclasses.is_dataclass(inner):
+            out.update(field_docs(inner, key))
+    return out

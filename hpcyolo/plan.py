@@ -1,0 +1,250 @@
+"""The plan: everything the job needs, derived once from a site and a job.
+
+`make_plan` holds every check that spans the two files and every derived
+value; rendering the sbatch script and building submitit parameters are pure
+functions of the plan (plan, then render, then submit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import JobSpec, SiteConfig, format_time, parse_time
+from .errors import ConfigError
+from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
+from .shell import Expand, Raw, Var
+
+# torchrun's agent turns only these into a clean shutdown of its workers
+# (torch.distributed.elastic: SIGTERM, SIGINT, SIGHUP, SIGQUIT); any other
+# signal would kill the agent, so under torchrun the warning signal is TERM.
+TORCHRUN_SIGNALS = ("TERM", "INT", "HUP")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPlan:
+    site: SiteConfig
+    job: JobSpec
+    site_file: str
+    job_file: str
+    command: str  # the command line that produced the plan, for the header
+    launcher: str  # srun | torchrun
+    nodes: int
+    gpus_per_node: int
+    procs_per_node: int  # training processes per node
+    tasks_per_node: int  # Slurm tasks per node in the training step
+    world_size: int
+    cpus_per_task: int | None
+    omp_threads: int
+    time: str  # normalized D-HH:MM:SS
+    signal: str
+    sbatch: tuple[tuple[str, object], ...]  # generic name -> value, see slurm_flags
+    run_name: str
+    run_dir: str  # may hold $VARs, expanded by the shell at run time
+    stage_dir: str | None
+    data: str  # absolute path of the data YAML
+    network_env: tuple[tuple[str, str], ...]
+    stage_srun: tuple[str, ...]  # srun options of the staging step (one task per node)
+    train_srun: tuple[str, ...]  # srun options of the training step
+    step_prefix: tuple[str, ...]  # command words before hpcyolo (apptainer exec ...)
+    stage_argv: tuple[str, ...]
+    unstage_argv: tuple[str, ...]
+    train_argv: tuple[str, ...]
+    preempt_exit_code: int = PREEMPT_EXIT_CODE
+
+    @property
+    def batch_per_rank(self) -> int:
+        return self.job.train.batch // self.world_size
+
+
+def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, command: str = "hpcyolo render",
+              check_paths: bool = True) -> JobPlan:
+    gpus, procs = _processes_per_node(site, job, job_file)
+    launcher = job.resources.launcher or site.slurm.launcher
+    tasks = 1 if launcher == "torchrun" else procs
+    world = job.resources.nodes * procs
+    _check_limits(site, job, job_file, world)
+
+    cpus_per_task = _cpus_per_task(site, job_file, gpus, procs, tasks)
+    # One OpenMP thread per physical core of the process's share.
+    omp = max(1, cpus_per_task // (procs // tasks) // site.node.threads_per_core) if cpus_per_task else 1
+
+    data = (Path(job_file).parent / job.data.yaml).resolve() if not Path(job.data.yaml).is_absolute() \
+        else Path(job.data.yaml)
+    if check_paths and not data.is_file():
+        raise ConfigError(job_file, "data.yaml", f"file not found: {data}")
+
+    signal = site.preemption.signal
+    if launcher == "torchrun" and signal not in TORCHRUN_SIGNALS:
+        signal = "TERM"
+    run_name = job.run.name or job.name
+    stage_dir = f"{site.storage.scratch}/hpcyolo-${{SLURM_JOB_USER}}/{run_name}" if job.data.stage else None
+
+    return JobPlan(
+        site=site, job=job, site_file=site_file, job_file=job_file, command=command,
+        launcher=launcher, nodes=job.resources.nodes, gpus_per_node=gpus, procs_per_node=procs,
+        tasks_per_node=tasks, world_size=world, cpus_per_task=cpus_per_task, omp_threads=omp,
+        time=format_time(parse_time(job.resources.time)), signal=signal,
+        sbatch=_sbatch_options(site, job, gpus, tasks, cpus_per_task, signal),
+        run_name=run_name, run_dir=f"{site.storage.runs}/{run_name}", stage_dir=stage_dir, data=str(data),
+        network_env=_network_env(site, gpus),
+        stage_srun=(f"--nodes={job.resources.nodes}", "--ntasks-per-node=1",
+                    *([f"--cpus-per-task={cpus_per_task * tasks}"] if cpus_per_task else []), *_container_options(site)),
+        train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus),
+        step_prefix=_step_prefix(site, gpus),
+        stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("STAGE_DIR")),
+        unstage_argv=("hpcyolo", "stage", "--remove", Var("STAGE_DIR")),
+        train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal),
+    )
+
+
+def _processes_per_node(site: SiteConfig, job: JobSpec, job_file: str) -> tuple[int, int]:
+    """(GPUs per node, training processes per node)."""
+    res = job.resources
+    if site.node.gpus == 0:
+        if res.gpus_per_node:
+            raise ConfigError(job_file, "resources.gpus_per_node",
+                              f"asks for {res.gpus_per_node} GPUs, but site '{site.name}' has none "
+                              "(use resources.tasks_per_node for CPU processes)")
+        return 0, res.tasks_per_node or 1
+    gpus = res.gpus_per_node or site.node.gpus
+    if gpus > site.node.gpus:
+        raise ConfigError(job_file, "resources.gpus_per_node",
+                          f"asks for {gpus} GPUs per node, but site '{site.name}' nodes have {site.node.gpus}")
+    if res.tasks_per_node is not None and res.tasks_per_node != gpus:
+        raise ConfigError(job_file, "resources.tasks_per_node",
+                          f"is for CPU sites; site '{site.name}' runs one process per GPU ({gpus})")
+    return gpus, gpus
+
+
+def _cpus_per_task(site: SiteConfig, job_file: str, gpus: int, procs: int, tasks: int) -> int | None:
+    """A GPU's share of the node's CPUs for each GPU of the task (so a job on
+    part of a shared node asks for its part), or the node's CPUs split over
+    the tasks on a CPU site."""
+    cpus = site.node.cpus
+    if cpus is None:
+        return None
+    if cpus < procs:
+        raise ConfigError(job_file, "resources", f"{procs} processes per node, but site '{site.name}' nodes have "
+                                                f"{cpus} CPUs")
+    if gpus:
+        return cpus // site.node.gpus * (gpus // tasks)
+    return cpus // tasks
+
+
+def _check_limits(site: SiteConfig, job: JobSpec, job_file: str, world: int) -> None:
+    seconds = parse_time(job.resources.time)
+    if site.slurm.max_time and seconds > parse_time(site.slurm.max_time):
+        raise ConfigError(job_file, "resources.time", f"{job.resources.time} is longer than site '{site.name}' "
+                                                      f"allows ({site.slurm.max_time})")
+    if site.preemption.grace and seconds <= site.preemption.grace:
+        raise ConfigError(job_file, "resources.time", f"{job.resources.time} leaves no time before the "
+                                                      f"preemption signal ({site.preemption.grace} s before the end)")
+    if job.train.batch % world:
+        raise ConfigError(job_file, "train.batch", f"must be a multiple of the world size ({world}), "
+                                                   f"got {job.train.batch}")
+
+
+def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int, cpus_per_task: int | None,
+                    signal: str) -> tuple[tuple[str, object], ...]:
+    s = site.slurm
+    gpu = {
+        "gres": ("gres", f"{s.gres_name}:{gpus}"),
+        "gpus-per-node": ("gpus_per_node", gpus),
+        "gpus-per-task": ("gpus_per_task", gpus // tasks),
+        "none": None,
+    }[s.gpu_request]
+    logs = f"{site.storage.logs}/%x-%j.out" if site.storage.logs else "%x-%j.out"
+    options = [
+        ("job_name", job.name),
+        ("nodes", job.resources.nodes),
+        ("ntasks_per_node", tasks),
+        ("cpus_per_task", cpus_per_task),
+        gpu,
+        ("mem", site.node.memory),
+        ("time", format_time(parse_time(job.resources.time))),
+        ("partition", s.partition),
+        ("account", s.account),
+        ("qos", s.qos),
+        ("constraint", s.constraint),
+        ("reservation", s.reservation),
+        ("requeue", True),
+        ("open_mode", "append"),
+        ("signal", f"{signal}@{site.preemption.grace}" if site.preemption.grace else None),
+        ("output", logs),
+    ]
+    return tuple(o for o in options if o is not None and o[1] is not None)
+
+
+def _network_env(site: SiteConfig, gpus: int) -> tuple[tuple[str, str], ...]:
+    """NCCL/Gloo variables: the interface, InfiniBand, then the site's own."""
+    net = site.network
+    env = []
+    if net.interface:
+        if gpus:
+            env.append(("NCCL_SOCKET_IFNAME", net.interface))
+        env.append(("GLOO_SOCKET_IFNAME", net.interface))
+    if gpus and not net.infiniband:
+        env.append(("NCCL_IB_DISABLE", "1"))
+    if net.ib_hca:
+        env.append(("NCCL_IB_HCA", ",".join(net.ib_hca)))
+    env.extend((name, Expand(value)) for name, value in net.nccl_env.items())
+    return tuple(env)
+
+
+def _container_options(site: SiteConfig) -> tuple[str, ...]:
+    """srun options for every step: pyxis adds its container options to srun."""
+    c = site.container
+    if c.runtime != "pyxis":
+        return ()
+    options = [Expand(f"--container-image={c.image}")]
+    if c.mounts:
+        options.append(Expand(f"--container-mounts={','.join(c.mounts)}"))
+    return (*options, *(c.options or ()))
+
+
+def _train_srun(site: SiteConfig, nodes: int, tasks: int, cpus_per_task: int | None, gpus: int) -> tuple[str, ...]:
+    # --kill-on-bad-exit: one failed rank ends the step instead of leaving the
+    # others blocked in a collective. --cpus-per-task is repeated on purpose:
+    # since Slurm 22.05 srun no longer inherits it from the batch allocation.
+    options = ["--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks-per-node={tasks}"]
+    if cpus_per_task:
+        options.append(f"--cpus-per-task={cpus_per_task}")
+    if site.slurm.gpu_request == "gpus-per-task":
+        options.append(f"--gpus-per-task={gpus // tasks}")
+    return (*options, *site.slurm.extra_srun, *_container_options(site))
+
+
+def _step_prefix(site: SiteConfig, gpus: int) -> tuple[str, ...]:
+    """`apptainer exec [--nv] --bind ... IMAGE` (or singularity) before hpcyolo."""
+    c = site.container
+    if c.runtime not in ("apptainer", "singularity"):
+        return ()
+    options = c.options if c.options is not None else (("--nv",) if gpus else ())
+    binds = tuple(w for m in c.mounts for w in ("--bind", Expand(m)))
+    return (c.runtime, "exec", *options, *binds, Expand(c.image))
+
+
+def _launch_argv(launcher: str, nodes: int, procs: int) -> tuple[str, ...]:
+    if launcher != "torchrun":
+        return ()
+    # One torchrun per node; c10d rendezvous on the first host. --no-python
+    # runs the hpcyolo console script itself in each worker.
+    return ("torchrun", f"--nnodes={nodes}", f"--nproc-per-node={procs}", "--rdzv-backend=c10d",
+            Raw('--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"'), Raw('--rdzv-id="$SLURM_JOB_ID"'), "--no-python")
+
+
+def _train_argv(site: SiteConfig, job: JobSpec, signal: str) -> tuple[str, ...]:
+    common = ("--run-dir", Var("RUN_DIR"), "--data", Var("DATA"), "--signal", signal,
+              "--dist-timeout", str(job.run.dist_timeout))
+    if job.entrypoint:
+        return ("hpcyolo", "exec", *common, "--", *job.entrypoint)
+    t = job.train
+    argv = ["hpcyolo", "train", *common,
+            "--model", t.model, "--epochs", str(t.epochs), "--batch", str(t.batch), "--imgsz", str(t.imgsz),
+            "--workers", str(t.workers), "--seed", str(t.seed), "--optimizer", t.optimizer,
+            "--cache", job.data.cache,
+            "--save-every", str(job.checkpoint.every_steps), "--keep", str(job.checkpoint.keep)]
+    if t.lr0 is not None:
+        argv += ["--lr0", repr(t.lr0)]
+    return tuple(argv)

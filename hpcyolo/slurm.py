@@ -1,0 +1,85 @@
+"""The thin wrapper around Slurm's commands: the only place hpcyolo runs them.
+
+Each call turns a missing command or a failure into a SlurmError that says
+which command failed and what it printed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from typing import Mapping
+
+from .errors import SlurmError
+
+# Job states after which a job will not run again (squeue(1), JOB STATE CODES).
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                          "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
+
+
+def run(argv: list[str], *, input: str | None = None, env: Mapping[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, input=input, env=None if env is None else dict(env), capture_output=True,
+                              text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]}: command not found (is this a Slurm login node?)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{shlex.join(argv)}: no answer after {timeout:.0f} s") from None
+
+
+def _check(proc: subprocess.CompletedProcess, argv: list[str]) -> str:
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip().replace("\n", "; ")
+        raise SlurmError(f"{shlex.join(argv)} failed (exit {proc.returncode}): {said}")
+    return proc.stdout
+
+
+def sbatch(script: str, *args: str, env: Mapping[str, str] | None = None) -> int:
+    """Submit a script (given as text) and return the job id."""
+    argv = ["sbatch", "--parsable", *args]
+    out = _check(run(argv, input=script, env=env), argv)
+    return int(out.strip().split(";")[0])
+
+
+def check_script(script: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`sbatch --test-only`: Slurm's own check of a script, nothing submitted.
+    Exit 0 valid; 1 impossible resources or unknown partition; 255 an unknown
+    option."""
+    return run(["sbatch", "--test-only"], input=script, env=env)
+
+
+def show_job(job_id: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`scontrol show job -o`, as a dict (JobState, ExitCode, Restarts, ...)."""
+    argv = ["scontrol", "show", "job", "-o", str(job_id)]
+    fields = {}
+    for word in shlex.split(_check(run(argv, env=env), argv)):
+        key, sep, value = word.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def wait(job_id: int, *, timeout: float, env: Mapping[str, str] | None = None, poll: float = 1.0,
+         settled=lambda info: True) -> dict[str, str]:
+    """Wait until the job reaches a final state (and `settled(info)` holds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = show_job(job_id, env)
+        if info.get("JobState") in FINAL_STATES and settled(info):
+            return info
+        if time.monotonic() > deadline:
+            raise SlurmError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s")
+        time.sleep(poll)
+
+
+def cancel(job_id: int, *args: str, env: Mapping[str, str] | None = None) -> None:
+    argv = ["scancel", *args, str(job_id)]
+    _check(run(argv, env=env), argv)
+
+
+def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
+    argv = ["scontrol", "show", "hostnames", nodelist]
+    return _check(run(argv, env=env if env is not None else os.environ), argv).split()

@@ -1,0 +1,57 @@
+"""Shared fixtures: paths, a quick plan builder, and the Slurm testbed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+COCO8 = SHARED / "datasets" / "coco8" / "coco8.yaml"
+VENV_BIN = Path(sys.executable).parent
+
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def testbed():
+    """A real Slurm cluster (2 nodes) on this machine, up for the session.
+
+    In CI (CI=true) a testbed that cannot come up fails the tests instead of
+    skipping them: they can run there and must.
+    """
+    from testbed.slurm_testbed import Testbed, available
+
+    ok, reason = available()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"Slurm testbed unavailable in CI: {reason}")
+        pytest.skip(f"Slurm testbed unavailable: {reason}")
+    # Nodes as large as the biggest shipped site's (DFKI Pegasus: 256 CPUs,
+    # 8 GPUs with 224G each), so `sbatch --test-only` can accept every site.
+    bed = Testbed(cpus=256, gpus=8, memory_mb=2_000_000)
+    started = not bed.is_up()
+    if started:
+        bed.up()
+    yield bed
+    if started:
+        bed.down()
+
+
+@pytest.fixture
+def slurm_env(testbed):
+    """Environment for Slurm clients and for jobs: the testbed's variables and
+    this venv first on PATH, so `hpcyolo` resolves inside the job."""
+    env = dict(os.environ)
+    env.update(testbed.env)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env

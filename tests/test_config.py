@@ -1,0 +1,128 @@
+"""Site/job loading and validation: every mistake is one line naming the file
+and the dotted key, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import COCO8, REPO, write
+
+from hpcyolo.config import format_time, load_job, load_site, parse_time
+from hpcyolo.errors import ConfigError
+from hpcyolo.plan import make_plan
+
+GPU_SITE = """\
+name: gpusite
+slurm: {partition: gpu, max_time: "2-00:00:00", gpu_request: gres}
+node: {gpus: 4, cpus: 48}
+storage: {runs: /scratch/runs}
+"""
+JOB = f"""\
+name: j
+resources: {{nodes: 2, time: "04:00:00"}}
+data: {{yaml: {COCO8}}}
+train: {{batch: 64}}
+"""
+
+
+def plan_of(tmp_path, site=GPU_SITE, job=JOB):
+    s, j = write(tmp_path / "site.yaml", site), write(tmp_path / "job.yaml", job)
+    return make_plan(load_site(s), load_job(j), site_file=str(s), job_file=str(j))
+
+
+def error_of(tmp_path, site=GPU_SITE, job=JOB) -> str:
+    with pytest.raises(ConfigError) as e:
+        plan_of(tmp_path, site, job)
+    return str(e.value)
+
+
+def test_good_files_make_a_plan(tmp_path):
+    plan = plan_of(tmp_path)
+    assert (plan.world_size, plan.procs_per_node, plan.cpus_per_task, plan.omp_threads) == (8, 4, 12, 12)
+    assert ("gres", "gpu:4") in plan.sbatch and ("time", "04:00:00") in plan.sbatch
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path):
+    msg = error_of(tmp_path, job=JOB.replace("train: {batch: 64}", "train: {bacth: 64}"))
+    assert msg.endswith("job.yaml: train.bacth: unknown key; did you mean 'batch'?")
+
+
+@pytest.mark.parametrize("site_edit, key, words", [
+    (("gpus: 4", "gpus: four"), "node.gpus", "must be an integer"),
+    (("gpu_request: gres", "gpu_request: gpus"), "slurm.gpu_request", "must be one of"),
+    (("partition: gpu", "partition: 'gpu; rm -rf /'"), "slurm.partition", "characters Slurm does not take"),
+    (("runs: /scratch/runs", "runs: ~/runs"), "storage.runs", "absolute path"),
+    (("max_time: \"2-00:00:00\"", "max_time: two days"), "slurm.max_time", "not a Slurm time"),
+    (("gpu_request: gres", "gpu_request: none"), "slurm.gpu_request", "is none, but node.gpus is 4"),
+    (("storage: {runs: /scratch/runs}", "storage: {}"), "storage.runs", "required key is missing"),
+])
+def test_site_errors_name_file_and_key(tmp_path, site_edit, key, words):
+    msg = error_of(tmp_path, site=GPU_SITE.replace(*site_edit))
+    assert f"site.yaml: {key}: " in msg and words in msg
+
+
+@pytest.mark.parametrize("job_edit, key, words", [
+    (("nodes: 2", "nodes: 0"), "resources.nodes", "at least 1"),
+    (("batch: 64", "batch: 60"), "train.batch", "multiple of the world size (8)"),
+    (("time: \"04:00:00\"", "time: \"3-00:00:00\""), "resources.time", "longer than site"),
+    (("nodes: 2,", "nodes: 2, gpus_per_node: 8,"), "resources.gpus_per_node", "nodes have 4"),
+    (("nodes: 2,", "nodes: 2, tasks_per_node: 2,"), "resources.tasks_per_node", "for CPU sites"),
+    (("name: j", "name: 'x\n#SBATCH --uid=0'"), "name", "not a valid name"),
+    (("train: {batch: 64}", "train: {batch: 64, imgsz: 100}"), "train.imgsz", "multiple of 32"),
+])
+def test_job_errors_name_file_and_key(tmp_path, job_edit, key, words):
+    msg = error_of(tmp_path, job=JOB.replace(*job_edit))
+    assert f"job.yaml: {key}: " in msg and words in msg
+
+
+def test_gpus_asked_of_a_cpu_site(tmp_path):
+    cpu_site = GPU_SITE.replace("gpu_request: gres", "gpu_request: none").replace("gpus: 4", "gpus: 0")
+    msg = error_of(tmp_path, site=cpu_site, job=JOB.replace("nodes: 2,", "nodes: 2, gpus_per_node: 1,"))
+    assert "job.yaml: resources.gpus_per_node: asks for 1 GPUs, but site 'gpusite' has none" in msg
+
+
+def test_missing_data_yaml(tmp_path):
+    msg = error_of(tmp_path, job=JOB.replace(str(COCO8), "nowhere/data.yaml"))
+    assert "job.yaml: data.yaml: file not found: " in msg and str(tmp_path / "nowhere" / "data.yaml") in msg
+
+
+def test_newline_in_a_value_is_rejected(tmp_path):
+    msg = error_of(tmp_path, job=JOB.replace(str(COCO8), '"/data/x\\n#SBATCH --uid=0"'))
+    assert "job.yaml: data.yaml: must not contain control characters" in msg
+
+
+def test_yaml_problems(tmp_path):
+    assert "duplicate key" in error_of(tmp_path, job=JOB + "name: again\n")
+    assert "not valid YAML: line 2, column 1" in error_of(tmp_path, job="name: [unclosed\n")
+    assert error_of(tmp_path, job="- a list\n").endswith("job.yaml: (top level): must be a mapping, got a list")
+
+
+def test_times_stay_strings_and_parse_like_slurm(tmp_path):
+    # YAML 1.1 would read an unquoted 04:00:00 as the base-60 integer 14400.
+    plan = plan_of(tmp_path, job=JOB.replace('time: "04:00:00"', "time: 04:00:00"))
+    assert plan.time == "04:00:00"
+    assert [parse_time(t) for t in ("90", "1:30", "2:00:00", "1-0", "1-2:3", "1-02:03:04")] == \
+        [5400, 90, 7200, 86400, 93780, 93784]
+    assert format_time(93784) == "1-02:03:04"
+
+
+def cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "hpcyolo.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def test_cli_validate_typo_exits_2_with_one_line(tmp_path):
+    s = write(tmp_path / "site.yaml", GPU_SITE)
+    j = write(tmp_path / "job.yaml", JOB.replace("train: {batch: 64}", "train: {epocs: 3}"))
+    r = cli("validate", s, j)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"hpcyolo: error: {j}: train.epocs: unknown key; did you mean 'epochs'?"]
+
+
+def test_cli_validate_ok(tmp_path):
+    s, j = write(tmp_path / "site.yaml", GPU_SITE), write(tmp_path / "job.yaml", JOB)
+    r = cli("validate", s, j)
+    assert r.returncode == 0, r.stderr
+    assert "world size 8" in r.stdout and "8 images per rank" in r.stdout
