@@ -118,6 +118,45 @@ def stage(data: str | None, dest: str | None, remove: str | None) -> None:
     staging.stage(data, dest)
 
 
+@main.command(name="make-dataset")
+@click.argument("kind", type=click.Choice(["shapes"]))
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--train", "n_train", default=800, show_default=True, type=click.IntRange(min=1),
+              help="Training images.")
+@click.option("--val", "n_val", default=200, show_default=True, type=click.IntRange(min=1), help="Validation images.")
+@click.option("--imgsz", default=160, show_default=True, type=click.IntRange(32, 4096), help="Image side in pixels.")
+@click.option("--classes", default=4, show_default=True, type=click.IntRange(1, 6),
+              help="Shape classes: circle, square, triangle, cross, star, ring (the first N).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--max-objects", default=4, show_default=True, type=click.IntRange(1, 50), help="Objects per image, "
+              "at most (5% of images have none).")
+def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int, classes: int, seed: int,
+                 max_objects: int) -> None:
+    """Write a synthetic detection dataset into DIR, in ultralytics layout.
+
+    KIND `shapes`: coloured shapes on noisy backgrounds, the class given by the
+    silhouette alone. Small and learnable: a YOLO n trained from scratch on a
+    CPU for a few minutes gets a meaningful mAP, which makes it an end-to-end
+    test of a training setup. The same seed writes the same files.
+
+        hpcyolo make-dataset shapes /scratch/$USER/shapes
+
+    DIR must not exist or be empty; it appears complete or not at all.
+    Prints the path of its data.yaml on stdout.
+    """
+    import time
+    from pathlib import Path
+
+    from .shapes import make_shapes
+
+    start = time.monotonic()
+    data_yaml = make_shapes(Path(directory), n_train=n_train, n_val=n_val, imgsz=imgsz, classes=classes, seed=seed,
+                            max_objects=max_objects)
+    click.echo(f"wrote {n_train} train + {n_val} val images ({imgsz} px, {classes} classes) "
+               f"in {time.monotonic() - start:.1f} s", err=True)
+    click.echo(str(data_yaml))
+
+
 _run_options = [
     click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory (shared)."),
     click.option("--data", required=True, type=click.Path(dir_okay=False), help="Data YAML."),
@@ -146,17 +185,50 @@ def _with_run_options(fn):
 @click.option("--cache", type=click.Choice(["none", "ram", "disk"]), default="none", show_default=True)
 @click.option("--save-every", default=0, show_default=True, help="Checkpoint every N steps (0: each epoch).")
 @click.option("--keep", default=3, show_default=True, help="Checkpoints to keep.")
-def train(**options) -> None:
+@click.option("--nbs", default=64, show_default=True, help="Nominal batch: gradients accumulate up to it.")
+@click.option("--close-mosaic", default=10, show_default=True, help="Last epochs trained without mosaic.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Node-local folder for image caches (default: RUN_DIR/cache).")
+def train(run_dir: str, data: str, signal_name: str, **options) -> None:
     """Train the built-in detector: run once per GPU (the sbatch script does this).
 
     Reads the rank layout from Slurm or torchrun, resumes from the newest valid
     checkpoint in --run-dir, and on --signal checkpoints and exits 75 so the
-    batch script requeues the job.
+    batch script requeues the job. Without a launcher it trains in one process.
+
+        hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
     from .distenv import from_environ
 
-    from_environ(os.environ)
-    raise HpcyoloError("the built-in trainer is not in this version yet; give the job spec an entrypoint")
+    os.environ.update(from_environ(os.environ).standard_vars())
+    from hpcyolo_trainer.config import TrainConfig
+    from hpcyolo_trainer.train import main as train_main
+
+    sys.exit(train_main(TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options)))
+
+
+@main.command()
+@click.argument("weights", type=click.Path(exists=True, dir_okay=False))
+@click.argument("images", nargs=-1, required=True)
+@click.option("--out", default="predictions", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for drawn images and labels/ (or predictions.json).")
+@click.option("--format", "fmt", type=click.Choice(["txt", "json"]), default="txt", show_default=True,
+              help="txt: labels/NAME.txt, 'class cx cy w h conf' normalised; json: one predictions.json.")
+@click.option("--conf", default=0.25, show_default=True, help="Confidence threshold.")
+@click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
+@click.option("--imgsz", type=int, default=None, help="Inference size (default: the training size).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: float, iou: float, imgsz: int | None,
+            device: str) -> None:
+    """Detect objects in IMAGES (files or folders) with trained WEIGHTS.
+
+        hpcyolo predict RUN/weights/best.pt photos/ --out predictions --format json
+    """
+    from hpcyolo_trainer.predict import predict as run_predict
+
+    results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device)
+    total = sum(len(r["detections"]) for r in results)
+    click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
 
 
 @main.command(name="exec", context_settings={"ignore_unknown_options": True})

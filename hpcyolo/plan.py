@@ -41,7 +41,8 @@ class JobPlan:
     sbatch: tuple[tuple[str, object], ...]  # generic name -> value, see slurm_flags
     run_name: str
     run_dir: str  # may hold $VARs, expanded by the shell at run time
-    stage_dir: str | None
+    scratch_dir: str  # node-local folder of this run: staged data, image caches
+    uses_scratch: bool  # staging or an image cache: clean scratch_dir up at the end
     data: str  # absolute path of the data YAML
     network_env: tuple[tuple[str, str], ...]
     stage_srun: tuple[str, ...]  # srun options of the staging step (one task per node)
@@ -78,7 +79,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
     if launcher == "torchrun" and signal not in TORCHRUN_SIGNALS:
         signal = "TERM"
     run_name = job.run.name or job.name
-    stage_dir = f"{site.storage.scratch}/hpcyolo-${{SLURM_JOB_USER}}/{run_name}" if job.data.stage else None
+    uses_scratch = job.data.stage or (job.data.cache != "none" and not job.entrypoint)
 
     return JobPlan(
         site=site, job=job, site_file=site_file, job_file=job_file, command=command,
@@ -86,14 +87,15 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         tasks_per_node=tasks, world_size=world, cpus_per_task=cpus_per_task, omp_threads=omp,
         time=format_time(parse_time(job.resources.time)), signal=signal,
         sbatch=_sbatch_options(site, job, gpus, tasks, cpus_per_task, signal),
-        run_name=run_name, run_dir=f"{site.storage.runs}/{run_name}", stage_dir=stage_dir, data=str(data),
+        run_name=run_name, run_dir=f"{site.storage.runs}/{run_name}", data=str(data),
+        scratch_dir=f"{site.storage.scratch}/hpcyolo-${{SLURM_JOB_USER}}/{run_name}", uses_scratch=uses_scratch,
         network_env=_network_env(site, gpus),
         stage_srun=(f"--nodes={job.resources.nodes}", "--ntasks-per-node=1",
                     *([f"--cpus-per-task={cpus_per_task * tasks}"] if cpus_per_task else []), *_container_options(site)),
         train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus),
         step_prefix=_step_prefix(site, gpus),
-        stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("STAGE_DIR")),
-        unstage_argv=("hpcyolo", "stage", "--remove", Var("STAGE_DIR")),
+        stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Raw('"$SCRATCH_DIR/data"')),
+        unstage_argv=("hpcyolo", "stage", "--remove", Var("SCRATCH_DIR")),
         train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal),
     )
 
@@ -245,6 +247,8 @@ def _train_argv(site: SiteConfig, job: JobSpec, signal: str) -> tuple[str, ...]:
             "--workers", str(t.workers), "--seed", str(t.seed), "--optimizer", t.optimizer,
             "--cache", job.data.cache,
             "--save-every", str(job.checkpoint.every_steps), "--keep", str(job.checkpoint.keep)]
+    if job.data.cache != "none":  # one copy per node, in node-local scratch
+        argv += ["--cache-dir", Raw('"$SCRATCH_DIR/cache"')]
     if t.lr0 is not None:
         argv += ["--lr0", repr(t.lr0)]
     return tuple(argv)

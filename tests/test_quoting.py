@@ -86,7 +86,7 @@ def test_hostile_values_are_passed_literally_and_never_run(tmp_path, hostile_fil
     assert not marker.exists()
     assert calls[0] == ["module", "load", evil]
     stage, train = [c for c in calls if c[0] == "srun"][:2]
-    stage_dir = f"{tmp_path}/scratch {evil}/hpcyolo-me/run1"
+    stage_dir = f"{tmp_path}/scratch {evil}/hpcyolo-me/run1/data"
     assert stage[stage.index("apptainer"):stage.index("hpcyolo")] == \
         ["apptainer", "exec", "--bind", evil, f"{tmp_path}/img {evil}.sif"]
     assert stage[stage.index("--data") + 1] == str(tmp_path / f"data {evil}" / "data.yaml")

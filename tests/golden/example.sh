@@ -56,12 +56,14 @@ fi
 mkdir -p "$RUN_DIR"
 echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $MASTER_ADDR" >> "$RUN_DIR/hpcyolo-run"
 cp "$0" "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
+# Node-local scratch of this run: staged data and image caches, removed when
+# training succeeds (kept for a requeue, which may land on the same nodes).
+SCRATCH_DIR="/dev/shm/hpcyolo-${SLURM_JOB_USER}/golden"
 
 # ---- stage the dataset into node-local scratch, once per node ----
-STAGE_DIR="/dev/shm/hpcyolo-${SLURM_JOB_USER}/golden"
 srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 \
-    hpcyolo stage --data "$DATA" --dest "$STAGE_DIR"
-DATA="$STAGE_DIR/data.yaml"
+    hpcyolo stage --data "$DATA" --dest "$SCRATCH_DIR/data"
+DATA="$SCRATCH_DIR/data/data.yaml"
 
 # ---- train ----
 set +e
@@ -83,6 +85,6 @@ if [ "$status" -eq 75 ]; then
     echo "hpcyolo: stopped after 3 requeues; resubmit with run.resume: true to go on" >&2
 elif [ "$status" -eq 0 ]; then
     srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 \
-        hpcyolo stage --remove "$STAGE_DIR"
+        hpcyolo stage --remove "$SCRATCH_DIR"
 fi
 exit "$status"

@@ -58,13 +58,15 @@ fi
 mkdir -p "$RUN_DIR"
 echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $MASTER_ADDR" >> "$RUN_DIR/hpcyolo-run"
 cp "$0" "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
+# Node-local scratch of this run: staged data and image caches, removed when
+# training succeeds (kept for a requeue, which may land on the same nodes).
+SCRATCH_DIR="/tmp/hpcyolo-${SLURM_JOB_USER}/golden"
 
 # ---- stage the dataset into node-local scratch, once per node ----
-STAGE_DIR="/tmp/hpcyolo-${SLURM_JOB_USER}/golden"
 srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 \
     singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo stage \
-    --data "$DATA" --dest "$STAGE_DIR"
-DATA="$STAGE_DIR/data.yaml"
+    --data "$DATA" --dest "$SCRATCH_DIR/data"
+DATA="$SCRATCH_DIR/data/data.yaml"
 
 # ---- train ----
 set +e
@@ -87,6 +89,6 @@ if [ "$status" -eq 75 ]; then
 elif [ "$status" -eq 0 ]; then
     srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 \
         singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo stage \
-        --remove "$STAGE_DIR"
+        --remove "$SCRATCH_DIR"
 fi
 exit "$status"

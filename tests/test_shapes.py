@@ -1,0 +1,209 @@
+"""The synthetic shapes dataset: layout, labels, determinism, tight boxes, CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import REPO
+from PIL import Image
+
+from hpcyolo import shapes
+from hpcyolo.errors import HpcyoloError
+
+SMALL = dict(n_train=24, n_val=8, imgsz=64, classes=6, seed=1, max_objects=4)
+
+
+def hpcyolo(*args, **kw):
+    exe = os.path.join(os.path.dirname(sys.executable), "hpcyolo")
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, cwd=REPO, **kw)
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("ds") / "shapes"
+    assert shapes.make_shapes(dest, **SMALL) == dest / "data.yaml"
+    return dest
+
+
+def test_layout_and_counts(dataset):
+    for split, n in (("train", SMALL["n_train"]), ("val", SMALL["n_val"])):
+        images = sorted(p.stem for p in (dataset / "images" / split).iterdir())
+        labels = sorted(p.stem for p in (dataset / "labels" / split).iterdir())
+        assert len(images) == n and images == labels
+        assert all(p.suffix == ".jpg" for p in (dataset / "images" / split).iterdir())
+        with Image.open(dataset / "images" / split / f"{images[0]}.jpg") as im:
+            assert im.size == (SMALL["imgsz"],) * 2 and im.mode == "RGB"
+    assert not list(dataset.parent.glob("*.partial-*"))
+
+
+def test_data_yaml(dataset):
+    spec = yaml.safe_load((dataset / "data.yaml").read_text())
+    assert spec["path"] == "." and spec["train"] == "images/train" and spec["val"] == "images/val"
+    assert spec["names"] == dict(enumerate(["circle", "square", "triangle", "cross", "star", "ring"]))
+
+
+def test_labels_are_valid(dataset):
+    counts, empty = np.zeros(SMALL["classes"], int), 0
+    for txt in dataset.glob("labels/*/*.txt"):
+        lines = txt.read_text().splitlines()
+        empty += not lines
+        assert len(lines) <= SMALL["max_objects"]
+        for line in lines:
+            c, *xywh = line.split()
+            assert len(xywh) == 4 and c.isdigit() and 0 <= int(c) < SMALL["classes"], line
+            cx, cy, w, h = map(float, xywh)
+            assert 0 < w <= 1 and 0 < h <= 1, line
+            assert cx - w / 2 >= -1e-6 and cx + w / 2 <= 1 + 1e-6, line
+            assert cy - h / 2 >= -1e-6 and cy + h / 2 <= 1 + 1e-6, line
+            assert max(w, h) >= 0.08, line  # ~10% of the side at least (clipping may cut a little)
+            counts[int(c)] += 1
+    assert empty == round(0.05 * SMALL["n_train"]) + round(0.05 * SMALL["n_val"])
+    assert counts.sum() > SMALL["n_train"]  # most images hold objects
+
+
+def test_same_seed_same_bytes_other_seed_differs(dataset, tmp_path):
+    ref = files(dataset)
+    again = files(Path(shapes.make_shapes(tmp_path / "a", **SMALL)).parent)
+    assert again == ref
+    other = files(Path(shapes.make_shapes(tmp_path / "b", **{**SMALL, "seed": 2})).parent)
+    assert other.keys() == ref.keys()
+    images = [k for k in ref if k.endswith(".jpg")]
+    assert sum(other[k] != ref[k] for k in images) == len(images)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="worker processes are forked on Linux only")
+def test_worker_processes_write_the_same_bytes(dataset, tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(shapes, "_workers", lambda total: 2)
+    shapes.make_shapes(tmp_path / "mp", progress=True, **SMALL)
+    assert files(tmp_path / "mp") == files(dataset)
+    total = SMALL["n_train"] + SMALL["n_val"]
+    assert f"shapes: {total}/{total} images" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("kind", shapes.SHAPES)
+def test_alpha_fills_its_patch(kind):
+    # The shape is scaled to its patch: it reaches all four sides (sharp tips,
+    # thinner than half a pixel, may stop short by a pixel or two).
+    for rot in (0.0, 0.3, -0.4, 2.0):
+        on = shapes.shape_alpha(kind, 37, 29, rot) >= 0.5
+        ys, xs = np.nonzero(on)
+        assert xs.min() <= 2 and xs.max() >= 36 - 2 and ys.min() <= 2 and ys.max() >= 28 - 2, (kind, rot)
+        assert on.mean() > 0.25, (kind, rot)
+        if not (kind == "square" and rot == 0.0):
+            assert on.mean() < 0.95, (kind, rot)  # a silhouette, not a filled box
+
+
+def bbox(mask):
+    ys, xs = np.nonzero(mask)
+    return xs.min(), ys.min(), xs.max() + 1, ys.max() + 1
+
+
+def test_box_bounds_the_drawn_shape(monkeypatch):
+    # Without pixel noise an image with one shape is background + alpha *
+    # (colour - background): recover alpha from the pixels and check that the
+    # label is the tight box of alpha >= 0.5.
+    monkeypatch.setattr(shapes, "_noise", lambda rng, size: np.zeros((3, size, size), np.float32))
+    S, seen = 96, set()
+    for i in range(40):
+        img, boxes = shapes.render_image(np.random.default_rng([7, i]), S, 6, 1)
+        if not boxes:
+            continue
+        (cls, *box), = boxes
+        bg = np.clip(shapes._background(np.random.default_rng([7, i]), S) + 0.5, 0, 255).astype(np.uint8)
+        bg = bg.transpose(1, 2, 0).astype(np.float32)
+        img = img.astype(np.float32)
+        colours, counts = np.unique(img.reshape(-1, 3), axis=0, return_counts=True)
+        colour = colours[counts.argmax()]  # the flat fill of the shape
+        d = colour - bg
+        alpha = ((img - bg) * d).sum(-1) / np.maximum((d * d).sum(-1), 1e-6)
+        # It contrasts with what is under it (on average: backgrounds are gradients).
+        assert np.linalg.norm(colour - bg[alpha > 0.9].mean(0)) >= shapes.MIN_COLOR_DIST - 2, i
+        inner, outer = bbox(alpha >= 0.56), bbox(alpha >= 0.44)  # uint8 rounding either side of 0.5
+        assert outer[0] <= box[0] <= inner[0] and outer[1] <= box[1] <= inner[1], (i, cls, box, inner, outer)
+        assert inner[2] <= box[2] <= outer[2] and inner[3] <= box[3] <= outer[3], (i, cls, box, inner, outer)
+        assert bbox(alpha > 0.1) == pytest.approx(box, abs=1.01)  # the soft edge is at most a pixel wide
+        seen.add(cls)
+    assert seen == set(range(6))
+
+
+def test_shapes_in_the_jpeg_stand_out(dataset):
+    # On the written files: pixels inside a box differ from those just outside.
+    for txt in sorted(dataset.glob("labels/train/*.txt")):
+        lines = txt.read_text().splitlines()
+        if len(lines) != 1:
+            continue
+        img = np.asarray(Image.open(dataset / "images" / "train" / f"{txt.stem}.jpg"), dtype=np.float32)
+        S = img.shape[0]
+        _, cx, cy, w, h = map(float, lines[0].split())
+        x0, x1 = round((cx - w / 2) * S), round((cx + w / 2) * S)
+        y0, y1 = round((cy - h / 2) * S), round((cy + h / 2) * S)
+        inside = np.zeros((S, S), bool)
+        inside[y0:y1, x0:x1] = True
+        ring = np.zeros((S, S), bool)
+        ring[max(0, y0 - 4):y1 + 4, max(0, x0 - 4):x1 + 4] = True
+        ring &= ~inside
+        if ring.sum() < 20:
+            continue
+        assert np.linalg.norm(img[inside].mean(0) - img[ring].mean(0)) > 25, txt.name
+
+
+def test_refuses_a_non_empty_directory(tmp_path):
+    dest = tmp_path / "taken"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    with pytest.raises(HpcyoloError, match="not empty"):
+        shapes.make_shapes(dest, n_train=2, n_val=1)
+    assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no partial left behind
+
+
+def test_fills_an_empty_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    shapes.make_shapes(tmp_path / "empty", n_train=3, n_val=1, imgsz=48)
+    assert len(list((tmp_path / "empty" / "images" / "train").iterdir())) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+def test_bad_arguments():
+    with pytest.raises(HpcyoloError, match="classes"):
+        shapes.make_shapes(Path("/nonexistent/never"), classes=7)
+
+
+def test_cli(tmp_path):
+    r = hpcyolo("make-dataset", "--help")
+    assert r.returncode == 0 and "Usage: hpcyolo make-dataset" in r.stdout and "--max-objects" in r.stdout
+    dest = tmp_path / "demo"
+    r = hpcyolo("make-dataset", "shapes", dest, "--train", 5, "--val", 2, "--imgsz", 64, "--classes", 3)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(dest / "data.yaml")
+    assert len(yaml.safe_load((dest / "data.yaml").read_text())["names"]) == 3
+    r = hpcyolo("make-dataset", "shapes", dest, "--train", 5, "--val", 2)
+    assert r.returncode == 1 and r.stderr.startswith("hpcyolo: error: ") and "not empty" in r.stderr
+
+
+def test_cli_never_imports_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from hpcyolo.cli import main\n"
+        "for argv in (['make-dataset', '--help'], ['make-dataset', 'shapes', DEST, '--train', '2', '--val', '1']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), e.code\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\n"
+        "print('IMPORTED', bad, file=sys.stderr)\n"
+        "sys.exit(1 if bad else 0)\n"
+    ).replace("DEST", repr(str(tmp_path / "d")))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "IMPORTED []" in r.stderr

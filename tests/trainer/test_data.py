@@ -1,0 +1,382 @@
+"""Detection data: data YAML forms, label parsing and bad-file handling, boxes
+that move with the pixels under every augmentation, determinism for exact
+resume, and the one-per-node image cache."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import multiprocessing as mp
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hpcyolo.errors import ConfigError
+from hpcyolo_trainer.data import (AugmentHyp, YoloDataset, cache_bytes, collate, label_path, load_data_spec,
+                                  parse_label_row)
+
+COCO8 = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "coco8"
+
+# Synthetic images: solid rectangles of distinct colours (class k has colour
+# COLOURS[k]) on a dark background, well inside the image and apart from each
+# other, saved as PNG so the colours are exact.
+COLOURS = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
+           (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (170, 110, 40)]
+BACKGROUND = (40, 40, 40)
+RECTS = [(20, 20, 100, 90), (130, 40, 200, 140), (220, 120, 300, 220)]  # x1, y1, x2, y2 on 320 x 240
+IMGSZ = 160
+NO_COLOUR = dict(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0)
+
+
+def write_image(path: Path, img_rgb: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR))
+
+
+def write_labels(image: Path, text: str) -> None:
+    path = label_path(image)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def make_rect_image(path: Path, classes: list[int], w: int = 320, h: int = 240) -> None:
+    img = np.full((h, w, 3), BACKGROUND, np.uint8)
+    rows = []
+    for cls, (x1, y1, x2, y2) in zip(classes, RECTS):
+        img[y1:y2, x1:x2] = COLOURS[cls]
+        rows.append(f"{cls} {(x1 + x2) / 2 / w} {(y1 + y2) / 2 / h} {(x2 - x1) / w} {(y2 - y1) / h}")
+    write_image(path, img)
+    write_labels(path, "\n".join(rows) + "\n")
+
+
+@pytest.fixture(scope="module")
+def rects(tmp_path_factory) -> list[Path]:
+    """Four images, three rectangles each, twelve classes in all."""
+    root = tmp_path_factory.mktemp("rects")
+    files = [root / "images" / f"{k}.png" for k in range(4)]
+    for k, f in enumerate(files):
+        make_rect_image(f, [3 * k, 3 * k + 1, 3 * k + 2])
+    return files
+
+
+def rect_dataset(files, *, augment=True, **hyp) -> YoloDataset:
+    ds = YoloDataset(files, IMGSZ, augment=augment, hyp=AugmentHyp(**hyp), seed=7, names_count=len(COLOURS))
+    assert len(ds) == len(files) and ds.problems == []
+    return ds
+
+
+def colour_mask(img: np.ndarray, cls: int) -> np.ndarray:
+    return np.abs(img.astype(int) - COLOURS[cls]).max(axis=-1) <= 12
+
+
+def check_boxes_follow_pixels(img_t: torch.Tensor, labels: torch.Tensor) -> int:
+    """Inside each box the pixels are (mostly) its class's colour, just
+    outside it they are not; every clearly visible rectangle has a box.
+    Returns how many boxes were big enough to judge."""
+    img = img_t.permute(1, 2, 0).numpy()
+    size = img.shape[0]
+    judged = 0
+    for cls, cx, cy, w, h in labels.tolist():
+        x1, y1, x2, y2 = ((cx - w / 2) * size, (cy - h / 2) * size, (cx + w / 2) * size, (cy + h / 2) * size)
+        mask = colour_mask(img, int(cls))
+        inner = mask[math.ceil(y1) + 2:math.floor(y2) - 2, math.ceil(x1) + 2:math.floor(x2) - 2]
+        if inner.size < 16:
+            continue
+        assert inner.mean() > 0.9, f"class {cls}: box at {x1:.0f},{y1:.0f},{x2:.0f},{y2:.0f} is not on its rectangle"
+        ring = ring_pixels(mask, x1, y1, x2, y2, near=2, far=5)
+        assert ring.size == 0 or ring.mean() < 0.1, f"class {cls}: rectangle extends beyond its box"
+        judged += 1
+    present = {int(c) for c in labels[:, 0].tolist()}
+    for cls in range(len(COLOURS)):
+        # 600 px is more than 10 % of any rectangle at the largest scale, so
+        # the augmentation must not have dropped its box.
+        if colour_mask(img, cls).sum() >= 600:
+            assert cls in present, f"class {cls} is clearly visible but has no box"
+    return judged
+
+
+def ring_pixels(mask: np.ndarray, x1, y1, x2, y2, near: int, far: int) -> np.ndarray:
+    """Mask values in the band between `near` and `far` pixels outside the box."""
+    size = mask.shape[0]
+    outer = np.zeros_like(mask)
+    outer[max(0, math.floor(y1) - far):math.ceil(y2) + far, max(0, math.floor(x1) - far):math.ceil(x2) + far] = True
+    outer[max(0, math.floor(y1) - near):math.ceil(y2) + near, max(0, math.floor(x1) - near):math.ceil(x2) + near] = False
+    return mask[outer[:size, :size]]
+
+
+# == the data YAML =============================================================
+
+def small_dataset(root: Path) -> None:
+    for split, n in (("train", 2), ("val", 1), ("extra", 1)):
+        for k in range(n):
+            make_rect_image(root / "images" / split / f"{split}{k}.png", [0, 1, 2])
+
+
+def test_yaml_forms_dir_list_file_and_list_of_dirs(tmp_path):
+    small_dataset(tmp_path / "ds")
+    (tmp_path / "ds" / "train.txt").write_text(
+        f"images/train/train0.png\n\n{tmp_path / 'ds' / 'images' / 'train' / 'train1.png'}\nnotes.md\n")
+    yaml = tmp_path / "cfg" / "data.yaml"
+    yaml.parent.mkdir()
+    yaml.write_text("path: ../ds\ntrain: train.txt\nval: [images/val, images/extra]\ntest: images/val\n"
+                    "names: {0: a, 1: b, 2: c}\n")
+    spec = load_data_spec(yaml)
+    assert spec.root == (tmp_path / "ds").resolve() and spec.names == ["a", "b", "c"]
+    assert [p.name for p in spec.train] == ["train0.png", "train1.png"]
+    assert [p.name for p in spec.val] == ["val0.png", "extra0.png"]
+    assert [p.name for p in spec.test] == ["val0.png"]
+
+    yaml.write_text("path: ../ds\ntrain: images/train\nval: images/val\nnames: [a, b, c]\n")
+    spec = load_data_spec(yaml)
+    assert len(spec.train) == 2 and spec.test is None and spec.names == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("body, key", [
+    ("train: images/train\nnames: [a]\n", "val"),
+    ("train: images/nope\nval: images/val\nnames: [a]\n", "train"),
+    ("train: images/train\nval: missing.txt\nnames: [a]\n", "val"),
+    ("train: images/train\nval: images/val\nnames: {0: a, 2: b}\n", "names"),
+])
+def test_yaml_mistakes_name_the_file_and_key(tmp_path, body, key):
+    small_dataset(tmp_path)
+    yaml = tmp_path / "data.yaml"
+    yaml.write_text(body)
+    with pytest.raises(ConfigError, match=f"^{str(yaml)}: {key}: "):
+        load_data_spec(yaml)
+
+
+def test_coco8_loads():
+    spec = load_data_spec(COCO8 / "coco8.yaml")
+    assert (len(spec.train), len(spec.val), len(spec.names)) == (4, 4, 80)
+    assert spec.root == COCO8 and spec.test is None
+    ds = YoloDataset(spec.val, 320, augment=False, hyp=AugmentHyp(), seed=0, names_count=80)
+    assert len(ds) == 4 and ds.problems == []
+    imgs, targets, paths, metas = collate([ds[i] for i in range(len(ds))])
+    assert imgs.shape == (4, 3, 320, 320) and imgs.dtype == torch.uint8
+    assert targets.shape[1] == 6 and targets.dtype == torch.float32 and len(targets) == 17
+    assert set(targets[:, 0].tolist()) == {0, 1, 2, 3} and metas[0]["orig_shape"] == (640, 481)  # h, w
+
+
+# == labels and bad files ====================================================
+
+def test_polygon_row_becomes_its_bounding_box():
+    row = parse_label_row("3 0.1 0.1 0.5 0.12 0.45 0.4 0.12 0.38", nc=5)
+    np.testing.assert_allclose(row, [3, 0.3, 0.25, 0.4, 0.3], atol=1e-6)
+    np.testing.assert_allclose(parse_label_row("1 0.5 0.5 1.005 0.2", nc=5), [1, 0.5, 0.5, 1.0, 0.2], atol=1e-6)
+
+
+def test_malformed_lines_and_corrupt_images_are_skipped_with_messages(tmp_path):
+    good, background, unlabelled = (tmp_path / "images" / f"{n}.png" for n in ("good", "bg", "nolabel"))
+    make_rect_image(good, [0, 1, 2])
+    make_rect_image(background, [0, 1, 2])
+    write_labels(background, "")  # empty file: background
+    make_rect_image(unlabelled, [0])
+    label_path(unlabelled).unlink()  # missing file: background
+    write_labels(good, "0 0.5 0.5 0.2 0.2\nabc 0.5 0.5 0.1 0.1\n0 0.5 0.5 0.1\n\n99 0.5 0.5 0.1 0.1\n"
+                       "1 1.5 0.5 0.1 0.1\n2 0.1 0.1 0.3 0.1 0.3 0.3 0.1 0.3\n")
+    garbage = tmp_path / "images" / "garbage.jpg"
+    garbage.write_bytes(b"\x00not an image" * 50)
+    truncated = tmp_path / "images" / "truncated.jpg"
+    cv2.imwrite(str(truncated), np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    truncated.write_bytes(truncated.read_bytes()[:600])
+
+    ds = YoloDataset([good, garbage, background, truncated, unlabelled], 64, augment=False, hyp=AugmentHyp(),
+                     seed=0, names_count=3)
+    assert [p.name for p in ds.paths] == ["good.png", "bg.png", "nolabel.png"]
+    assert ds.counts["corrupt images"] == 2 and ds.counts["malformed label lines"] == 4
+    lines = [p for p in ds.problems if "malformed label line skipped" in p]
+    assert [p.split(":")[1] for p in lines] == ["2", "3", "5", "6"]
+    assert all(p.startswith(str(label_path(good))) for p in lines)
+    assert sum("garbage.jpg" in p for p in ds.problems) == 1 and sum("truncated.jpg" in p for p in ds.problems) == 1
+    assert ds.problems[-1] == "skipped 2 corrupt images, 4 malformed label lines" == ds.summary()
+    assert ds[0][1].tolist()[0] == pytest.approx([0, 0.5, 0.5, 0.2, 0.15])  # 4:3 letterboxed and len(ds[0][1]) == 2
+    assert ds[1][1].shape == (0, 5) and ds[2][1].shape == (0, 5)
+
+
+def test_exif_rotation_is_applied_to_shape_and_pixels(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "images" / "rotated.jpg"
+    path.parent.mkdir()
+    im = Image.fromarray(np.zeros((20, 40, 3), np.uint8))  # 40 wide, 20 high as stored
+    exif = im.getexif()
+    exif[0x0112] = 6  # "rotate 90 degrees to display": 20 wide, 40 high
+    im.save(path, exif=exif)
+    ds = YoloDataset([path], 40, augment=False, hyp=AugmentHyp(), seed=0, names_count=1)
+    assert ds.shapes == [(40, 20)] and ds.load(0)[0].shape == (40, 20, 3)
+
+
+def test_image_that_stops_decoding_is_blank_without_labels(rects, tmp_path, monkeypatch):
+    files = [shutil.copy(f, tmp_path / f.name) for f in rects[:2]]
+    for f, src in zip(files, rects):
+        shutil.copy(label_path(src), tmp_path / Path(f).with_suffix(".txt").name)
+    plain = YoloDataset(files, 64, augment=False, hyp=AugmentHyp(), seed=0, names_count=12)
+    assert len(plain[1][1]) == 3
+    Path(files[1]).write_bytes(b"gone")  # changed after the check: no crash
+    img, labels, _, _ = plain[1]
+    assert (img == 114).all() and labels.shape == (0, 5)
+
+    import hpcyolo_trainer.data as data
+    decode = data.decode_resized
+    monkeypatch.setattr(data, "decode_resized", lambda p, shape: None if p == Path(files[0]) else decode(p, shape))
+    cached = YoloDataset(files[:1], 64, augment=False, hyp=AugmentHyp(), seed=1, cache="disk",
+                         cache_dir=tmp_path / "c", names_count=12)
+    assert cached.counts["corrupt images"] == 1 and "cannot be decoded" in cached.problems[0]
+    assert (cached[0][0] == 114).all() and cached[0][1].shape == (0, 5)
+
+
+# == boxes move with the pixels ==============================================
+
+def test_letterbox_boxes_and_meta(rects):
+    ds = rect_dataset(rects, augment=False)
+    for i in range(len(ds)):
+        img, labels, _, meta = ds[i]
+        assert check_boxes_follow_pixels(img, labels) == 3
+        assert meta["orig_shape"] == (240, 320) and meta["pad"] == (0, 20)
+        assert (img[:, :20] == 114).all() and (img[:, -20:] == 114).all()
+        # back to the original image through ratio and pad
+        cls, cx, cy, w, h = labels[0].tolist()
+        x1 = ((cx - w / 2) * IMGSZ - meta["pad"][0]) / meta["ratio"][0]
+        y2 = ((cy + h / 2) * IMGSZ - meta["pad"][1]) / meta["ratio"][1]
+        assert (x1, y2) == pytest.approx((RECTS[0][0], RECTS[0][3]), abs=1e-3)
+
+
+def test_flip_mirrors_pixels_and_boxes(rects):
+    val = rect_dataset(rects, augment=False)
+    flip = rect_dataset(rects, mosaic=0.0, translate=0.0, scale=0.0, fliplr=1.0, **NO_COLOUR)
+    for i in range(len(val)):
+        (img, labels, _, _), (vimg, vlabels, _, _) = flip[i], val[i]
+        assert torch.equal(img, vimg.flip(-1))
+        expected = vlabels.clone()
+        expected[:, 1] = 1 - vlabels[:, 1]
+        assert torch.allclose(labels, expected, atol=1e-6)  # not torch.testing: it imports torch.distributed (seconds)
+        assert check_boxes_follow_pixels(img, labels) == 3
+
+
+def test_affine_scale_translate_moves_boxes_with_pixels(rects):
+    ds = rect_dataset(rects, mosaic=0.0, translate=0.2, scale=0.5, fliplr=0.0, **NO_COLOUR)
+    judged = 0
+    for epoch in range(6):
+        ds.set_epoch(epoch)
+        judged += sum(check_boxes_follow_pixels(*ds[i][:2]) for i in range(len(ds)))
+    assert judged >= 40
+
+
+def test_mosaic_moves_boxes_with_pixels(rects):
+    ds = rect_dataset(rects, **NO_COLOUR)
+    judged, kinds = 0, set()
+    for epoch in range(8):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            img, labels, _, _ = ds[i]
+            judged += check_boxes_follow_pixels(img, labels)
+            kinds.add(len({int(c) // 3 for c in labels[:, 0].tolist()}))
+    assert judged >= 60 and max(kinds) >= 3  # boxes from several images in one sample
+
+
+# == determinism (exact resume) ==============================================
+
+def test_same_seed_epoch_index_gives_identical_items(rects):
+    a, b = rect_dataset(rects), rect_dataset(rects)
+    torch.manual_seed(123)
+    np.random.seed(123)  # global RNG state must not matter
+    for i in range(len(a)):
+        assert torch.equal(a[i][0], b[i][0]) and torch.equal(a[i][1], b[i][1])
+    b.set_epoch(1)
+    assert any(not torch.equal(a[i][0], b[i][0]) for i in range(len(a)))
+
+
+def test_worker_count_does_not_change_batches(rects):
+    ds = rect_dataset(rects)
+    ds.set_epoch(5)
+    batches = [list(DataLoader(ds, batch_size=2, num_workers=n, collate_fn=collate)) for n in (0, 2)]
+    for (img0, t0, _, _), (img2, t2, _, _) in zip(*batches):
+        assert torch.equal(img0, img2) and torch.equal(t0, t2)
+
+
+# == the shared image cache ==================================================
+
+def tree_snapshot(root: Path) -> dict:
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(folder) / name
+            st = p.lstat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns, st.st_mode)
+    return out
+
+
+def _cache_child(files, cache_dir, start, out):
+    start.wait()  # both processes reach the cache at the same moment
+    ds = YoloDataset(files, 320, augment=False, hyp=AugmentHyp(), seed=0, cache="ram", cache_dir=cache_dir,
+                     names_count=80)
+    digests = [hashlib.sha256(ds[i][0].numpy().tobytes()).hexdigest() for i in range(len(ds))]
+    out.put((ds.cache_built, digests, cache_bytes(ds)))
+
+
+@pytest.fixture
+def readonly_coco8(tmp_path):
+    root = tmp_path / "coco8"
+    shutil.copytree(COCO8, root)
+    for folder, dirs, files in os.walk(root):
+        for p in [Path(folder)] + [Path(folder) / f for f in files]:
+            p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    yield root
+    for folder, dirs, files in os.walk(root):
+        Path(folder).chmod(0o755)
+
+
+def test_ram_cache_built_once_per_node_and_identical(readonly_coco8, tmp_path):
+    spec = load_data_spec(readonly_coco8 / "coco8.yaml")
+    files = spec.train + spec.val
+    before = tree_snapshot(readonly_coco8)
+    cache_dir = tmp_path / "shm" / "cache"  # stands in for node-local /dev/shm/...
+    ctx = mp.get_context("spawn")
+    out, start = ctx.Queue(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_cache_child, args=(files, cache_dir, start, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert sorted(built for built, _, _ in results) == [False, True]  # one builder, one waiter
+    assert results[0][1] == results[1][1]
+
+    plain = YoloDataset(files, 320, augment=False, hyp=AugmentHyp(), seed=0, names_count=80)
+    assert results[0][1] == [hashlib.sha256(plain[i][0].numpy().tobytes()).hexdigest() for i in range(len(plain))]
+    (data,) = cache_dir.glob("imgcache-*/images.u8")
+    assert results[0][2] == data.stat().st_size > 0
+    assert not list(cache_dir.glob(".*partial*"))
+
+    # training items (mosaic + affine + HSV) are the same from the cache too
+    cached = YoloDataset(files, 320, augment=True, hyp=AugmentHyp(), seed=3, cache="ram", cache_dir=cache_dir,
+                         names_count=80)
+    uncached = YoloDataset(files, 320, augment=True, hyp=AugmentHyp(), seed=3, names_count=80)
+    assert not cached.cache_built
+    for i in range(len(cached)):
+        assert torch.equal(cached[i][0], uncached[i][0]) and torch.equal(cached[i][1], uncached[i][1])
+    assert tree_snapshot(readonly_coco8) == before  # nothing written next to the dataset
+
+
+def test_disk_cache_is_rebuilt_when_a_file_changes(rects, tmp_path):
+    files = [shutil.copy(f, tmp_path / f.name) for f in rects]
+    first = YoloDataset(files, 96, augment=True, hyp=AugmentHyp(), seed=0, cache="disk", cache_dir=tmp_path / "c",
+                        names_count=12)
+    again = YoloDataset(files, 96, augment=True, hyp=AugmentHyp(), seed=0, cache="disk", cache_dir=tmp_path / "c",
+                        names_count=12)
+    assert first.cache_built and not again.cache_built and cache_bytes(again) == cache_bytes(first)
+    batch = next(iter(DataLoader(again, batch_size=4, num_workers=2, collate_fn=collate)))  # maps in workers
+    assert torch.equal(batch[0], collate([first[i] for i in range(4)])[0])
+    st = os.stat(files[0])
+    os.utime(files[0], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = YoloDataset(files, 96, augment=True, hyp=AugmentHyp(), seed=0, cache="disk", cache_dir=tmp_path / "c",
+                          names_count=12)
+    assert touched.cache_built and len(list((tmp_path / "c").glob("imgcache-*"))) == 2

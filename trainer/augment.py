@@ -1,0 +1,230 @@
+"""Training augmentations for detection: mosaic, random affine, HSV, flip, and
+the letterbox used for validation.
+
+Images are HxWx3 uint8 RGB numpy arrays. Boxes travel with them as float32
+[n, 5] arrays of (cls, x1, y1, x2, y2) in pixels of the current image. Every
+random choice comes from the `rng` (a numpy Generator) passed in: the dataset
+makes one per (seed, epoch, index), so a resumed run sees the same pixels.
+No function writes into its input image: the RAM cache hands out read-only
+views of a shared mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import cv2
+import numpy as np
+
+PAD_VALUE = 114  # grey fill for letterbox borders, mosaic gaps and affine borders
+
+# A box that the augmentation shrank below this many pixels on a side, kept
+# less than this share of its (scaled) area, or turned into a sliver thinner
+# than 1:MAX_ASPECT, no longer shows its object well enough to train on.
+MIN_SIDE_PX = 2.0
+MIN_VISIBLE = 0.10
+MAX_ASPECT = 20.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class AugmentHyp:
+    """Augmentation strengths (YOLO's usual defaults)."""
+
+    mosaic: float = 1.0
+    """Probability of a 4-image mosaic for a training sample."""
+    degrees: float = 0.0
+    """Rotation range, +/- degrees."""
+    translate: float = 0.1
+    """Translation range, +/- fraction of the image size."""
+    scale: float = 0.5
+    """Scale gain range: 1 +/- scale."""
+    shear: float = 0.0
+    """Shear range, +/- degrees."""
+    hsv_h: float = 0.015
+    """Hue gain range (fraction)."""
+    hsv_s: float = 0.7
+    """Saturation gain range (fraction)."""
+    hsv_v: float = 0.4
+    """Value gain range (fraction)."""
+    fliplr: float = 0.5
+    """Probability of a horizontal flip."""
+    close_mosaic: int = 10
+    """Last epochs trained without mosaic; the trainer sets `dataset.mosaic = False` for them."""
+
+    def __post_init__(self) -> None:
+        for name in ("mosaic", "fliplr"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"AugmentHyp.{name}: a probability must be in [0, 1], got {getattr(self, name)}")
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"AugmentHyp.{f.name}: must not be negative, got {getattr(self, f.name)}")
+        if self.scale >= 1.0:
+            raise ValueError(f"AugmentHyp.scale: must be below 1 (the gain is 1 +/- scale), got {self.scale}")
+
+
+# -- geometry helpers -------------------------------------------------------
+
+def resized_shape(shape: tuple[int, int], imgsz: int) -> tuple[int, int]:
+    """(h, w) after resizing so that the long side is `imgsz`, aspect kept."""
+    h, w = shape
+    r = imgsz / max(h, w)
+    return max(1, round(h * r)), max(1, round(w * r))
+
+
+def letterbox_pad(shape: tuple[int, int], size: int) -> tuple[int, int]:
+    """(left, top) offset that centres an image of `shape` on a size x size canvas."""
+    h, w = shape
+    return (size - w) // 2, (size - h) // 2
+
+
+def letterbox(img: np.ndarray, size: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """Pad an image whose long side is at most `size` to size x size, centred."""
+    h, w = img.shape[:2]
+    left, top = letterbox_pad((h, w), size)
+    canvas = np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
+    canvas[top:top + h, left:left + w] = img
+    return canvas, (left, top)
+
+
+def to_pixel_boxes(labels: np.ndarray, shape: tuple[int, int], offset: tuple[float, float]) -> np.ndarray:
+    """Normalised (cls, cx, cy, w, h) of an image of `shape` -> (cls, x1, y1, x2, y2)
+    pixels, shifted by `offset` (x, y) where the image sits on a canvas."""
+    h, w = shape
+    out = np.empty((len(labels), 5), dtype=np.float32)
+    out[:, 0] = labels[:, 0]
+    out[:, 1] = (labels[:, 1] - labels[:, 3] / 2) * w + offset[0]
+    out[:, 2] = (labels[:, 2] - labels[:, 4] / 2) * h + offset[1]
+    out[:, 3] = (labels[:, 1] + labels[:, 3] / 2) * w + offset[0]
+    out[:, 4] = (labels[:, 2] + labels[:, 4] / 2) * h + offset[1]
+    return out
+
+
+def to_normalised(boxes: np.ndarray, size: int) -> np.ndarray:
+    """(cls, x1, y1, x2, y2) pixels on a size x size image -> normalised (cls, cx, cy, w, h)."""
+    out = np.empty((len(boxes), 5), dtype=np.float32)
+    out[:, 0] = boxes[:, 0]
+    out[:, 1] = (boxes[:, 1] + boxes[:, 3]) / (2 * size)
+    out[:, 2] = (boxes[:, 2] + boxes[:, 4]) / (2 * size)
+    out[:, 3] = (boxes[:, 3] - boxes[:, 1]) / size
+    out[:, 4] = (boxes[:, 4] - boxes[:, 2]) / size
+    return out
+
+
+def box_areas(boxes: np.ndarray) -> np.ndarray:
+    return (boxes[:, 3] - boxes[:, 1]) * (boxes[:, 4] - boxes[:, 2])
+
+
+def clip_boxes(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
+    out = boxes.copy()
+    out[:, [1, 3]] = out[:, [1, 3]].clip(0, width)
+    out[:, [2, 4]] = out[:, [2, 4]].clip(0, height)
+    return out
+
+
+# -- mosaic -----------------------------------------------------------------
+
+def mosaic4(images: list[np.ndarray], boxes: list[np.ndarray], size: int,
+            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Four images around a random centre of a 2*size canvas.
+
+    Image k sits in quadrant k (top-left, top-right, bottom-left, bottom-right)
+    with its corner on the centre, so the images never overlap and are cut
+    only at the canvas border. Returns (canvas, boxes clipped to it, each
+    box's area before clipping) so the affine step can drop mostly-cut boxes.
+    """
+    s2 = 2 * size
+    canvas = np.full((s2, s2, 3), PAD_VALUE, dtype=np.uint8)
+    xc, yc = (int(v) for v in rng.uniform(size / 2, 3 * size / 2, size=2))
+    placed, areas = [], []
+    for k, (img, bxs) in enumerate(zip(images, boxes)):
+        h, w = img.shape[:2]
+        ox = xc - w if k in (0, 2) else xc  # image's top-left corner on the canvas
+        oy = yc - h if k in (0, 1) else yc
+        x1, y1, x2, y2 = max(ox, 0), max(oy, 0), min(ox + w, s2), min(oy + h, s2)
+        canvas[y1:y2, x1:x2] = img[y1 - oy:y2 - oy, x1 - ox:x2 - ox]
+        shifted = bxs.copy()
+        shifted[:, [1, 3]] += ox
+        shifted[:, [2, 4]] += oy
+        placed.append(shifted)
+        areas.append(box_areas(bxs))
+    all_boxes = np.concatenate(placed) if placed else np.zeros((0, 5), np.float32)
+    return canvas, clip_boxes(all_boxes, s2, s2), np.concatenate(areas).astype(np.float32)
+
+
+# -- random affine ----------------------------------------------------------
+
+def affine_matrix(in_shape: tuple[int, int], size: int, hyp: AugmentHyp,
+                  rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """3x3 matrix: centre the input on the origin, rotate and scale, shear,
+    then move to a random point near the middle of the size x size output.
+    Returns (matrix, scale gain)."""
+    h, w = in_shape
+    centre = np.array([[1, 0, -w / 2], [0, 1, -h / 2], [0, 0, 1]], dtype=np.float64)
+    angle = rng.uniform(-hyp.degrees, hyp.degrees)
+    gain = rng.uniform(1 - hyp.scale, 1 + hyp.scale)
+    rotate = np.eye(3)
+    rotate[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=angle, scale=gain)
+    shx, shy = (math.tan(math.radians(a)) for a in rng.uniform(-hyp.shear, hyp.shear, size=2))
+    shear = np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1]], dtype=np.float64)
+    tx, ty = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate, size=2) * size
+    move = np.array([[1, 0, tx], [0, 1, ty], [0, 0, 1]], dtype=np.float64)
+    return move @ shear @ rotate @ centre, gain
+
+
+def transform_boxes(boxes: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """Axis-aligned hull of each box's four corners under the affine `matrix`."""
+    n = len(boxes)
+    corners = np.ones((n * 4, 3), dtype=np.float64)
+    corners[:, :2] = boxes[:, [1, 2, 3, 2, 1, 4, 3, 4]].reshape(n * 4, 2)
+    xy = (corners @ matrix.T)[:, :2].reshape(n, 4, 2)
+    out = np.empty((n, 5), dtype=np.float32)
+    out[:, 0] = boxes[:, 0]
+    out[:, 1:3] = xy.min(axis=1)
+    out[:, 3:5] = xy.max(axis=1)
+    return out
+
+
+def keep_boxes(boxes: np.ndarray, areas_before: np.ndarray, gain: float) -> np.ndarray:
+    """Mask of boxes still worth training on (see MIN_SIDE_PX, MIN_VISIBLE, MAX_ASPECT)."""
+    w = boxes[:, 3] - boxes[:, 1]
+    h = boxes[:, 4] - boxes[:, 2]
+    aspect = np.maximum(w / np.maximum(h, 1e-6), h / np.maximum(w, 1e-6))
+    visible = w * h / np.maximum(areas_before * gain * gain, 1e-6)
+    return (w > MIN_SIDE_PX) & (h > MIN_SIDE_PX) & (visible > MIN_VISIBLE) & (aspect < MAX_ASPECT)
+
+
+def random_affine(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, size: int, hyp: AugmentHyp,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Warp `img` (any size) onto a size x size output; boxes follow, are
+    clipped to it, and those that became tiny or mostly cut off are dropped."""
+    matrix, gain = affine_matrix(img.shape[:2], size, hyp, rng)
+    out = cv2.warpAffine(img, matrix[:2], dsize=(size, size), flags=cv2.INTER_LINEAR,
+                         borderValue=(PAD_VALUE, PAD_VALUE, PAD_VALUE))
+    if not len(boxes):
+        return out, boxes
+    moved = clip_boxes(transform_boxes(boxes, matrix), size, size)
+    return out, moved[keep_boxes(moved, areas_before, gain)]
+
+
+# -- colour and flip --------------------------------------------------------
+
+def hsv_jitter(img: np.ndarray, hyp: AugmentHyp, rng: np.random.Generator) -> np.ndarray:
+    """Random gains on hue, saturation and value, applied through lookup tables."""
+    if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
+        return img  # the RGB -> HSV -> RGB round trip alone would change pixels
+    gains = rng.uniform(-1, 1, size=3) * (hyp.hsv_h, hyp.hsv_s, hyp.hsv_v) + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
+    x = np.arange(256, dtype=np.float32)
+    lut_h = ((x * gains[0]) % 180).astype(np.uint8)  # OpenCV's 8-bit hue is 0..179
+    lut_s = np.clip(x * gains[1], 0, 255).astype(np.uint8)
+    lut_v = np.clip(x * gains[2], 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+def flip_lr(img: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w = img.shape[1]
+    out = boxes.copy()
+    out[:, 1], out[:, 3] = w - boxes[:, 3], w - boxes[:, 1]
+    return cv2.flip(img, 1), out  # 20x faster than copying numpy's reversed view

@@ -1,0 +1,588 @@
+"""Detection data: the data YAML, YOLO label files, the dataset and its caches.
+
+- `load_data_spec(yaml)` reads an ultralytics-style data YAML into a DataSpec.
+- `YoloDataset(files, imgsz, ...)` checks every image and label file once, at
+  construction, dropping what is broken and recording one line per problem in
+  `dataset.problems` (nothing is printed or raised: the trainer prints them on
+  rank 0). Items are (img uint8 [3, S, S] RGB, labels float32 [n, 5], path, meta).
+- Augmentation randomness of item i in epoch e comes only from
+  `np.random.default_rng((seed, e, i))`, never from global or worker RNG state,
+  so a resumed run sees bit-identical batches whatever the worker count.
+  DataLoader workers get a copy of the dataset when an iterator starts: set
+  `set_epoch(e)` and `mosaic` before `iter(loader)`, and do not use
+  `persistent_workers=True` (the workers' copies would keep the old epoch).
+- Caches ("ram", "disk") are one uint8 file of decoded, resized images plus an
+  index, built once under `cache_dir` (never next to the dataset) by one
+  process under an fcntl lock and mapped read-only by every process: on a
+  tmpfs such as /dev/shm the node holds one copy, not one per rank.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from hpcyolo.errors import ConfigError
+from hpcyolo.fsutil import fsync_dir
+from hpcyolo.stage import dataset_root, read_data_yaml
+
+from .augment import (PAD_VALUE, AugmentHyp, box_areas, flip_lr, hsv_jitter, letterbox, letterbox_pad, mosaic4,
+                      random_affine, resized_shape, to_normalised, to_pixel_boxes)
+
+__all__ = ["AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "label_path", "load_data_spec"]
+
+IMG_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordinate is wrong
+CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
+CACHE_MARKER = "COMPLETE"
+
+# OpenCV's own thread pool, multiplied by DataLoader workers and ranks, would
+# oversubscribe the node's cores; parallelism comes from workers instead.
+cv2.setNumThreads(0)
+
+
+# == the data YAML ==========================================================
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """A data YAML, resolved: absolute image paths per split."""
+
+    root: Path
+    """Dataset root (`path:`, relative to the YAML's folder; empty = that folder)."""
+    names: list[str]
+    """Class names, index = class id."""
+    train: list[Path]
+    """Training images."""
+    val: list[Path]
+    """Validation images."""
+    test: list[Path] | None
+    """Test images, or None when the YAML has no test split."""
+
+
+def load_data_spec(path: str | Path) -> DataSpec:
+    """Read a data YAML; a missing split, folder or list file is a ConfigError
+    naming the YAML and the key."""
+    file = str(path)
+    spec = read_data_yaml(path)
+    root = dataset_root(Path(path), spec)
+    if not root.is_dir():
+        raise ConfigError(file, "path", f"dataset root {root} is not a directory")
+    splits = {key: _split_files(file, root, key, spec.get(key)) for key in ("train", "val", "test")}
+    for key in ("train", "val"):
+        if splits[key] is None:
+            raise ConfigError(file, key, "missing: give a folder, a .txt list of images, or a list of those")
+    return DataSpec(root=root, names=_names(file, spec), **splits)
+
+
+def _names(file: str, spec: dict) -> list[str]:
+    names = spec.get("names")
+    if isinstance(names, list) and names:
+        out = [str(n) for n in names]
+    elif isinstance(names, dict) and names:
+        keys = sorted(names)
+        if not all(isinstance(k, int) for k in keys) or keys != list(range(len(keys))):
+            raise ConfigError(file, "names", "a mapping of names must have the keys 0, 1, ..., n-1")
+        out = [str(names[k]) for k in keys]
+    else:
+        raise ConfigError(file, "names", "missing or empty: give a list of class names or a mapping {0: name, ...}")
+    if "nc" in spec and spec["nc"] != len(out):
+        raise ConfigError(file, "nc", f"is {spec['nc']}, but `names` has {len(out)} entries")
+    return out
+
+
+def _split_files(file: str, root: Path, key: str, value) -> list[Path] | None:
+    """Images of one split: a folder, a .txt list, or a list of those."""
+    if value is None or value == "" or value == []:
+        return None
+    entries = value if isinstance(value, list) else [value]
+    files: list[Path] = []
+    for entry in entries:
+        if not isinstance(entry, str) or not entry:
+            raise ConfigError(file, key, f"entries must be paths (strings), got {entry!r}")
+        files += _entry_files(file, root, key, root / entry)
+    if not files:
+        raise ConfigError(file, key, f"no images ({', '.join(sorted(IMG_EXTS))}) found in {value}")
+    return files
+
+
+def _entry_files(file: str, root: Path, key: str, where: Path) -> list[Path]:
+    if where.is_dir():
+        return sorted(p for p in where.rglob("*") if p.suffix.lower() in IMG_EXTS and p.is_file())
+    if where.is_file() and where.suffix.lower() == ".txt":
+        return _list_file(file, root, key, where)
+    if where.is_file() and where.suffix.lower() in IMG_EXTS:
+        return [where]
+    raise ConfigError(file, key, f"not found: {where} (expected a folder or a .txt list of images)")
+
+
+def _list_file(file: str, root: Path, key: str, listing: Path) -> list[Path]:
+    """One image per line, relative to the dataset root or absolute. A line
+    that names no image file is ignored; a listed image that is missing is
+    reported (and dropped) when the dataset checks its files."""
+    try:
+        lines = listing.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(file, key, f"cannot read list file {listing}: {e}") from None
+    entries = (line.strip() for line in lines)
+    return [root / e for e in entries if e and Path(e).suffix.lower() in IMG_EXTS]
+
+
+# == labels and images =======================================================
+
+def label_path(image: str | Path) -> Path:
+    """YOLO convention: the last `/images/` of the path becomes `/labels/`,
+    the extension `.txt`."""
+    head, sep, tail = str(image).rpartition(f"{os.sep}images{os.sep}")
+    path = f"{head}{os.sep}labels{os.sep}{tail}" if sep else str(image)
+    return Path(path).with_suffix(".txt")
+
+
+def parse_label_row(text: str, nc: int) -> np.ndarray | str:
+    """One row -> (cls, cx, cy, w, h) normalised and clipped to the image, or
+    the reason it is malformed. `class cx cy w h` is a box; `class x1 y1 x2 y2
+    x3 y3 ...` (an odd count >= 7) a polygon, which becomes its bounding box."""
+    try:
+        values = [float(v) for v in text.split()]
+    except ValueError:
+        return "not all numbers"
+    n = len(values)
+    if n != 5 and (n < 7 or n % 2 == 0):
+        return f"{n} numbers (a box has 5, a polygon a class and at least 3 x y pairs)"
+    if not all(math.isfinite(v) for v in values):
+        return "not finite"
+    cls, coords = values[0], np.array(values[1:])
+    if cls != int(cls) or not 0 <= cls < nc:
+        return f"class {values[0]:g} is not one of 0..{nc - 1}"
+    if ((coords < -COORD_TOL) | (coords > 1 + COORD_TOL)).any():
+        return "coordinates outside [0, 1]"
+    if n == 5:
+        cx, cy, w, h = coords
+        x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+    else:
+        x1, y1, x2, y2 = coords[0::2].min(), coords[1::2].min(), coords[0::2].max(), coords[1::2].max()
+    x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))
+    if x2 <= x1 or y2 <= y1:
+        return "box of zero size"
+    return np.array([cls, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dtype=np.float32)
+
+
+def read_labels(path: Path, nc: int) -> tuple[np.ndarray, list[str]]:
+    """Rows of a label file and one message per malformed line. A missing or
+    empty file is a background image. Raises OSError if the file exists but
+    cannot be read."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return np.zeros((0, 5), np.float32), []
+    rows, problems = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = parse_label_row(line, nc)
+        if isinstance(row, str):
+            problems.append(f"{path}:{number}: malformed label line skipped ({row}): {line.strip()[:80]!r}")
+        else:
+            rows.append(row)
+    return (np.stack(rows) if rows else np.zeros((0, 5), np.float32)), problems
+
+
+def probe_image(path: Path) -> tuple[int, int]:
+    """(h, w) as decoded, after EXIF rotation (OpenCV applies it), without
+    decoding the pixels; raises on an unreadable, corrupt or truncated file."""
+    with Image.open(path) as im:
+        im.verify()  # structure and checksums where the format has them (PNG)
+    with Image.open(path) as im:  # verify() leaves the image unusable: open again
+        w, h = im.size
+        fmt = im.format
+        orientation = im.getexif().get(0x0112, 1)
+    if fmt == "JPEG" and not _has_jpeg_end(path):
+        raise ValueError("truncated JPEG (no end-of-image marker)")
+    if w < 1 or h < 1:
+        raise ValueError(f"empty image ({w}x{h})")
+    return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
+
+
+def _has_jpeg_end(path: Path) -> bool:
+    """A cut-off download decodes to a half-grey image without error; its
+    end-of-image marker (FF D9) is missing. Some cameras pad after it, so
+    look at the tail, not only the last two bytes."""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 1024))
+        return b"\xff\xd9" in f.read()
+
+
+def decode_resized(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
+    """Decode to RGB and resize to `shape` (h, w); None if it cannot be decoded.
+
+    OpenCV, not Pillow, by measurement (benchmarks/bench_decode.py, one thread,
+    Pillow 13.0 / OpenCV 5.0): decode+resize to 640 ran at 488 vs 301 images/s
+    on coco8 and 17.5 vs 13.3 on 1.3-12 MP JPEGs; the median Pillow/OpenCV time
+    ratio over both sets and both operations was 1.24-1.38 in three runs (OpenCV faster).
+    """
+    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)  # applies EXIF orientation, as probe_image assumes
+    if bgr is None:
+        return None
+    h, w = shape
+    if bgr.shape[:2] != (h, w):
+        shrink = h * w < bgr.shape[0] * bgr.shape[1]
+        bgr = cv2.resize(bgr, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+# == checking the files ======================================================
+
+@dataclass(frozen=True)
+class Checked:
+    """One image after the check: kept (shape, labels, stat) or dropped (reason)."""
+
+    path: Path
+    shape: tuple[int, int] | None = None
+    labels: np.ndarray | None = None
+    stat: tuple[int, int] | None = None
+    problems: tuple[str, ...] = ()
+    dropped: str | None = None  # "corrupt images" or "unreadable label files"
+
+
+def check_one(path: Path, nc: int) -> Checked:
+    try:
+        st = path.stat()
+        shape = probe_image(path)
+    # Pillow raises a zoo of types on malformed files (SyntaxError, struct.error,
+    # IndexError, DecompressionBombError, ...); any of them means "drop it".
+    except Exception as e:  # noqa: BLE001
+        return Checked(path, problems=(f"{path}: corrupt image dropped ({type(e).__name__}: {e})",),
+                       dropped="corrupt images")
+    try:
+        labels, problems = read_labels(label_path(path), nc)
+    except OSError as e:
+        return Checked(path, problems=(f"{label_path(path)}: unreadable label file, image dropped ({e})",),
+                       dropped="unreadable label files")
+    return Checked(path, shape, labels, (st.st_size, st.st_mtime_ns), tuple(problems))
+
+
+def check_files(files: list[Path], nc: int) -> tuple[list[Checked], list[str], dict[str, int]]:
+    """Kept images in input order, problem messages, and counts for the summary."""
+    # Threads: the work is file I/O and header parsing (GIL released), and on
+    # a parallel file system the latency of many small reads dominates.
+    with ThreadPoolExecutor(max_workers=min(32, _cpus() * 4)) as pool:
+        results = list(pool.map(lambda p: check_one(Path(p), nc), files))
+    counts = {"corrupt images": 0, "malformed label lines": 0, "unreadable label files": 0}
+    problems: list[str] = []
+    for r in results:
+        problems += r.problems
+        if r.dropped:
+            counts[r.dropped] += 1
+        else:
+            counts["malformed label lines"] += len(r.problems)
+    return [r for r in results if not r.dropped], problems, counts
+
+
+def summary(counts: dict[str, int]) -> str:
+    parts = [f"{n} {what}" for what, n in counts.items() if n or what != "unreadable label files"]
+    return "skipped " + ", ".join(parts)
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# == the shared image cache ==================================================
+
+class ImageCache:
+    """A built cache, read-only: `images.u8` (all images back to back, HxWx3
+    RGB) and `index.npy` (int64 rows: byte offset, h, w, decoded ok)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.index = np.load(folder / "index.npy")
+        self.nbytes = (folder / "images.u8").stat().st_size
+        self._data: np.memmap | None = None
+
+    def get(self, i: int) -> np.ndarray:
+        if self._data is None:  # mapped lazily: in each DataLoader worker, after pickling
+            self._data = np.memmap(self.folder / "images.u8", dtype=np.uint8, mode="r")
+        offset, h, w, _ = (int(v) for v in self.index[i])
+        return self._data[offset:offset + h * w * 3].reshape(h, w, 3)
+
+    def ok(self, i: int) -> bool:
+        return bool(self.index[i, 3])
+
+    def __getstate__(self) -> dict:
+        # Pickling a memmap copies its whole contents into every worker: send
+        # the path only, and let the worker map the same file again.
+        return {**self.__dict__, "_data": None}
+
+
+def cache_digest(items: list[Checked], imgsz: int) -> str:
+    """Changes whenever any file, its size or mtime, the image size, the cache
+    layout or the decoder version does, so a stale cache is never used (a new
+    OpenCV may decode a JPEG slightly differently)."""
+    h = hashlib.sha256(json.dumps([CACHE_FORMAT, imgsz, cv2.__version__]).encode())
+    for it in items:
+        h.update(f"{it.path}\0{it.stat[0]}\0{it.stat[1]}\n".encode())
+    return h.hexdigest()[:20]
+
+
+def open_cache(cache_dir: Path, digest: str, paths: list[Path],
+               shapes: list[tuple[int, int]]) -> tuple[ImageCache | None, bool, str | None]:
+    """(cache or None, whether this process built it, why there is none). One
+    process per cache_dir builds; the others wait on the lock, then map it."""
+    final = cache_dir / f"imgcache-{digest}"
+    if (final / CACHE_MARKER).exists():
+        return ImageCache(final), False, None
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".imgcache-{digest}.lock", "w") as lock:
+        locked = _lock(lock)
+        if (final / CACHE_MARKER).exists():
+            return ImageCache(final), False, None
+        if locked:  # leftovers of a builder that died; holding the lock, none is live
+            for old in cache_dir.glob(f".{final.name}.partial-*"):
+                shutil.rmtree(old, ignore_errors=True)
+        needed, free = sum(h * w * 3 for h, w in shapes), shutil.disk_usage(cache_dir).free
+        if needed + (64 << 20) > free:
+            return None, False, (f"image cache needs {needed / 2**30:.1f} GiB but {cache_dir} has "
+                                 f"{free / 2**30:.1f} GiB free: decoding from the files instead")
+        try:
+            _build_cache(final, paths, shapes)
+        except OSError as e:
+            return None, False, f"cannot build the image cache in {cache_dir} ({e}): decoding from the files instead"
+    return ImageCache(final), True, None
+
+
+def _lock(lock) -> bool:
+    """Exclusive lock; False where the file system has none (Lustre mounted
+    without `flock`): then builders may race, which the rename step survives."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return True
+    except OSError:
+        return False
+
+
+def _build_cache(final: Path, paths: list[Path], shapes: list[tuple[int, int]]) -> None:
+    """Decode everything into a partial folder, then rename it into place with
+    its completion marker inside: a folder at `final` is always complete."""
+    partial = final.parent / f".{final.name}.partial-{socket.gethostname()}-{os.getpid()}"
+    partial.mkdir()
+    try:
+        index = _cache_index(shapes)
+        index[:, 3] = _fill_images(partial / "images.u8", index, paths)
+        _write_synced(partial / "index.npy", _npy_bytes(index))
+        marker = {"images": len(paths), "bytes": (partial / "images.u8").stat().st_size, "host": socket.gethostname()}
+        _write_synced(partial / CACHE_MARKER, json.dumps(marker).encode())
+        _rename_into_place(partial, final)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _cache_index(shapes: list[tuple[int, int]]) -> np.ndarray:
+    index = np.zeros((len(shapes), 4), dtype=np.int64)
+    sizes = np.array([h * w * 3 for h, w in shapes], dtype=np.int64)
+    index[1:, 0] = np.cumsum(sizes)[:-1]
+    index[:, 1:3] = np.array(shapes, dtype=np.int64).reshape(-1, 2)
+    return index
+
+
+def _fill_images(file: Path, index: np.ndarray, paths: list[Path]) -> list[bool]:
+    total = int((index[:, 1] * index[:, 2] * 3).sum())
+    with open(file, "wb") as f:
+        # Reserve the space now: a sparse file on a tmpfs that fills up later
+        # kills the builder with SIGBUS on a page write; this fails with ENOSPC.
+        os.posix_fallocate(f.fileno(), 0, total)
+    data = np.memmap(file, dtype=np.uint8, mode="r+", shape=(total,))
+
+    def fill(k: int) -> bool:
+        offset, h, w = (int(v) for v in index[k, :3])
+        img = decode_resized(paths[k], (h, w))
+        data[offset:offset + h * w * 3] = PAD_VALUE if img is None else img.reshape(-1)
+        return img is not None
+
+    # All cores of this task: the other processes on the node are waiting anyway,
+    # and OpenCV releases the GIL while it decodes.
+    with ThreadPoolExecutor(max_workers=_cpus()) as pool:
+        ok = list(pool.map(fill, range(len(paths))))
+    data.flush()  # msync: on a disk cache the pixels are durable before the rename
+    del data
+    return ok
+
+
+def _rename_into_place(partial: Path, final: Path) -> None:
+    try:
+        os.replace(partial, final)
+    except OSError:
+        # Another node won an unlocked race (shared file system without flock).
+        if not (final / CACHE_MARKER).exists():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+    fsync_dir(final.parent)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _filesystem_type(path: Path) -> str:
+    """Type of the mount holding `path`, from /proc/mounts ('' if unknown)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return ""
+    target = str(path.resolve())
+    best = max((m for m in mounts if target == m[0] or target.startswith(m[0].rstrip("/") + "/")),
+               key=lambda m: len(m[0]), default=("", ""))
+    return best[1]
+
+
+# == the dataset ==============================================================
+
+class YoloDataset(Dataset):
+    """Images and YOLO labels, letterboxed (val) or augmented (train).
+
+    Set `dataset.mosaic = False` for the close-mosaic epochs, and call
+    `set_epoch(e)` before each epoch's DataLoader iterator is created (workers
+    receive a copy of the dataset then; see the module notes).
+    """
+
+    def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
+                 seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
+                 names_count: int):
+        if imgsz < 1 or seed < 0 or names_count < 1:
+            raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
+        if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
+            raise ValueError(f"cache must be none, ram or disk (ram and disk need a cache_dir), got {cache!r}")
+        self.imgsz, self.augment, self.hyp, self.seed = imgsz, augment, hyp, seed
+        self.epoch = 0
+        self.mosaic = augment
+        items, self.problems, self.counts = check_files(list(files), names_count)
+        self.paths = [it.path for it in items]
+        self.shapes = [it.shape for it in items]
+        self.labels = [it.labels for it in items]
+        self.resized = [resized_shape(s, imgsz) for s in self.shapes]
+        self.cache: ImageCache | None = None
+        self.cache_built = False
+        if cache != "none" and items:
+            self._use_cache(cache, Path(cache_dir), cache_digest(items, imgsz))
+        if any(self.counts.values()):
+            self.problems.append(summary(self.counts))
+
+    def _use_cache(self, kind: str, cache_dir: Path, digest: str) -> None:
+        if kind == "ram" and (fs := _filesystem_type(cache_dir)) not in ("", "tmpfs", "ramfs"):
+            self.problems.append(f"ram cache in {cache_dir} is on {fs}, not tmpfs: pass a node-local tmpfs "
+                                 "such as /dev/shm/... as cache_dir")
+        self.cache, self.cache_built, why_not = open_cache(cache_dir, digest, self.paths, self.resized)
+        if why_not:
+            self.problems.append(why_not)
+            return
+        # From the index, not from the build, so that every process (rank 0
+        # too, whichever built it) reports the same problems.
+        for i in np.flatnonzero(self.cache.index[:, 3] == 0):
+            self.problems.append(f"{self.paths[i]}: corrupt image (cannot be decoded), trained as a blank image "
+                                 "without labels")
+            self.counts["corrupt images"] += 1
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def summary(self) -> str:
+        return summary(self.counts)
+
+    # -- loading
+
+    def load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(image resized so its long side is imgsz, normalised labels). An
+        image that no longer decodes is a blank one without labels."""
+        if self.cache is not None:
+            img, ok = self.cache.get(i), self.cache.ok(i)
+        else:
+            img = decode_resized(self.paths[i], self.resized[i])
+            ok = img is not None
+        if not ok:
+            return np.full((*self.resized[i], 3), PAD_VALUE, np.uint8), np.zeros((0, 5), np.float32)
+        return img, self.labels[i]
+
+    def meta(self, i: int) -> dict:
+        """Geometry of the letterbox of item i: `orig = (letterboxed - pad) / ratio`,
+        ratio and pad as (x, y). Exact for validation items; for augmented
+        training items it describes the image before augmentation."""
+        (h0, w0), (h, w) = self.shapes[i], self.resized[i]
+        return {"orig_shape": (h0, w0), "ratio": (w / w0, h / h0), "pad": letterbox_pad((h, w), self.imgsz)}
+
+    # -- items
+
+    def __getitem__(self, i: int):
+        if self.augment:
+            # The only source of randomness: a resumed run, any worker count,
+            # any global seed state give the same item.
+            img, boxes = self._train_sample(i, np.random.default_rng((self.seed, self.epoch, i)))
+        else:
+            img, boxes = self._val_sample(i)
+        labels = to_normalised(boxes, self.imgsz)
+        tensor = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
+        return tensor, torch.from_numpy(labels), str(self.paths[i]), self.meta(i)
+
+    def _val_sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        img, labels = self.load(i)
+        canvas, pad = letterbox(img, self.imgsz)
+        return canvas, to_pixel_boxes(labels, img.shape[:2], pad)
+
+    def _train_sample(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        if self.mosaic and rng.random() < self.hyp.mosaic:
+            img, boxes, areas = self._mosaic(i, rng)
+        else:
+            img, boxes = self._val_sample(i)
+            areas = box_areas(boxes)
+        img, boxes = random_affine(img, boxes, areas, self.imgsz, self.hyp, rng)
+        img = hsv_jitter(img, self.hyp, rng)
+        if rng.random() < self.hyp.fliplr:
+            img, boxes = flip_lr(img, boxes)
+        return img, boxes
+
+    def _mosaic(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        indices = [i, *(int(j) for j in rng.integers(0, len(self), size=3))]
+        loaded = [self.load(j) for j in indices]
+        images = [img for img, _ in loaded]
+        boxes = [to_pixel_boxes(labels, img.shape[:2], (0, 0)) for img, labels in loaded]
+        return mosaic4(images, boxes, self.imgsz, rng)
+
+
+def collate(batch):
+    """-> (imgs uint8 [B, 3, S, S], targets float32 [M, 6] = (index in batch,
+    cls, cx, cy, w, h), paths, metas)."""
+    imgs, labels, paths, metas = zip(*batch)
+    targets = [torch.cat((torch.full((len(lb), 1), float(k)), lb), dim=1) for k, lb in enumerate(labels)]
+    return torch.stack(imgs), torch.cat(targets) if targets else torch.zeros((0, 6)), list(paths), list(metas)
+
+
+def cache_bytes(dataset: YoloDataset) -> int:
+    """Bytes of the dataset's shared image cache (0 without one): the node
+    holds this once however many processes map it."""
+    return dataset.cache.nbytes if dataset.cache is not None else 0

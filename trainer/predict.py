@@ -1,0 +1,92 @@
+"""Predict with trained weights: boxes as YOLO txt or JSON, and drawn images.
+
+    hpcyolo predict RUN/weights/best.pt images/ --out predictions
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcyolo.errors import HpcyoloError
+from hpcyolo.fsutil import write_atomic
+
+from .augment import letterbox, resized_shape
+from .boxes import non_max_suppression
+from .data import IMG_EXTS, decode_resized, probe_image
+from .model import build_model
+from .plots import draw_detections, save_image
+
+
+def load_weights(path: str | Path, device: torch.device):
+    """(model in eval mode, class names, training image size)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        model = build_model(saved["scale"], len(saved["names"]))
+        model.load_state_dict(saved["model"])
+    except (OSError, KeyError, RuntimeError) as e:
+        raise HpcyoloError(f"{path}: not hpcyolo weights ({type(e).__name__}: {e})") from None
+    return model.to(device).eval(), list(saved["names"]), int(saved["imgsz"])
+
+
+def image_files(inputs: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            files += sorted(p for p in item.rglob("*") if p.suffix.lower() in IMG_EXTS)
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise HpcyoloError(f"{item}: no such file or directory")
+    if not files:
+        raise HpcyoloError("no images found")
+    return files
+
+
+@torch.no_grad()
+def detect(model, path: Path, imgsz: int, conf: float, iou: float, device: torch.device):
+    """(original RGB image, detections [n, 6] in original pixels: x1 y1 x2 y2 conf cls)."""
+    try:
+        h, w = probe_image(path)
+    except Exception as e:  # PIL raises many kinds for a bad file
+        raise HpcyoloError(f"{path}: cannot read image ({e})") from None
+    original = decode_resized(path, (h, w))
+    if original is None:
+        raise HpcyoloError(f"{path}: cannot decode image")
+    small = decode_resized(path, resized_shape((h, w), imgsz))
+    canvas, (left, top) = letterbox(small, imgsz)
+    x = torch.from_numpy(canvas).permute(2, 0, 1)[None].to(device).float() / 255
+    det = non_max_suppression(model.predict(x), conf_thres=conf, iou_thres=iou)[0].cpu().numpy()
+    scale = np.array([small.shape[1] / w, small.shape[0] / h] * 2, dtype=np.float32)
+    det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / scale
+    det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
+    det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
+    return original, det
+
+
+def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
+            iou: float = 0.7, fmt: str = "txt", device: str = "cpu") -> list[dict]:
+    dev = torch.device(device)
+    model, names, train_size = load_weights(weights, dev)
+    size = imgsz or train_size
+    out_dir = Path(out)
+    (out_dir / "labels").mkdir(parents=True, exist_ok=True)
+    results = []
+    for path in image_files(inputs):
+        img, det = detect(model, path, size, conf, iou, dev)
+        h, w = img.shape[:2]
+        boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),
+                  "box_xyxy": [round(float(v), 1) for v in b]} for *b, s, c in det]
+        results.append({"image": str(path), "width": w, "height": h, "detections": boxes})
+        if fmt == "txt":  # YOLO format: class cx cy w h conf, normalised
+            lines = [f"{int(c)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
+                     f"{(y2 - y1) / h:.6f} {s:.4f}" for x1, y1, x2, y2, s, c in det]
+            write_atomic(out_dir / "labels" / f"{path.stem}.txt", "".join(f"{line}\n" for line in lines).encode())
+        save_image(draw_detections(img, det[:, :4], det[:, 5].astype(int), det[:, 4], names),
+                   out_dir / f"{path.stem}.jpg")
+    if fmt == "json":
+        write_atomic(out_dir / "predictions.json", json.dumps(results, indent=1).encode())
+    return results

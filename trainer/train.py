@@ -1,0 +1,286 @@
+"""The DDP trainer: `main()` reads top to bottom.
+
+setup -> data -> model and optimizer -> resume -> loop (train, preemption
+check, validate, save) -> cleanup. Only rank 0 prints, saves and plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import getpass
+import hashlib
+import math
+import random
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import yaml
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from hpcyolo.fsutil import write_atomic
+from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
+from hpcyolo.preemption import StopFlag
+
+from . import checkpoint as ckpt
+from .boxes import non_max_suppression, xywh2xyxy
+from .config import TrainConfig
+from .data import AugmentHyp, YoloDataset, collate, load_data_spec
+from .dist import Dist, any_rank, cleanup, gather_objects, print0, setup, warn0
+from .ema import ModelEMA
+from .loss import DetectionLoss
+from .metrics import DetStats
+from .model import build_model
+from .progress import Progress
+from .sampler import EvenShardSampler, steps_per_epoch
+from .schedule import Schedule, build_optimizer
+
+CSV_FIELDS = ["epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
+              "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", "time"]  # time: seconds in the training loop
+
+
+def main(cfg: TrainConfig) -> int:
+    d = setup(cfg.dist_timeout)
+    stop = StopFlag(cfg.signal)
+    seed_all(cfg.seed + d.rank)
+    run = Path(cfg.run_dir)
+    if d.is_main:
+        (run / "weights").mkdir(parents=True, exist_ok=True)
+        write_atomic(run / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode())
+    torch.backends.cudnn.benchmark = d.device.type == "cuda"
+
+    # -- data
+    spec = load_data_spec(cfg.data)
+    nc = len(spec.names)
+    batch_per_rank = cfg.batch // d.world_size
+    cache_dir = cache_folder(cfg)
+    train_set = YoloDataset(spec.train, cfg.imgsz, augment=True, hyp=AugmentHyp(mosaic=cfg.mosaic), seed=cfg.seed,
+                            cache=cfg.cache, cache_dir=cache_dir / "train", names_count=nc)
+    # Validation shards need no padding: no collective runs inside that loop.
+    val_set = YoloDataset(spec.val[d.rank::d.world_size], cfg.imgsz, augment=False, hyp=AugmentHyp(),
+                          seed=cfg.seed, cache=cfg.cache, cache_dir=cache_dir / f"val-{d.rank}", names_count=nc)
+    for problem in train_set.problems + val_set.problems:
+        warn0(d, problem)
+    sampler = EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
+    batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
+
+    # -- model, EMA, optimizer, loss
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = build_model(cfg.model, nc).to(d.device)
+    if d.distributed and d.device.type == "cuda":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ema = ModelEMA(model)
+    accumulate = max(round(cfg.nbs / cfg.batch), 1)  # optimizer steps see about nbs images
+    weight_decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.momentum, weight_decay)
+    steps_per_ep = math.ceil(batches / accumulate)
+    schedule = Schedule(lr0=cfg.learning_rate, lrf=cfg.lrf, momentum=cfg.momentum, cosine=cfg.cosine,
+                        total_steps=steps_per_ep * cfg.epochs,
+                        warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep), 100 if cfg.warmup_epochs else 0))
+    amp = cfg.amp and d.device.type == "cuda"
+    amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
+    loss_fn = DetectionLoss(nc, reg_max=model.reg_max, strides=tuple(model.stride.tolist()))
+
+    # -- resume from the newest valid checkpoint, if any
+    start_epoch, start_batch, global_step, best = 0, 0, 0, -1.0
+    loss_sum = torch.zeros(3, device=d.device)
+    state = ckpt.load_latest(run / "checkpoints", lambda m: warn0(d, m))
+    if state is not None:
+        model.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        start_epoch, start_batch, global_step = state["epoch"], state["batch"], state["global_step"]
+        best = state["best_fitness"]
+        loss_sum = state["loss_sum"].to(d.device)
+        restore_rng(state["rng"], d)
+        print0(d, f"resumed from {Path(state['path']).name}: epoch {start_epoch + 1}, batch {start_batch}, "
+                  f"step {global_step}")
+    net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None) if d.distributed else model
+
+    print0(d, f"training {cfg.model} on {len(train_set)} images ({nc} classes), {d.world_size} rank(s) x "
+              f"{batch_per_rank} images, {batches} batches per epoch, accumulate {accumulate}, device {d.device}")
+    for epoch in range(start_epoch, cfg.epochs):
+        # -- train one epoch
+        net.train()
+        train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic
+        train_set.set_epoch(epoch)
+        sampler.set_epoch(epoch, start_batch * batch_per_rank)
+        loader = DataLoader(train_set, batch_size=batch_per_rank, sampler=sampler, num_workers=cfg.workers,
+                            collate_fn=collate, pin_memory=d.device.type == "cuda")
+        progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
+        t0 = time.time()
+        for i, (imgs, targets, _, _) in enumerate(loader, start=start_batch):
+            imgs = imgs.to(d.device, non_blocking=True).float() / 255
+            last_micro = (i + 1) % accumulate == 0 or i + 1 == batches
+            sync = nullcontext() if last_micro or not d.distributed else net.no_sync()
+            with sync:
+                with torch.autocast(d.device.type, dtype=amp_dtype, enabled=amp):
+                    loss, items = loss_fn(net(imgs), targets.to(d.device))
+                scaler.scale(loss).backward()
+            loss_sum += items
+            if not last_micro:
+                continue
+            schedule.apply(optimizer, global_step)
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            ema.update(model)
+            global_step += 1
+            progress.update(i + 1, loss_sum / (i + 1))
+            position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum)
+            if cfg.save_every and global_step % cfg.save_every == 0:
+                save_state(d, cfg, model, ema, optimizer, scaler, **position)
+            # All ranks agree on the flag here, after the optimizer step.
+            if any_rank(d, stop.check(global_step)):
+                save_state(d, cfg, model, ema, optimizer, scaler, **position)
+                print0(d, f"stopping for preemption ({stop.reason}) at epoch {epoch + 1}, batch {i + 1}; "
+                          f"checkpoint written, exit {PREEMPT_EXIT_CODE}")
+                cleanup()
+                return PREEMPT_EXIT_CODE
+        progress.close()
+        train_seconds = time.time() - t0  # the training loop alone, for results.csv
+        train_loss = reduce_mean(d, loss_sum / batches)
+
+        # -- validate the EMA weights on every rank's shard, gather on rank 0
+        metrics = validate(d, ema.module, val_set, cfg, spec.names, run, epoch)
+        fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
+        improved = fitness > best
+        best = max(best, fitness)
+        start_batch, loss_sum = 0, torch.zeros(3, device=d.device)
+        save_state(d, cfg, model, ema, optimizer, scaler, epoch=epoch + 1, batch=0, global_step=global_step,
+                   best_fitness=best, loss_sum=loss_sum)
+        if d.is_main:
+            lr = optimizer.param_groups[0]["lr"]
+            write_results(run, epoch, train_loss, metrics, lr, train_seconds)
+            save_weights(run / "weights" / "last.pt", ema.module, cfg, spec.names)
+            if improved:
+                save_weights(run / "weights" / "best.pt", ema.module, cfg, spec.names)
+            print(f"epoch {epoch + 1}/{cfg.epochs}: loss {train_loss.sum():.3f} "
+                  f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
+                  f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
+                  f"mAP50-95 {metrics['map50_95']:.3f}", flush=True)
+    print0(d, f"done: results in {run}")
+    cleanup()
+    return 0
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(states: list[dict], d: Dist) -> None:
+    if len(states) != d.world_size:
+        warn0(d, f"checkpoint has RNG state for {len(states)} ranks, not {d.world_size}; reseeding")
+        return
+    state = states[d.rank]
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_state(d: Dist, cfg: TrainConfig, model, ema, optimizer, scaler, **position) -> None:
+    """Everything needed to continue exactly here; rank 0 writes it."""
+    rngs = gather_objects(d, rng_state())
+    if d.is_main:
+        state = {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scaler": scaler.state_dict(), "rng": rngs, "config": cfg.to_dict(), **position}
+        state["loss_sum"] = state["loss_sum"].cpu()
+        ckpt.save_checkpoint(state, Path(cfg.run_dir) / "checkpoints", cfg.keep)
+    if d.distributed:
+        torch.distributed.barrier()  # nobody exits before the checkpoint is on disk
+
+
+def reduce_mean(d: Dist, value: torch.Tensor) -> torch.Tensor:
+    value = value.clone()
+    if d.distributed:
+        torch.distributed.all_reduce(value)
+        value /= d.world_size
+    return value.cpu()
+
+
+def cache_folder(cfg: TrainConfig) -> Path:
+    """Where image caches go: never beside the dataset. A RAM cache must be
+    on node-local tmpfs, shared by the node's ranks (one copy per node)."""
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir)
+    if cfg.cache == "ram":
+        run = Path(cfg.run_dir).resolve()
+        key = hashlib.sha1(str(run).encode()).hexdigest()[:8]
+        return Path("/dev/shm") / f"hpcyolo-{getpass.getuser()}" / f"{run.name}-{key}"
+    return Path(cfg.run_dir) / "cache"
+
+
+@torch.no_grad()
+def validate(d: Dist, model, dataset, cfg: TrainConfig, names: list[str], run: Path, epoch: int) -> dict:
+    model.eval()
+    stats = DetStats()
+    loader = DataLoader(dataset, batch_size=max(1, cfg.batch // d.world_size), num_workers=cfg.workers,
+                        collate_fn=collate)
+    drawn = 0
+    for imgs, targets, paths, _ in loader:
+        preds = non_max_suppression(model.predict(imgs.to(d.device).float() / 255), conf_thres=0.001, iou_thres=0.7)
+        size = torch.tensor([imgs.shape[3], imgs.shape[2]] * 2, dtype=torch.float32)
+        for j, det in enumerate(preds):
+            gt = targets[targets[:, 0] == j]
+            stats.update(det.cpu(), xywh2xyxy(gt[:, 2:6]) * size, gt[:, 1])
+        if d.is_main and drawn < cfg.val_images:
+            drawn += draw_predictions(imgs, preds, names, run, drawn, cfg.val_images - drawn)
+    states = gather_objects(d, stats.state())
+    return DetStats.summary(DetStats.merge(states), len(names)) if d.is_main else {
+        "precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
+
+
+def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> int:
+    from .plots import draw_detections, save_image
+
+    count = min(limit, len(preds))
+    for j in range(count):
+        det = preds[j][preds[j][:, 4] > 0.25].cpu().numpy()
+        img = imgs[j].permute(1, 2, 0).numpy()
+        save_image(draw_detections(img, det[:, :4], det[:, 5].astype(int), det[:, 4], names),
+                   run / f"val_pred_{offset + j}.jpg")
+    return count
+
+
+def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: float, seconds: float) -> None:
+    from .plots import plot_results
+
+    path = run / "results.csv"
+    rows = list(csv.DictReader(path.open())) if path.exists() else []
+    rows = [r for r in rows if int(r["epoch"]) < epoch + 1]  # a resumed epoch replaces its old row
+    rows.append({"epoch": epoch + 1, "train/box_loss": f"{loss[0]:.5f}", "train/cls_loss": f"{loss[1]:.5f}",
+                 "train/dfl_loss": f"{loss[2]:.5f}", "metrics/precision": f"{metrics['precision']:.5f}",
+                 "metrics/recall": f"{metrics['recall']:.5f}", "metrics/mAP50": f"{metrics['map50']:.5f}",
+                 "metrics/mAP50-95": f"{metrics['map50_95']:.5f}", "lr": f"{lr:.6g}", "time": f"{seconds:.1f}"})
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+    plot_results(path, run / "results.png")
+
+
+def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:
+    """Inference weights: the EMA model and what is needed to rebuild it."""
+    ckpt.save({"model": model.state_dict(), "scale": cfg.model, "names": list(names), "imgsz": cfg.imgsz}, path)
+
+
+def cli_main(cfg: TrainConfig) -> None:
+    sys.exit(main(cfg))
