@@ -186,6 +186,11 @@ def _with_run_options(fn):
 @click.option("--save-every", default=0, show_default=True, help="Checkpoint every N steps (0: each epoch).")
 @click.option("--keep", default=3, show_default=True, help="Checkpoints to keep.")
 @click.option("--nbs", default=64, show_default=True, help="Nominal batch: gradients accumulate up to it.")
+@click.option("--warmup-epochs", default=3.0, show_default=True, help="Epochs of LR warm-up (at least 100 batches "
+              "unless 0).")
+@click.option("--cosine/--linear", default=False, show_default=True, help="LR decay shape after warm-up.")
+@click.option("--augment/--no-augment", default=True, show_default=True,
+              help="Training augmentation (mosaic, affine, HSV, flip); off: letterbox only, e.g. to check over-fitting.")
 @click.option("--close-mosaic", default=10, show_default=True, help="Last epochs trained without mosaic.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Node-local folder for image caches (default: RUN_DIR/cache).")

@@ -28,6 +28,7 @@ class TrainConfig:
     clip_norm: float = 10.0
     close_mosaic: int = 10  # last epochs without mosaic
     mosaic: float = 1.0
+    augment: bool = True
     cache: str = "none"
     cache_dir: str | None = None  # node-local folder for image caches
     save_every: int = 0  # also checkpoint every N optimizer steps

@@ -7,10 +7,12 @@ check, validate, save) -> cleanup. Only rank 0 prints, saves and plots.
 from __future__ import annotations
 
 import csv
+import functools
 import getpass
 import hashlib
 import math
 import random
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -57,7 +59,7 @@ def main(cfg: TrainConfig) -> int:
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     cache_dir = cache_folder(cfg)
-    train_set = YoloDataset(spec.train, cfg.imgsz, augment=True, hyp=AugmentHyp(mosaic=cfg.mosaic), seed=cfg.seed,
+    train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=AugmentHyp(mosaic=cfg.mosaic), seed=cfg.seed,
                             cache=cfg.cache, cache_dir=cache_dir / "train", names_count=nc)
     # Validation shards need no padding: no collective runs inside that loop.
     val_set = YoloDataset(spec.val[d.rank::d.world_size], cfg.imgsz, augment=False, hyp=AugmentHyp(),
@@ -79,7 +81,9 @@ def main(cfg: TrainConfig) -> int:
     steps_per_ep = math.ceil(batches / accumulate)
     schedule = Schedule(lr0=cfg.learning_rate, lrf=cfg.lrf, momentum=cfg.momentum, cosine=cfg.cosine,
                         total_steps=steps_per_ep * cfg.epochs,
-                        warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep), 100 if cfg.warmup_epochs else 0))
+                        # At least 100 batches of warm-up, counted in optimizer steps.
+                        warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),
+                                         math.ceil(100 / accumulate) if cfg.warmup_epochs else 0))
     amp = cfg.amp and d.device.type == "cuda"
     amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
@@ -111,7 +115,8 @@ def main(cfg: TrainConfig) -> int:
         train_set.set_epoch(epoch)
         sampler.set_epoch(epoch, start_batch * batch_per_rank)
         loader = DataLoader(train_set, batch_size=batch_per_rank, sampler=sampler, num_workers=cfg.workers,
-                            collate_fn=collate, pin_memory=d.device.type == "cuda")
+                            collate_fn=collate, pin_memory=d.device.type == "cuda",
+                            worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
         progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
         t0 = time.time()
         for i, (imgs, targets, _, _) in enumerate(loader, start=start_batch):
@@ -169,6 +174,14 @@ def main(cfg: TrainConfig) -> int:
     print0(d, f"done: results in {run}")
     cleanup()
     return 0
+
+
+def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:
+    """In data-loader workers: Slurm signals the whole process group, and a
+    worker killed by the warning signal would crash the loader before the
+    main process can checkpoint. Only the main process acts on it."""
+    for name in names:
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
 
 
 def seed_all(seed: int) -> None:

@@ -1,0 +1,62 @@
+"""Does it learn? The n model from scratch on a generated shapes dataset, on
+this machine's CPU.
+
+    .venv/bin/python benchmarks/bench_learn.py [--epochs 12] [--ranks 1]
+
+Generates shapes (800 train / 200 val, 160 px, 4 classes), trains with
+`hpcyolo train` (through the local launcher when --ranks > 1), and prints
+mAP@0.5, mAP@0.5:0.95 of the best epoch and of the last, and the wall time
+of the training command. Target: mAP@0.5 >= 0.6 within 10 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="Keep the run here instead of a temporary folder.")
+    args = parser.parse_args()
+    from hpcyolo.local import launch
+    from hpcyolo.shapes import make_shapes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        data = make_shapes(root / "shapes", n_train=800, n_val=200, imgsz=160, classes=4, seed=0)
+        run = root / "run"
+        argv = [str(BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), "--model", "n",
+                "--epochs", str(args.epochs), "--batch", "16", "--nbs", "16", "--imgsz", "160", "--workers", "1",
+                "--close-mosaic", "3"]
+        start = time.perf_counter()
+        if args.ranks > 1:
+            code = launch(argv, args.ranks)
+        else:
+            code = subprocess.run(argv, env={**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())}).returncode
+        wall = time.perf_counter() - start
+        if code != 0:
+            sys.exit(f"training failed with exit code {code}")
+        rows = list(csv.DictReader((run / "results.csv").open()))
+        best = max(rows, key=lambda r: float(r["metrics/mAP50"]))
+        last = rows[-1]
+        print(f"n model, shapes 800/200 at 160 px, {args.epochs} epochs, {args.ranks} rank(s), {os.cpu_count()} cores")
+        print(f"  last epoch:  mAP50 {float(last['metrics/mAP50']):.3f}  mAP50-95 {float(last['metrics/mAP50-95']):.3f}")
+        print(f"  best epoch {best['epoch']}: mAP50 {float(best['metrics/mAP50']):.3f}  "
+              f"mAP50-95 {float(best['metrics/mAP50-95']):.3f}")
+        ok = float(last["metrics/mAP50"]) >= 0.6 and wall <= 600
+        print(f"  wall time {wall:.0f} s; target mAP50 >= 0.6 within 600 s: {'met' if ok else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
