@@ -97,16 +97,50 @@ def render(site: str, job: str, output: str | None) -> None:
     click.echo(f"wrote {output}", err=True)
 
 
+@main.command(name="run")
+@_site_arg
+@_job_arg
+@click.option("--resume", is_flag=True, help="Continue the run of this name (after a stop or a crash).")
+def run_(site: str, job: str, resume: bool) -> None:
+    """Run JOB on this machine, without Slurm: one process per rank.
+
+    The same steps as the sbatch script: the run directory (never clobbered),
+    staging into scratch, the ranks with the standard variables, and a
+    checkpoint then exit 75 on Ctrl-C/SIGTERM/the site's signal.
+
+        hpcyolo run site_configs/local.yaml examples/shapes.yaml
+    """
+    from .run import run_local
+
+    sys.exit(run_local(_load_plan(site, job), resume=resume))
+
+
 @main.command()
-@click.option("--data", type=click.Path(dir_okay=False), help="The data YAML of the dataset to copy.")
-@click.option("--dest", type=click.Path(file_okay=False), help="Node-local directory to copy it into.")
-@click.option("--remove", "remove", type=click.Path(file_okay=False), help="Remove a staged copy instead.")
-def stage(data: str | None, dest: str | None, remove: str | None) -> None:
+@click.option("--data", type=click.Path(dir_okay=False), help="The dataset: its data YAML (the dataset root, "
+              "`path:`, is copied), or a tar archive (.tar, .tar.gz/.tgz, .tar.zst, .tar.xz, .tar.bz2) holding it "
+              "with exactly one data YAML at its top level.")
+@click.option("--dest", type=click.Path(file_okay=False), help="Node-local folder to copy it into (created; its "
+              "parent holds the lock file).")
+@click.option("--remove", "remove", type=click.Path(file_okay=False), help="Remove this folder (a staged copy or "
+              "the whole scratch folder) and its lock file instead; a missing one is fine.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes that stat and copy the "
+              "files in parallel; from Lustre or NFS, where each file waits on the servers, more than the CPUs "
+              "pay off.  [default: one per CPU, 2 to 16; one below 1024 files]")
+def stage(data: str | None, dest: str | None, remove: str | None, workers: int | None) -> None:
     """Copy a dataset into node-local scratch, once per node.
 
-    Run as one task per node (the sbatch script does this). Writes DEST/data.yaml
-    pointing at the copy, and a completion marker so that a requeued job on the
-    same node skips the copy.
+    Run as one task per node (the sbatch script does this); other tasks on
+    the node that stage the same DEST wait for it. Checks the free space
+    first, copies, verifies the copy (the same paths, file sizes and symlinks
+    as the source), then writes DEST/data.yaml (the source's YAML with `path:`
+    set to the copy) and a completion marker: a later stage of an unchanged
+    source on this node (a requeued job) returns at once, a changed one
+    (the data YAML, the root or a split folder modified) copies again.
+
+        hpcyolo stage --data /lustre/coco/coco.yaml --dest /dev/shm/$USER/coco
+
+    Train with DEST/data.yaml. One line on stderr when the copy starts and
+    one when it ends (files, bytes, seconds, MB/s, node).
     """
     from . import stage as staging
 
@@ -115,7 +149,7 @@ def stage(data: str | None, dest: str | None, remove: str | None) -> None:
         return
     if not (data and dest):
         raise click.UsageError("give --data and --dest (or --remove DIR)")
-    staging.stage(data, dest)
+    staging.stage(data, dest, workers=workers)
 
 
 @main.command(name="make-dataset")
@@ -204,12 +238,16 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
     from .distenv import from_environ
+    from .preemption import StopFlag
 
+    # Catch the warning signal from the first moment: importing torch takes
+    # seconds, and the signal's default action would kill the process.
+    stop = StopFlag(signal_name)
     os.environ.update(from_environ(os.environ).standard_vars())
     from hpcyolo_trainer.config import TrainConfig
     from hpcyolo_trainer.train import main as train_main
 
-    sys.exit(train_main(TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options)))
+    sys.exit(train_main(TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options), stop))
 
 
 @main.command()

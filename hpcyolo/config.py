@@ -275,6 +275,9 @@ class Train:
     optimizer: Literal["sgd", "adamw"] = spec("sgd", doc="Optimizer: sgd or adamw.")
     lr0: float | None = spec(None, doc="Initial learning rate; empty: 0.01 for sgd, 0.001 for adamw.",
                              check=check_non_negative)
+    nbs: int = spec(64, doc="Nominal batch: gradients accumulate until about this many images per step.",
+                    check=check_positive)
+    close_mosaic: int = spec(10, doc="Train the last N epochs without mosaic.", check=check_non_negative)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,35 +1,99 @@
 """Map a launcher's environment to torch's standard variables (no torch here).
 
-Whatever started the process (srun with one task per GPU, torchrun, ...), the
-trainer and any custom entrypoint read only RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; this module derives them.
+Whatever started the process, the trainer and any custom entrypoint read only
+RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
+`from_environ` derives them, checks them against the hardware, and
+`DistEnv.standard_vars` is what `hpcyolo train` / `hpcyolo exec` export.
 
-Precedence, first match wins:
-1. torchrun (TORCHELASTIC_RUN_ID, or RANK/LOCAL_RANK/WORLD_SIZE all set): the
-   launcher already set them; under srun + torchrun the Slurm variables
-   describe the torchrun agent, not the worker.
-2. Slurm (SLURM_PROCID in a job step).
-3. Nothing: a single process, rank 0 of 1, on 127.0.0.1.
+Precedence, first match wins (each launcher's variables may be present
+together with another's; the reason is why the order is what it is):
+
+====  ==========  ==========================================  ==================================================
+ #    launcher    detected by                                 why here
+====  ==========  ==========================================  ==================================================
+ 1    torchrun    TORCHELASTIC_RUN_ID, or RANK, LOCAL_RANK    These describe this very worker. Under `srun`
+                  and WORLD_SIZE all set                      with one task per node running torchrun, the
+                                                              Slurm variables describe the torchrun agent
+                                                              (one per node), not the worker. hpcyolo's
+                                                              local launcher sets the same variables.
+ 2    OpenMPI     OMPI_COMM_WORLD_RANK                        mpirun inside a Slurm allocation: SLURM_* describe
+                                                              the allocation (or the step of mpirun's daemons),
+                                                              OMPI_COMM_WORLD_* this process.
+ 3    Slurm       SLURM_PROCID (a job step: srun, one task    The sbatch script's own layout: one task per GPU.
+                  per GPU)
+ 4    SageMaker   the resource config file exists             Host-level facts only (one process per host):
+                  (/opt/ml/input/config/resourceconfig.json)  anything that describes the process itself wins.
+ 5    none        -                                           One process, rank 0 of 1, on 127.0.0.1.
+====  ==========  ==========================================  ==================================================
+
+SageMaker starts ONE process per host. `from_environ` then returns a
+`NodeLayout` (node rank = index of current_host in hosts, master = hosts[0],
+processes per node = HPCYOLO_NPROC, else the GPUs CUDA_VISIBLE_DEVICES or
+SM_NUM_GPUS show, else 1 on a CPU host), not a `DistEnv`: one process per GPU
+must still be started on each host, by hpcyolo's local launcher
+(`hpcyolo.local.launch`) or torchrun. A launcher gives process i the variables
+of `layout.dist_env(i).standard_vars()`; a child that gets only LOCAL_RANK
+(and no RANK/WORLD_SIZE) is mapped the same way by `from_environ`. With one
+process per host, the host process is the worker and gets a `DistEnv`.
+(`hpcyolo.local.launch` today lays out one machine: MASTER_ADDR=127.0.0.1 and
+RANK=LOCAL_RANK; on several hosts it must use the layout as above.)
+
+Checks (one clear line, `HpcyoloError`): rank and local rank in range; more
+processes on a node than CUDA_VISIBLE_DEVICES shows GPUs (when it shows more
+than one: one GPU per task, from --gpus-per-task, is the cuda:0 case); and a
+master address that is, or resolves to, localhost (localhost, 127.0.0.1, ::1,
+Debian's hostname alias 127.0.1.1) when the job spans several nodes. Other
+127.x addresses stay valid: the Slurm testbed's nodes live on 127.0.0.11/12.
+
+Master address: the first host of the allocation. When the site names an
+interface (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME), the master host itself
+uses that interface's IPv4 address instead of its own name, so the rendezvous
+listens and connects on the fast network rather than on whatever the hostname
+resolves to there (often 127.0.1.1, or the slow management network). See
+`resolve_master`. OpenMPI has no notion of a first host: MASTER_ADDR must be
+given for more than one node.
+
+torchrun's MASTER_ADDR and MASTER_PORT name its own store: kept as they are.
+
+Port: HPCYOLO_MASTER_PORT, else MASTER_PORT, else derived from the Slurm job
+id (an array task: array job id + task id) over 15000 ports, else from the
+MPI or SageMaker job name. A port taken at init is reported by the trainer
+(hpcyolo_trainer.dist.setup) with `port_in_use_message`.
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
+import json
+import os
 import re
+import socket
+import struct
+import sys
+import zlib
 from dataclasses import dataclass
 from typing import Mapping
 
 from .errors import HpcyoloError
 
 PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
+SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
+# Exact addresses only: 127.0.0.11 and 127.0.0.12 (the Slurm testbed's nodes) must stay valid.
+LOCALHOST = frozenset({"localhost", "127.0.0.1", "::1", "127.0.1.1"})
+_SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B  # <linux/sockios.h>
 
 
 @dataclass(frozen=True, kw_only=True)
 class DistEnv:
+    """One process's place in the job."""
+
     rank: int
     local_rank: int
     world_size: int
     local_world_size: int
     node_rank: int
+    nnodes: int
     master_addr: str
     master_port: int
     source: str  # which launcher the values came from
@@ -42,12 +106,47 @@ class DistEnv:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class NodeLayout:
+    """One host's place in a job whose launcher starts one process per host
+    (SageMaker); a local launcher starts `nproc_per_node` processes from it."""
+
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    host: str
+    source: str = "sagemaker"
+
+    def dist_env(self, local_rank: int) -> DistEnv:
+        """The layout of the process with this local rank on this host."""
+        n = self.nproc_per_node
+        return DistEnv(rank=self.node_rank * n + local_rank, local_rank=local_rank, world_size=self.nnodes * n,
+                       local_world_size=n, node_rank=self.node_rank, nnodes=self.nnodes,
+                       master_addr=self.master_addr, master_port=self.master_port, source=self.source)
+
+    def standard_vars(self) -> dict[str, str]:
+        # A host process is no rank: training in it would silently use one GPU of several.
+        raise HpcyoloError(
+            f"{self.source} starts one process per host, but {self.host} needs {self.nproc_per_node} (one per GPU): "
+            f"start them with hpcyolo.local.launch, or torchrun --nnodes={self.nnodes} --node-rank={self.node_rank} "
+            f"--nproc-per-node={self.nproc_per_node} --master-addr={self.master_addr} "
+            f"--master-port={self.master_port}")
+
+
 def default_port(job_id: int, array_job_id: int | None = None, array_task_id: int | None = None) -> int:
     """The port the sbatch script derives from the job id, or for an array
     task from the array's job id plus the task id (keep in step with
     templates/sbatch.sh.j2)."""
     key = job_id if array_job_id is None else array_job_id + (array_task_id or 0)
     return PORT_BASE + key % PORT_SPAN
+
+
+def port_in_use_message(host: str, port: int | str) -> str:
+    """What to say when rank 0 cannot listen on the rendezvous port."""
+    return (f"MASTER_PORT {port} on {host} is already in use (another job or launcher on that node?); "
+            f"set HPCYOLO_MASTER_PORT to a free port or resubmit")
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
@@ -75,40 +174,80 @@ def _int(env: Mapping[str, str], name: str) -> int:
         raise HpcyoloError(f"environment: {name}={env[name]!r} is not an integer") from None
 
 
-def from_environ(env: Mapping[str, str]) -> DistEnv:
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+# ---- the launchers ----
+
+def from_environ(env: Mapping[str, str], *, sagemaker_config: str | os.PathLike | None = None) -> DistEnv | NodeLayout:
+    """This process's layout, from the first launcher whose variables are
+    present (see the module docstring); a `NodeLayout` for a SageMaker host
+    process that must start several workers. Raises HpcyoloError when the
+    values disagree with each other or with the hardware. `sagemaker_config`:
+    the resource config's path (default SAGEMAKER_RESOURCE_CONFIG)."""
+    sagemaker_config = sagemaker_config or SAGEMAKER_RESOURCE_CONFIG
     if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
-        return _from_torchrun(env)
+        return _checked(_from_torchrun(env), env)
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return _checked(_from_openmpi(env), env)
     if "SLURM_PROCID" in env:
-        return _from_slurm(env)
-    return DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
-                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                   master_port=int(env.get("MASTER_PORT", default_port(0))), source="single process")
+        return _checked(_from_slurm(env), env)
+    if os.path.exists(sagemaker_config):
+        layout = sagemaker_layout(env, sagemaker_config)
+        if "LOCAL_RANK" in env:  # a worker our launcher started on this host
+            return _checked(layout.dist_env(_int(env, "LOCAL_RANK")), env)
+        return _checked(layout.dist_env(0), env) if layout.nproc_per_node == 1 else layout
+    return DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, nnodes=1,
+                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_port(env), source="single process")
 
 
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
-    return DistEnv(rank=_int(env, "RANK"), local_rank=_int(env, "LOCAL_RANK"), world_size=_int(env, "WORLD_SIZE"),
-                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
-                   node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", "0"))),
-                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_int(env, "MASTER_PORT"),
-                   source="torchrun")
+    # torchrun always sets LOCAL_WORLD_SIZE and GROUP_WORLD_SIZE (the number of
+    # agents, i.e. nodes); a hand-made RANK/LOCAL_RANK/WORLD_SIZE is one node.
+    world = _int(env, "WORLD_SIZE")
+    nnodes = _int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else None
+    local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world // (nnodes or 1)
+    nnodes = nnodes or -(-world // max(local_world, 1))
+    rank = _int(env, "RANK")
+    node_rank = next((_int(env, k) for k in ("GROUP_RANK", "NODE_RANK") if k in env), rank // max(local_world, 1))
+    # torchrun's MASTER_PORT is its store's: never replace it.
+    port = _port_value(env, "MASTER_PORT") if "MASTER_PORT" in env else _port(env)
+    return DistEnv(rank=rank, local_rank=_int(env, "LOCAL_RANK"), world_size=world, local_world_size=local_world,
+                   node_rank=node_rank, nnodes=nnodes, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                   master_port=port, source="torchrun")
+
+
+def _from_openmpi(env: Mapping[str, str]) -> DistEnv:
+    size, local_size = _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    rank = _int(env, "OMPI_COMM_WORLD_RANK")
+    if local_size < size and not env.get("MASTER_ADDR"):
+        raise HpcyoloError(f"environment: OpenMPI runs {size} ranks, {local_size} on this node: set MASTER_ADDR to the "
+                           f"host of rank 0 (mpirun -x MASTER_ADDR=<first host>)")
+    master = env.get("MASTER_ADDR") or "127.0.0.1"
+    # OMPI_COMM_WORLD_NODE_RANK is not the node's index (it is the local rank
+    # counted across all jobs on the node, see Open MPI's "Environment variables
+    # set for MPI applications"); with mpirun's default by-slot mapping a
+    # node's ranks are consecutive, so the node index is rank // local size.
+    return DistEnv(rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), world_size=size,
+                   local_world_size=local_size, node_rank=rank // max(local_size, 1),
+                   nnodes=-(-size // max(local_size, 1)), master_addr=resolve_master(master, _site_interface(env)),
+                   master_port=_port(env), source="openmpi")
 
 
 def _from_slurm(env: Mapping[str, str]) -> DistEnv:
-    # The step's values first: a step may use fewer tasks than the job.
+    # The step's values first: a step may use fewer tasks and nodes than the job.
     ntasks = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+    hosts = expand_hostlist(nodelist)
+    nnodes_var = next((k for k in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES") if k in env), None)
     node_id = _int(env, "SLURM_NODEID")
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
-    master_addr = env.get("MASTER_ADDR") or (expand_hostlist(nodelist) or ["127.0.0.1"])[0]
-    if "MASTER_PORT" in env:
-        port = int(env["MASTER_PORT"])
-    elif "SLURM_ARRAY_JOB_ID" in env:
-        port = default_port(0, _int(env, "SLURM_ARRAY_JOB_ID"), _int(env, "SLURM_ARRAY_TASK_ID"))
-    else:
-        port = default_port(_int(env, "SLURM_JOB_ID"))
+    master = env.get("MASTER_ADDR") or (hosts or ["127.0.0.1"])[0]
     return DistEnv(rank=_int(env, "SLURM_PROCID"), local_rank=_int(env, "SLURM_LOCALID"),
                    world_size=_int(env, ntasks), local_world_size=_tasks_on_node(per_node, node_id),
-                   node_rank=node_id, master_addr=master_addr, master_port=port, source="slurm")
+                   node_rank=node_id, nnodes=_int(env, nnodes_var) if nnodes_var else max(len(hosts), 1),
+                   master_addr=resolve_master(master, _site_interface(env)), master_port=_port(env), source="slurm")
 
 
 def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
@@ -120,3 +259,220 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
             raise HpcyoloError(f"environment: cannot read SLURM_TASKS_PER_NODE={tasks_per_node!r}")
         counts += [int(m.group(1))] * int(m.group(2) or 1)
     return counts[node_id] if node_id < len(counts) else counts[-1]
+
+
+def sagemaker_layout(env: Mapping[str, str], path: str | os.PathLike) -> NodeLayout:
+    """This host's layout from SageMaker's resource config
+    ({"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], ...})."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        host, hosts = config["current_host"], list(config["hosts"])
+    except OSError as e:
+        raise HpcyoloError(f"{path}: cannot read: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise HpcyoloError(f"{path}: not a SageMaker resource config with current_host and hosts ({e})") from None
+    if host not in hosts:
+        raise HpcyoloError(f"{path}: current_host {host!r} is not one of hosts {hosts}")
+    nproc = _procs_per_host(env)
+    _check_gpus(nproc, env, host)
+    return NodeLayout(node_rank=hosts.index(host), nnodes=len(hosts), nproc_per_node=nproc,
+                      master_addr=resolve_master(hosts[0], _site_interface(env), hostname=host),
+                      master_port=_port(env), host=host)
+
+
+def _procs_per_host(env: Mapping[str, str]) -> int:
+    """HPCYOLO_NPROC, else one per visible GPU, else one (a CPU host: one
+    process uses all cores; SM_NUM_CPUS counts cores, not processes)."""
+    if "HPCYOLO_NPROC" in env:
+        n = _int(env, "HPCYOLO_NPROC")
+        if n < 1:
+            raise HpcyoloError(f"environment: HPCYOLO_NPROC={n} must be at least 1")
+        return n
+    gpus = visible_gpus(env)
+    if gpus is None and "SM_NUM_GPUS" in env:
+        gpus = _int(env, "SM_NUM_GPUS")
+    return max(gpus or 1, 1)
+
+
+def _port(env: Mapping[str, str]) -> int:
+    for name in ("HPCYOLO_MASTER_PORT", "MASTER_PORT"):
+        if env.get(name):
+            return _port_value(env, name)
+    if "SLURM_ARRAY_JOB_ID" in env:
+        return default_port(0, _int(env, "SLURM_ARRAY_JOB_ID"), _int(env, "SLURM_ARRAY_TASK_ID"))
+    if "SLURM_JOB_ID" in env:
+        return default_port(_int(env, "SLURM_JOB_ID"))
+    # Outside Slurm: a name every process of the job shares (crc32: Python's
+    # hash() differs between processes).
+    for name in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "TRAINING_JOB_NAME"):
+        if env.get(name):
+            return PORT_BASE + zlib.crc32(env[name].encode()) % PORT_SPAN
+    return PORT_BASE
+
+
+def _port_value(env: Mapping[str, str], name: str) -> int:
+    port = _int(env, name)
+    if not 1 <= port <= 65535:
+        raise HpcyoloError(f"environment: {name}={port} is not a TCP port (1-65535)")
+    return port
+
+
+# ---- checks against each other and the hardware ----
+
+def _checked(d: DistEnv, env: Mapping[str, str]) -> DistEnv:
+    host = _short_hostname()
+    if not 0 <= d.rank < d.world_size:
+        raise HpcyoloError(f"{host}: rank {d.rank} is not below the world size {d.world_size} (from {d.source})")
+    if not 0 <= d.local_rank < d.local_world_size:
+        raise HpcyoloError(f"{host}: local rank {d.local_rank} is not below the {d.local_world_size} processes on "
+                           f"this node (from {d.source})")
+    _check_gpus(d.local_world_size, env, host)
+    check_master(d.master_addr, d.nnodes)
+    return d
+
+
+def visible_gpus(env: Mapping[str, str]) -> int | None:
+    """How many GPUs CUDA_VISIBLE_DEVICES leaves, None when it is unset.
+    CUDA reads the list up to the first invalid entry, so '', '-1' and
+    Slurm's 'NoDevFiles' leave none."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    count = 0
+    for item in value.split(","):
+        item = item.strip()
+        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return count
+
+
+def _check_gpus(procs_on_node: int, env: Mapping[str, str], host: str | None = None, gpus: int | None = None) -> None:
+    # One visible GPU is --gpus-per-task (each task its own: cuda:0); none is the CPU.
+    shown = visible_gpus(env) if gpus is None else gpus
+    if shown is None or shown <= 1 or procs_on_node <= shown:
+        return
+    what = (f"CUDA_VISIBLE_DEVICES shows {shown} GPUs" if "CUDA_VISIBLE_DEVICES" in env
+            else f"only {shown} GPUs are visible")
+    raise HpcyoloError(f"{host or _short_hostname()}: {procs_on_node} processes on this node but {what}; "
+                       f"start one process per GPU")
+
+
+def check_master(addr: str, nnodes: int) -> None:
+    """A master on localhost cannot be reached from the other nodes: refuse
+    it, and a name that resolves to it, when the job spans several nodes. A
+    name that does not resolve is a warning: DNS can fail for a moment at job
+    start, and torch's store client keeps retrying the lookup."""
+    if nnodes <= 1:
+        return
+    hint = (f"but the job spans {nnodes} nodes; set MASTER_ADDR (or the site's network.interface) to an address "
+            f"the other nodes reach")
+    if addr.strip("[]").lower() in LOCALHOST:
+        raise HpcyoloError(f"MASTER_ADDR={addr} is localhost {hint}")
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)}
+    except (socket.gaierror, UnicodeError) as e:
+        print(f"hpcyolo: warning: cannot resolve MASTER_ADDR={addr} on {_short_hostname()} "
+              f"({getattr(e, 'strerror', None) or e}); the rendezvous will fail unless it resolves",
+              file=sys.stderr, flush=True)
+        return
+    loopback = sorted(found & LOCALHOST)
+    if loopback:
+        raise HpcyoloError(f"MASTER_ADDR={addr} resolves to localhost ({loopback[0]}) {hint}")
+
+
+def device_for(local_rank: int, env: Mapping[str, str], *, gpus: int | None = None) -> str:
+    """The device of the process with this local rank: 'cuda:0' when it sees
+    exactly one GPU (srun --gpus-per-task gives each task its own), else
+    'cuda:LOCAL_RANK'; 'cpu' without GPUs. `gpus` is what the caller knows
+    (torch.cuda.device_count()); without it, CUDA_VISIBLE_DEVICES, then
+    SM_NUM_GPUS / SLURM_GPUS_ON_NODE, tell."""
+    count = gpus if gpus is not None else _gpu_hint(env)
+    if not count:
+        return "cpu"
+    if count == 1:
+        return "cuda:0"
+    if "LOCAL_WORLD_SIZE" in env:
+        _check_gpus(_int(env, "LOCAL_WORLD_SIZE"), env, gpus=count)
+    if local_rank >= count:
+        raise HpcyoloError(f"{_short_hostname()}: local rank {local_rank} but only {count} GPUs are visible "
+                           f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
+    return f"cuda:{local_rank}"
+
+
+def _gpu_hint(env: Mapping[str, str]) -> int:
+    visible = visible_gpus(env)
+    if visible is not None:
+        return visible
+    for name in ("SM_NUM_GPUS", "SLURM_GPUS_ON_NODE"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return 0
+
+
+# ---- the master's address on the site's interface ----
+
+def _site_interface(env: Mapping[str, str]) -> str | None:
+    """The interface the site names: NCCL_SOCKET_IFNAME, else
+    GLOO_SOCKET_IFNAME; the first of a list ('hsn0,hsn1'); none for an
+    exclusion list ('^docker,lo'); '=' (NCCL's exact match) dropped."""
+    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        value = env.get(name, "").strip()
+        if value and not value.startswith("^"):
+            return value.split(",")[0].strip().lstrip("=") or None
+    return None
+
+
+def resolve_master(addr: str, interface: str | None, *, hostname: str | None = None) -> str:
+    """MASTER_ADDR as this host should use it. On the master host itself,
+    with an interface named, the interface's IPv4 address (so rank 0 connects
+    to the store on the fast network, not on whatever its own name resolves
+    to: 127.0.1.1 on Debian, or the management network), unless the name
+    already resolves into that interface's network. Elsewhere, the name."""
+    if not interface:
+        return addr
+    host = hostname or socket.gethostname()
+    if addr not in (host, host.split(".")[0]):
+        return addr
+    interface = interface.split(",")[0].strip().lstrip("=")
+    ip, network = _interface_ipv4(_match_interface(interface, host))
+    if any(a in network for a in _ipv4_addresses(addr)):
+        return addr  # e.g. the testbed: node1 is 127.0.0.11, on lo
+    return ip
+
+
+def _match_interface(name: str, host: str) -> str:
+    """The exact name, else the first interface it prefixes (NCCL's rule:
+    NCCL_SOCKET_IFNAME=ib matches ib0)."""
+    names = [n for _, n in socket.if_nameindex()]
+    if name in names:
+        return name
+    match = next((n for n in names if n.startswith(name)), None)
+    if match is None:
+        raise HpcyoloError(f"network interface {name!r} (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) does not exist on "
+                           f"{host}; it has: {', '.join(names)}")
+    return match
+
+
+def _interface_ipv4(name: str) -> tuple[str, ipaddress.IPv4Network]:
+    """The IPv4 address and network of an interface (Linux: netdevice(7) ioctls)."""
+    import fcntl
+
+    request = struct.pack("256s", name.encode()[:15])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, request)[20:24])
+            mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFNETMASK, request)[20:24])
+        except OSError as e:
+            why = {errno.ENODEV: "does not exist", errno.EADDRNOTAVAIL: "has no IPv4 address"}.get(e.errno, e.strerror)
+            raise HpcyoloError(f"network interface {name!r} {why} on {socket.gethostname()}") from None
+    return addr, ipaddress.IPv4Network(f"{addr}/{mask}", strict=False)
+
+
+def _ipv4_addresses(name: str) -> list[ipaddress.IPv4Address]:
+    try:
+        infos = socket.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    return [ipaddress.IPv4Address(info[4][0]) for info in infos]

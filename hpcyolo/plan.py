@@ -94,7 +94,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
                     *([f"--cpus-per-task={cpus_per_task * tasks}"] if cpus_per_task else []), *_container_options(site)),
         train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus),
         step_prefix=_step_prefix(site, gpus),
-        stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Raw('"$SCRATCH_DIR/data"')),
+        stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", "/data")),
         unstage_argv=("hpcyolo", "stage", "--remove", Var("SCRATCH_DIR")),
         train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal),
     )
@@ -244,11 +244,12 @@ def _train_argv(site: SiteConfig, job: JobSpec, signal: str) -> tuple[str, ...]:
     t = job.train
     argv = ["hpcyolo", "train", *common,
             "--model", t.model, "--epochs", str(t.epochs), "--batch", str(t.batch), "--imgsz", str(t.imgsz),
-            "--workers", str(t.workers), "--seed", str(t.seed), "--optimizer", t.optimizer,
+            "--workers", str(t.workers), "--seed", str(t.seed), "--optimizer", t.optimizer, "--nbs", str(t.nbs),
+            "--close-mosaic", str(t.close_mosaic),
             "--cache", job.data.cache,
             "--save-every", str(job.checkpoint.every_steps), "--keep", str(job.checkpoint.keep)]
     if job.data.cache != "none":  # one copy per node, in node-local scratch
-        argv += ["--cache-dir", Raw('"$SCRATCH_DIR/cache"')]
+        argv += ["--cache-dir", Var("SCRATCH_DIR", "/cache")]
     if t.lr0 is not None:
         argv += ["--lr0", repr(t.lr0)]
     return tuple(argv)

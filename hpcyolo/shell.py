@@ -15,7 +15,17 @@ from .config import PATH_VAR
 
 
 class Var(str):
-    """A reference to a shell variable, rendered as "$NAME"."""
+    """A shell variable the script sets, plus an optional literal suffix:
+    Var("SCRATCH_DIR", "/data") renders as "$SCRATCH_DIR/data"."""
+
+    def __new__(cls, name: str, suffix: str = ""):
+        self = super().__new__(cls, f"${name}{suffix}")
+        self.name, self.suffix = name, suffix
+        return self
+
+    def resolve(self, values: dict[str, str]) -> str:
+        """The value outside a shell (hpcyolo run), from `values`."""
+        return values[self.name] + self.suffix
 
 
 class Raw(str):
@@ -29,7 +39,9 @@ class Expand(str):
 def quote(value: object) -> str:
     """One shell word that stands for exactly `value`."""
     if isinstance(value, Var):
-        return f'"${value}"'
+        if re.fullmatch(r"[/.,:=@%+-][A-Za-z0-9_./,:=@%+-]*|", value.suffix):  # nothing to escape
+            return f'"${value.name}{value.suffix}"'
+        return f'"${value.name}"' + shlex.quote(value.suffix)
     if isinstance(value, Raw):
         return str(value)
     if isinstance(value, Expand):

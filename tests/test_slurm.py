@@ -152,3 +152,21 @@ def test_requeues_stop_at_the_site_limit(tmp_path, slurm_env):
     assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("FAILED", "1", "75:0"), \
         job_log(tmp_path, "limit", job_id)
     assert "stopped after 1 requeues" in job_log(tmp_path, "limit", job_id)
+
+
+def test_two_jobs_sharing_nodes_do_not_collide(tmp_path, slurm_env):
+    """Two probe jobs at once on the same two nodes: each rendezvous on its
+    own port (from its job id), both complete."""
+    site = make_testbed_site(tmp_path)
+    jobs = {}
+    for name in ("probe-x", "probe-y"):
+        jobs[name] = submit(site, job_spec(tmp_path, name, "python3 -m hpcyolo.probe"), slurm_env, tmp_path)
+    ports, hosts = set(), []
+    for name, job_id in jobs.items():
+        info = slurm.wait(job_id, timeout=180, env=slurm_env)
+        assert info["JobState"] == "COMPLETED", job_log(tmp_path, name, job_id)
+        reports = [json.loads(p.read_text()) for p in (tmp_path / "runs" / name / "probe").glob("rank-*.json")]
+        assert len(reports) == 4 and all(r["all_reduce"] == 10 for r in reports)
+        ports |= {r["env"]["MASTER_PORT"] for r in reports}
+        hosts.append({r["host"] for r in reports})
+    assert len(ports) == 2 and hosts[0] == hosts[1]  # same nodes, different ports

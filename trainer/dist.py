@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hpcyolo.distenv import device_for, port_in_use_message
+from hpcyolo.errors import HpcyoloError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -34,15 +37,11 @@ class Dist:
 
 def pick_device(local_rank: int) -> torch.device:
     """cuda:0 when CUDA_VISIBLE_DEVICES leaves each task one GPU (srun
-    --gpus-per-task), else cuda:LOCAL_RANK; the CPU without GPUs."""
+    --gpus-per-task), else cuda:LOCAL_RANK; the CPU without GPUs. The rule
+    (and its checks) is hpcyolo.distenv.device_for's; torch says whether CUDA works."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    count = torch.cuda.device_count()
-    index = 0 if count == 1 else local_rank
-    if index >= count:
-        raise RuntimeError(f"local rank {local_rank} but only {count} GPUs are visible "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
-    return torch.device("cuda", index)
+    return torch.device(device_for(local_rank, os.environ, gpus=torch.cuda.device_count()))
 
 
 def setup(timeout_s: int = 600) -> Dist:
@@ -54,9 +53,23 @@ def setup(timeout_s: int = 600) -> Dist:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        _init_process_group(backend, timeout_s, device)
+    return Dist(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def _init_process_group(backend: str, timeout_s: int, device: torch.device) -> None:
+    """init_process_group; rank 0 failing to listen on MASTER_PORT (another
+    job or launcher holds it) becomes one line naming host and port instead
+    of a DistNetworkError traceback."""
+    try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
-    return Dist(rank=rank, local_rank=local_rank, world_size=world, device=device)
+    except RuntimeError as e:  # torch.distributed.DistNetworkError is a RuntimeError
+        text = str(e)
+        if "address already in use" not in text.lower() and "EADDRINUSE" not in text:
+            raise
+        host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT", "?")
+        raise HpcyoloError(port_in_use_message(host, port)) from None
 
 
 def cleanup() -> None:

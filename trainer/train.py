@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from hpcyolo.fsutil import write_atomic
 from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
-from hpcyolo.preemption import StopFlag
+from hpcyolo.preemption import StopFlag, mark_preempted
 
 from . import checkpoint as ckpt
 from .boxes import non_max_suppression, xywh2xyxy
@@ -44,9 +44,9 @@ CSV_FIELDS = ["epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "me
               "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", "time"]  # time: seconds in the training loop
 
 
-def main(cfg: TrainConfig) -> int:
+def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
+    stop = stop or StopFlag(cfg.signal)
     d = setup(cfg.dist_timeout)
-    stop = StopFlag(cfg.signal)
     seed_all(cfg.seed + d.rank)
     run = Path(cfg.run_dir)
     if d.is_main:
@@ -144,7 +144,7 @@ def main(cfg: TrainConfig) -> int:
                 save_state(d, cfg, model, ema, optimizer, scaler, **position)
             # All ranks agree on the flag here, after the optimizer step.
             if any_rank(d, stop.check(global_step)):
-                save_state(d, cfg, model, ema, optimizer, scaler, **position)
+                save_state(d, cfg, model, ema, optimizer, scaler, preempted=stop.reason or "preempted", **position)
                 print0(d, f"stopping for preemption ({stop.reason}) at epoch {epoch + 1}, batch {i + 1}; "
                           f"checkpoint written, exit {PREEMPT_EXIT_CODE}")
                 cleanup()
@@ -154,7 +154,7 @@ def main(cfg: TrainConfig) -> int:
         train_loss = reduce_mean(d, loss_sum / batches)
 
         # -- validate the EMA weights on every rank's shard, gather on rank 0
-        metrics = validate(d, ema.module, val_set, cfg, spec.names, run, epoch)
+        metrics = validate(d, ema.module, val_set, cfg, spec.names, run)
         fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
         improved = fitness > best
         best = max(best, fitness)
@@ -207,14 +207,17 @@ def restore_rng(states: list[dict], d: Dist) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_state(d: Dist, cfg: TrainConfig, model, ema, optimizer, scaler, **position) -> None:
-    """Everything needed to continue exactly here; rank 0 writes it."""
+def save_state(d: Dist, cfg: TrainConfig, model, ema, optimizer, scaler, preempted: str = "", **position) -> None:
+    """Everything needed to continue exactly here; rank 0 writes it (and,
+    when stopping for preemption, the marker the batch script looks for)."""
     rngs = gather_objects(d, rng_state())
     if d.is_main:
         state = {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "rng": rngs, "config": cfg.to_dict(), **position}
         state["loss_sum"] = state["loss_sum"].cpu()
         ckpt.save_checkpoint(state, Path(cfg.run_dir) / "checkpoints", cfg.keep)
+        if preempted:
+            mark_preempted(preempted)
     if d.distributed:
         torch.distributed.barrier()  # nobody exits before the checkpoint is on disk
 
@@ -240,13 +243,13 @@ def cache_folder(cfg: TrainConfig) -> Path:
 
 
 @torch.no_grad()
-def validate(d: Dist, model, dataset, cfg: TrainConfig, names: list[str], run: Path, epoch: int) -> dict:
+def validate(d: Dist, model, dataset, cfg: TrainConfig, names: list[str], run: Path) -> dict:
     model.eval()
     stats = DetStats()
     loader = DataLoader(dataset, batch_size=max(1, cfg.batch // d.world_size), num_workers=cfg.workers,
-                        collate_fn=collate)
+                        collate_fn=collate, worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
     drawn = 0
-    for imgs, targets, paths, _ in loader:
+    for imgs, targets, _, _ in loader:
         preds = non_max_suppression(model.predict(imgs.to(d.device).float() / 255), conf_thres=0.001, iou_thres=0.7)
         size = torch.tensor([imgs.shape[3], imgs.shape[2]] * 2, dtype=torch.float32)
         for j, det in enumerate(preds):

@@ -66,16 +66,20 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 \
 DATA="$SCRATCH_DIR/data/data.yaml"
 
 # ---- train ----
+# The trainer leaves this file once its checkpoint is written, before it
+# exits 75: srun may report another rank's kill instead of that code.
+export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 set +e
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=4 --cpus-per-task=16 --cpu-bind=cores \
     hpcyolo train --run-dir "$RUN_DIR" --data "$DATA" --signal USR2 --dist-timeout 600 --model s \
-    --epochs 50 --batch 64 --imgsz 640 --workers 4 --seed 0 --optimizer sgd --cache none \
-    --save-every 500 --keep 2
+    --epochs 50 --batch 64 --imgsz 640 --workers 4 --seed 0 --optimizer sgd --nbs 64 --close-mosaic 10 \
+    --cache none --save-every 500 --keep 2
 status=$?
 set -e
 
 # ---- exit: requeue after preemption or time-out, pass anything else through ----
-if [ "$status" -eq 75 ]; then
+if [ "$status" -eq 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
+    status=75
     restarts=${SLURM_RESTART_COUNT:-0}
     if [ "$restarts" -lt 3 ]; then
         echo "hpcyolo: checkpointed after SIGUSR2; requeueing job $SLURM_JOB_ID ($((restarts + 1)) of 3)" >&2

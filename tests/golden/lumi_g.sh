@@ -69,16 +69,21 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 \
 DATA="$SCRATCH_DIR/data/data.yaml"
 
 # ---- train ----
+# The trainer leaves this file once its checkpoint is written, before it
+# exits 75: srun may report another rank's kill instead of that code.
+export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 set +e
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 \
     singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo train \
     --run-dir "$RUN_DIR" --data "$DATA" --signal USR2 --dist-timeout 600 --model s --epochs 50 \
-    --batch 64 --imgsz 640 --workers 4 --seed 0 --optimizer sgd --cache none --save-every 500 --keep 2
+    --batch 64 --imgsz 640 --workers 4 --seed 0 --optimizer sgd --nbs 64 --close-mosaic 10 --cache none \
+    --save-every 500 --keep 2
 status=$?
 set -e
 
 # ---- exit: requeue after preemption or time-out, pass anything else through ----
-if [ "$status" -eq 75 ]; then
+if [ "$status" -eq 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
+    status=75
     restarts=${SLURM_RESTART_COUNT:-0}
     if [ "$restarts" -lt 3 ]; then
         echo "hpcyolo: checkpointed after SIGUSR2; requeueing job $SLURM_JOB_ID ($((restarts + 1)) of 3)" >&2

@@ -10,14 +10,7 @@ import torch
 from hpcyolo_trainer import boxes as B
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Run on one intra-op thread: these tensors are tiny, and on a busy 2-core
-    CI machine OpenMP's thread hand-off costs several times the work itself."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def reference_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float) -> torch.Tensor:

@@ -155,7 +155,7 @@ def test_yaml_mistakes_name_the_file_and_key(tmp_path, body, key):
 def test_coco8_loads():
     spec = load_data_spec(COCO8 / "coco8.yaml")
     assert (len(spec.train), len(spec.val), len(spec.names)) == (4, 4, 80)
-    assert spec.root == COCO8 and spec.test is None
+    assert spec.root == COCO8.resolve() and spec.test is None
     ds = YoloDataset(spec.val, 320, augment=False, hyp=AugmentHyp(), seed=0, names_count=80)
     assert len(ds) == 4 and ds.problems == []
     imgs, targets, paths, metas = collate([ds[i] for i in range(len(ds))])

@@ -14,14 +14,7 @@ NC, REG_MAX, STRIDES = 2, 16, (8, 16, 32)
 NO = 4 * REG_MAX + NC
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Run on one intra-op thread: these tensors are tiny, and on a busy 2-core
-    CI machine OpenMP's thread hand-off costs several times the work itself."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def level_shapes(h: int, w: int) -> list[tuple[int, int]]:

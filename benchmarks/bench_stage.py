@@ -1,0 +1,209 @@
+"""How fast `hpcyolo stage` copies many small files, against a tar pipe.
+
+    .venv/bin/python benchmarks/bench_stage.py [--images 10000] [--runs 5]
+
+Builds a dataset of IMAGES images (2-8 KB) and as many label files (the
+issue's "at least 10,000 small files": 2 x 10,000 by default) under /tmp, and
+stages it into /dev/shm (a tmpfs, like a node's scratch), with a fresh
+destination every time. Each run times, one after the other and in rotating
+order so that machine noise hits them alike:
+
+  tar      `tar -C SRC -cf - . | tar -C DST -xf -` (bash, as in a batch script)
+  cli      `hpcyolo stage --data SRC/data.yaml --dest DST` (a fresh process)
+  func     stage() alone, timed inside a fresh process (no interpreter start)
+  again    the same `hpcyolo stage` on the staged DST (the requeue case),
+           and stage() alone likewise
+
+Prints the medians, the throughput ratio tar/cli (target: at least 0.9; the
+target is judged on the CLI, as users run it) and the second stage as a
+fraction of the first (target: at most 5%). With --archives it also times
+unpacking .tar and .tar.gz copies of the tree (plain tar -x against hpcyolo
+stage, which lists the archive first to check the space).
+
+The source stays in the page cache (we cannot drop it); the CLI runs with
+bytecode caching on (PYTHONPYCACHEPREFIX), as an installed package does.
+Everything under /dev/shm is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+FUNC = """\
+import sys, time
+from hpcyolo.stage import stage
+start = time.perf_counter()
+stage(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]) if len(sys.argv) > 3 else None)
+print(time.perf_counter() - start)
+"""
+
+
+def build(src: Path, images: int, seed: int = 0) -> int:
+    """The dataset tree; returns its payload in bytes."""
+    rng = random.Random(seed)
+    total = 0
+    n_val = images // 5
+    for split, n in (("train", images - n_val), ("val", n_val)):
+        (src / "images" / split).mkdir(parents=True)
+        (src / "labels" / split).mkdir(parents=True)
+        for i in range(n):
+            blob = rng.randbytes(rng.randint(2048, 8192))
+            label = "".join(f"{rng.randrange(4)} {rng.random():.6f} {rng.random():.6f} 0.100000 0.100000\n"
+                            for _ in range(rng.randint(1, 6)))
+            (src / "images" / split / f"{i:06d}.jpg").write_bytes(blob)
+            (src / "labels" / split / f"{i:06d}.txt").write_text(label)
+            total += len(blob) + len(label)
+    (src / "data.yaml").write_text("path:\ntrain: images/train\nval: images/val\nnames: [a, b, c, d]\n")
+    return total
+
+
+CPU: dict[str, list[float]] = {}  # CPU seconds (user + system) of each command and all its children
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wall(argv: list[str], env: dict | None = None, label: str | None = None) -> float:
+    cpu, start = children_cpu(), time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    took = time.perf_counter() - start
+    if label:
+        CPU.setdefault(label, []).append(children_cpu() - cpu)
+    return took
+
+
+def func_time(data: str, dest: Path, env: dict, workers: list[str]) -> float:
+    out = subprocess.run([sys.executable, "-c", FUNC, data, str(dest), *workers[1:]], check=True,
+                         capture_output=True, text=True, env=env)
+    return float(out.stdout.strip())
+
+
+def tar_pipe(src: Path, dest: Path, label: str | None = None) -> float:
+    dest.mkdir(parents=True)
+    return wall(["bash", "-c", 'set -o pipefail; tar -C "$1" -cf - . | tar -C "$2" -xf -', "tar", str(src),
+                 str(dest)], label=label)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def show(name: str, xs: list[float], nbytes: int) -> None:
+    cpu = f"cpu {median(CPU[name]) * 1e3:6.0f} ms" if name in CPU else " " * 13
+    print(f"  {name:22s} median {median(xs) * 1e3:7.1f} ms  min {min(xs) * 1e3:7.1f} ms  {cpu}  "
+          f"{nbytes / 1e6 / median(xs):6.0f} MB/s  [{' '.join(f'{x * 1e3:.0f}' for x in xs)}]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=10_000, help="images (and as many labels)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--scratch", default="/dev/shm", help="where the copies go (a tmpfs)")
+    parser.add_argument("--archives", action="store_true", help="also time .tar and .tar.gz sources")
+    parser.add_argument("--workers", type=int, help="hpcyolo stage --workers (default: its own choice)")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="hpcyolo-bench-stage-", dir="/tmp"))
+    scratch = Path(tempfile.mkdtemp(prefix="hpcyolo-bench-stage-", dir=args.scratch))
+    # The CLI as installed: bytecode compiled once and cached (a checkout may
+    # run with PYTHONDONTWRITEBYTECODE, which recompiles changed modules).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    try:
+        src = work / "src"
+        t = time.perf_counter()
+        nbytes = build(src, args.images)
+        os.sync()  # no writeback of the fresh tree during the timings
+        files = sum(len(f) for _, _, f in os.walk(src))
+        print(f"tree: {files} files, {nbytes / 1e6:.1f} MB in {src} (built in {time.perf_counter() - t:.1f} s); "
+              f"copies into {scratch}; {len(os.sched_getaffinity(0))} CPUs, load {os.getloadavg()[0]:.1f}")
+        data = str(src / "data.yaml")
+        workers = ["--workers", str(args.workers)] if args.workers else []
+        counter = iter(range(1_000_000))
+
+        def fresh() -> Path:
+            return scratch / f"d{next(counter)}"
+
+        tar_pipe(src, fresh())  # warm the page cache and the bytecode cache
+        wall([HPCYOLO, "stage", "--data", data, "--dest", str(fresh() / "data"), *workers], env)
+        wall([HPCYOLO, "--version"], env)
+
+        times: dict[str, list[float]] = {k: [] for k in ("tar", "cli", "func", "cli again", "func again",
+                                                         "hpcyolo --version")}
+        for run in range(args.runs):
+            order = ["tar", "cli", "func"]
+            order = order[run % 3:] + order[:run % 3]
+            for what in order:
+                dest = fresh()
+                if what == "tar":
+                    times["tar"].append(tar_pipe(src, dest, "tar"))
+                elif what == "cli":
+                    argv = [HPCYOLO, "stage", "--data", data, "--dest", str(dest / "data"), *workers]
+                    times["cli"].append(wall(argv, env, "cli"))
+                    times["cli again"].append(wall(argv, env, "cli again"))
+                else:
+                    times["func"].append(func_time(data, dest / "data", env, workers))
+                    times["func again"].append(func_time(data, dest / "data", env, workers))
+                shutil.rmtree(dest)
+            times["hpcyolo --version"].append(wall([HPCYOLO, "--version"], env, "hpcyolo --version"))
+            print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()),
+                  flush=True)
+
+        print(f"\n{args.runs} runs ({files} files, {nbytes / 1e6:.1f} MB; cpu: user + system of the command "
+              f"and its children; load now {os.getloadavg()[0]:.1f}):")
+        for name, xs in times.items():
+            show(name, xs, nbytes)
+        tar, cli, func = median(times["tar"]), median(times["cli"]), median(times["func"])
+        print(f"\nthroughput, hpcyolo stage CLI / tar pipe:        {tar / cli:.2f}x  (target >= 0.9; of the "
+              f"fastest runs {min(times['tar']) / min(times['cli']):.2f}x; CPU time tar/cli "
+              f"{median(CPU['tar']) / median(CPU['cli']):.2f}x)")
+        print(f"throughput, stage() alone / tar pipe:            {tar / func:.2f}x")
+        print(f"second stage / first, CLI:                       {median(times['cli again']) / cli:.1%}  "
+              f"(target <= 5%; the fixed start-up of `hpcyolo --version` is "
+              f"{median(times['hpcyolo --version']) * 1e3:.0f} ms)")
+        print(f"second stage / first, stage() alone:            {median(times['func again']) / func:.1%}")
+        if args.archives:
+            archives(src, work, scratch, fresh, env, args.runs, nbytes)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def archives(src: Path, work: Path, scratch: Path, fresh, env: dict, runs: int, nbytes: int) -> None:
+    print("\narchives (hpcyolo stage lists the members first: sizes for the space check, and the manifest "
+          "the copy is verified against):")
+    for suffix, flag in ((".tar", ""), (".tar.gz", "-z")):
+        archive = work / f"ds{suffix}"
+        subprocess.run(["tar", *filter(None, [flag]), "-C", str(src), "-cf", str(archive), "."], check=True)
+        plain, staged, listing = [], [], []
+        for _ in range(runs):
+            dest = fresh()
+            dest.mkdir()
+            plain.append(wall(["tar", *filter(None, [flag]), "-C", str(dest), "-xf", str(archive)]))
+            shutil.rmtree(dest)
+            listing.append(wall(["tar", *filter(None, [flag]), "-tvf", str(archive)]))
+            dest = fresh()
+            staged.append(wall([HPCYOLO, "stage", "--data", str(archive), "--dest", str(dest / "data")], env))
+            shutil.rmtree(dest)
+        print(f"  {suffix} ({archive.stat().st_size / 1e6:.1f} MB):")
+        show("tar -x", plain, nbytes)
+        show("tar -tv (the listing)", listing, nbytes)
+        show("hpcyolo stage", staged, nbytes)
+        print(f"  {'':26s} stage / tar -x: {median(staged) / median(plain):.2f}x the time")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Training end to end on the real Slurm testbed: `hpcyolo render | sbatch` on
+2 nodes with staging, preemption and requeue ending bit-identical to an
+uninterrupted run, a killed rank ending the job, and a time limit that runs
+out."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, VENV_BIN, write
+
+from hpcyolo import slurm
+from hpcyolo.shapes import make_shapes
+from hpcyolo_trainer import checkpoint as ckpt
+
+pytestmark = pytest.mark.slurm
+HPCYOLO = str(VENV_BIN / "hpcyolo")
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
+
+
+def site_file(tmp_path: Path, **preemption) -> Path:
+    spec = yaml.safe_load((REPO / "site_configs" / "testbed.yaml").read_text())
+    spec["storage"]["runs"] = str(tmp_path / "runs")
+    spec["storage"]["scratch"] = str(tmp_path / "scratch")
+    spec["preemption"].update(preemption)
+    return write(tmp_path / "site.yaml", yaml.safe_dump(spec))
+
+
+def job_file(tmp_path: Path, name: str, data: Path, epochs: int = EPOCHS, time_limit: str = "00:10:00") -> Path:
+    spec = {"name": name, "resources": {"nodes": 2, "tasks_per_node": 1, "time": time_limit},
+            "data": {"yaml": str(data), "stage": True},
+            "train": {"model": "n", "epochs": epochs, "batch": 4, "nbs": 4, "imgsz": 64, "workers": 1,
+                      "close_mosaic": 1, "seed": 0},
+            "checkpoint": {"keep": 20}}
+    return write(tmp_path / f"{name}.yaml", json.dumps(spec))
+
+
+def submit(site: Path, job: Path, env, cwd: Path) -> int:
+    r = subprocess.run(f"{HPCYOLO} render {site} {job} | sbatch --parsable", shell=True, env=env, cwd=cwd,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip().split(";")[0])
+
+
+def log_of(cwd: Path, name: str, job_id: int) -> str:
+    path = cwd / f"{name}-{job_id}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def final_weights(run: Path) -> dict:
+    return ckpt.load_latest(run / "checkpoints", warn=print)
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), f"model.{name} differs"
+    for name, tensor in a["ema"]["module"].items():
+        assert torch.equal(tensor, b["ema"]["module"][name]), f"ema.{name} differs"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, shapes, testbed):
+    """(a): the job as a user submits it, run to the end."""
+    tmp = tmp_path_factory.mktemp("a")
+    env = {**os.environ, **testbed.env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    job_id = submit(site_file(tmp), job_file(tmp, "train-a", shapes), env, tmp)
+    info = slurm.wait(job_id, timeout=600, env=env)
+    return tmp, job_id, info
+
+
+def test_a_trains_on_two_nodes_with_staging(uninterrupted):
+    tmp, job_id, info = uninterrupted
+    log = log_of(tmp, "train-a", job_id)
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    run = tmp / "runs" / "train-a"
+    assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
+    for name in ("results.png", "weights/best.pt", "weights/last.pt", "config.yaml", f"sbatch-{job_id}.sh"):
+        assert (run / name).is_file(), name
+    assert final_weights(run)["epoch"] == EPOCHS
+    # One stage task per node; the testbed's "nodes" share one machine and so
+    # one scratch folder: one copies, the other finds the copy complete.
+    assert log.count("hpcyolo stage:") >= 2 and "node1" in log and "node2" in log
+    assert "2 rank(s)" in log
+    assert not any((tmp / "scratch").rglob("data.yaml"))  # scratch cleaned after success
+
+
+def test_b_preempted_job_requeues_resumes_and_matches(uninterrupted, tmp_path, shapes, slurm_env):
+    a_tmp, _, a_info = uninterrupted
+    assert a_info["JobState"] == "COMPLETED"
+    job_id = submit(site_file(tmp_path), job_file(tmp_path, "train-b", shapes), slurm_env, tmp_path)
+    wait_for(lambda: "epoch 1/3: loss" in log_of(tmp_path, "train-b", job_id), 300, "the first epoch")
+    slurm.cancel(job_id, "--signal=USR2", env=slurm_env)  # to the job steps, as --signal=USR2@T does
+    info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = log_of(tmp_path, "train-b", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    assert "stopping for preemption (SIGUSR2)" in log and "requeueing job" in log
+    assert "resumed from ckpt-" in log
+    run = tmp_path / "runs" / "train-b"
+    assert "restart 1" in (run / "hpcyolo-run").read_text()  # same run directory after the requeue
+    assert_identical(final_weights(a_tmp / "runs" / "train-a"), final_weights(run))
+
+
+def task_pid(job_id: int, rank: int) -> int:
+    """The PID of the training process of `rank` in job `job_id`: the one
+    whose parent is not itself a training process (that would be a
+    data-loader worker, forked with the same environment)."""
+    matches = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if (f"SLURM_JOB_ID={job_id}".encode() in environ and f"SLURM_PROCID={rank}".encode() in environ
+                and b"hpcyolo" in cmdline and b"train" in cmdline):
+            matches[int(proc.name)] = ppid
+    mains = [pid for pid, ppid in matches.items() if ppid not in matches]
+    if len(mains) != 1:
+        raise LookupError(f"expected one training process of rank {rank} in job {job_id}, found {mains}")
+    return mains[0]
+
+
+def test_c_killed_rank_ends_the_job(tmp_path, shapes, slurm_env):
+    job_id = submit(site_file(tmp_path), job_file(tmp_path, "train-c", shapes, epochs=50), slurm_env, tmp_path)
+    wait_for(lambda: "epoch 1/50: loss" in log_of(tmp_path, "train-c", job_id), 300, "the first epoch")
+    os.kill(task_pid(job_id, 1), signal.SIGKILL)
+    killed = time.monotonic()
+    info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
+    assert time.monotonic() - killed < 60
+    log = log_of(tmp_path, "train-c", job_id)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", log[-3000:]
+    assert "task 1" in log  # srun names the dead rank (task id = rank) and its node
+
+
+def test_d_time_limit_checkpoints_requeues_and_completes(tmp_path, shapes, slurm_env):
+    # --time=2 min with the signal 30 s before the end (Slurm may send it up
+    # to a minute earlier); 5 epochs take longer than that here.
+    site = site_file(tmp_path, grace=30, max_requeues=5)
+    job_id = submit(site, job_file(tmp_path, "train-d", shapes, epochs=5, time_limit="2"), slurm_env, tmp_path)
+    info = slurm.wait(job_id, timeout=1200, env=slurm_env, settled=lambda i: int(i.get("Restarts", 0)) >= 1)
+    log = log_of(tmp_path, "train-d", job_id)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, log[-3000:]
+    assert "stopping for preemption (SIGUSR2)" in log and "resumed from ckpt-" in log
+    assert final_weights(tmp_path / "runs" / "train-d")["epoch"] == 5

@@ -1,0 +1,305 @@
+"""`hpcyolo stage`: copy once per node, verified, skipped when current."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcyolo import stage as st
+from hpcyolo.errors import HpcyoloError
+
+YAML = """\
+# a dataset for the staging tests
+path:  # dataset root dir
+train: images/train  # train images
+val: images/val
+
+# Classes
+names:
+  0: cat
+  1: dog
+"""
+
+
+def make_dataset(root: Path, n: int = 6, text: str = YAML) -> Path:
+    for split in ("train", "val"):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for i in range(n):
+            (root / "images" / split / f"{i:03d}.jpg").write_bytes(os.urandom(100 + 37 * i))
+            (root / "labels" / split / f"{i:03d}.txt").write_text("0 0.5 0.5 0.2 0.2\n" * (i % 3))
+    (root / "images" / "train" / "alias.jpg").symlink_to("000.jpg")
+    (root / "data.yaml").write_text(text)
+    return root / "data.yaml"
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    return st.first_difference(st.walk(a), st.walk(b)) is None
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    return make_dataset(tmp_path / "src")
+
+
+@pytest.fixture
+def dest(tmp_path) -> Path:
+    return tmp_path / "scratch" / "data"
+
+
+def leftovers(dest: Path) -> list[str]:
+    return sorted(p.name for p in dest.parent.glob(f".{dest.name}.partial-*"))
+
+
+def test_copies_verifies_and_points_the_yaml_at_the_copy(data, dest, capsys):
+    staged = st.stage(data, dest)
+    assert staged == dest / "data.yaml"
+    assert same_tree(data.parent, dest / "dataset")
+    spec = yaml.safe_load(staged.read_text())
+    assert spec["path"] == str(dest / "dataset")
+    assert {k: spec[k] for k in ("train", "val", "names")} == {"train": "images/train", "val": "images/val",
+                                                            "names": {0: "cat", 1: "dog"}}
+    assert "# Classes" in staged.read_text()  # the original text, `path:` edited
+    err = capsys.readouterr().err
+    assert "copying" in err and "staged 25 files" in err and "MB/s" in err and st.node_name() in err
+    assert len(err.strip().splitlines()) == 2
+    assert not leftovers(dest)
+
+
+def test_symlinks_stay_symlinks(data, dest, capsys):
+    (data.parent / "images" / "val" / "outside.jpg").symlink_to("/etc/hostname")
+    st.stage(data, dest)
+    link = dest / "dataset" / "images" / "train" / "alias.jpg"
+    assert link.is_symlink() and os.readlink(link) == "000.jpg"
+    assert os.readlink(dest / "dataset" / "images" / "val" / "outside.jpg") == "/etc/hostname"
+    assert "1 symlink(s) point outside" in capsys.readouterr().err
+
+
+def test_second_stage_skips_without_copying(data, dest, monkeypatch, capsys):
+    st.stage(data, dest)
+    marker = (dest / st.MARKER).stat().st_mtime_ns
+    capsys.readouterr()
+    monkeypatch.setattr(st, "copy_tree", lambda *a, **k: pytest.fail("copied again"))
+    assert st.stage(data, dest) == dest / "data.yaml"
+    assert (dest / st.MARKER).stat().st_mtime_ns == marker
+    assert "already staged" in capsys.readouterr().err
+
+
+def _bump(path: Path) -> None:
+    later = path.stat().st_mtime_ns + 10**9
+    os.utime(path, ns=(later, later))
+
+
+def test_a_touched_yaml_stages_again(data, dest, capsys):
+    st.stage(data, dest)
+    _bump(data)
+    st.stage(data, dest)
+    assert "out-of-date copy" in capsys.readouterr().err
+
+
+def test_a_file_added_to_a_split_stages_again(data, dest):
+    st.stage(data, dest)
+    new = data.parent / "images" / "train" / "new.jpg"
+    new.write_bytes(b"jpeg")
+    _bump(new.parent)  # the same mtime tick as the first stage must not hide it
+    st.stage(data, dest)
+    assert (dest / "dataset" / "images" / "train" / "new.jpg").read_bytes() == b"jpeg"
+    assert same_tree(data.parent, dest / "dataset")
+
+
+def tar_supports_zstd() -> bool:
+    help_text = subprocess.run(["tar", "--help"], capture_output=True, text=True, check=False).stdout
+    return "--zstd" in help_text and shutil.which("zstd") is not None
+
+
+@pytest.mark.parametrize("suffix, flag", [
+    (".tar", ""), (".tar.gz", "-z"),
+    pytest.param(".tar.zst", "--zstd", marks=pytest.mark.skipif(not tar_supports_zstd(), reason="no zstd")),
+])
+@pytest.mark.parametrize("wrapped", [False, True], ids=["flat", "in-folder"])
+def test_archives(data, dest, tmp_path, suffix, flag, wrapped):
+    archive = tmp_path / f"ds{suffix}"
+    where = ["-C", str(data.parent.parent), "src"] if wrapped else ["-C", str(data.parent), "."]
+    subprocess.run(["tar", *filter(None, [flag]), "-cf", str(archive), *where], check=True)
+    staged = st.stage(archive, dest)
+    root = dest / "dataset" / ("src" if wrapped else "")
+    assert same_tree(data.parent, root)
+    spec = yaml.safe_load(staged.read_text())
+    assert Path(spec["path"]) == root and spec["train"] == "images/train"
+    assert (root / "images" / "train" / "alias.jpg").is_symlink()
+    st.stage(archive, dest)  # and the second time it is skipped
+    assert (dest / st.MARKER).exists()
+
+
+def test_archive_listing_reads_odd_names_and_links(data, dest, tmp_path):
+    odd = data.parent / "images" / "train"
+    for name in ("a -> b.jpg", "tab\there.jpg", 'café "q".jpg', "back\\slash.jpg", "new\nline.jpg"):
+        (odd / name).write_bytes(b"odd")
+    os.link(odd / "000.jpg", odd / "hard.jpg")
+    (odd / "link -> x.jpg").symlink_to("a -> b.jpg")
+    archive = tmp_path / "odd.tar"
+    subprocess.run(["tar", "-C", str(data.parent), "-cf", str(archive), "."], check=True)
+    st.stage(archive, dest)
+    assert same_tree(data.parent, dest / "dataset")
+
+
+def _archive(tmp_path: Path, members: dict[str, bytes]) -> Path:
+    path = tmp_path / "bad.tar"
+    with tarfile.open(path, "w") as tf:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tf.addfile(info, __import__("io").BytesIO(content))
+    return path
+
+
+@pytest.mark.parametrize("members, message", [
+    ({"images/a.jpg": b"x"}, "found no data YAML at its top level"),
+    ({"a.yaml": b"path:\n", "b.yml": b"path:\n", "images/a.jpg": b"x"}, r"found 2 YAML files \(a.yaml, b.yml\)"),
+    ({"data.yaml": b"path:\n", "../evil.jpg": b"x"}, "would land outside"),
+])
+def test_bad_archives_fail_before_writing(tmp_path, dest, members, message):
+    with pytest.raises(HpcyoloError, match=message):
+        st.stage(_archive(tmp_path, members), dest)
+    assert not dest.exists() and not leftovers(dest)
+
+
+def test_not_enough_space_fails_before_writing(data, dest, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10 << 30, 10 << 30, 1 << 20))
+    with pytest.raises(HpcyoloError, match=rf"stage: {dest} needs 0\.06 GiB, only 0\.00 GiB free on /\S* "
+                                           rf"\(node {st.node_name()}\)"):
+        st.stage(data, dest)
+    assert not dest.exists() and not leftovers(dest)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: f.unlink(), "file labels/val/002.txt is missing from the copy"),
+    (lambda f: os.truncate(f, 3), "file labels/val/002.txt has 3 bytes in the copy"),
+    (lambda f: f.with_name("extra.txt").write_text("?"), "file labels/val/extra.txt is in the copy but not in"),
+])
+def test_verification_catches_a_bad_copy(data, dest, monkeypatch, damage, message, workers):
+    copy = st._copy_files
+
+    def bad_copy(src_dir, dst_dir, entries):  # the copier, in each worker
+        copy(src_dir, dst_dir, entries)
+        if dst_dir.endswith("labels/val") and any(name == "002.txt" for name, _, _ in entries):
+            damage(Path(dst_dir, "002.txt"))
+
+    monkeypatch.setattr(st, "_copy_files", bad_copy)
+    with pytest.raises(HpcyoloError, match=message):
+        st.stage(data, dest, workers=workers)
+    assert not dest.exists() and not leftovers(dest)
+
+
+def test_workers_copy_in_parallel_and_report_errors(tmp_path, dest):
+    data = make_dataset(tmp_path / "src", n=300)  # several chunks per folder
+    st.stage(data, dest, workers=3)
+    assert same_tree(data.parent, dest / "dataset")
+    os.mkfifo(data.parent / "labels" / "train" / "pipe")
+    with pytest.raises(HpcyoloError, match="labels/train/pipe: not a file, folder or symlink"):
+        st.walk(data.parent, workers=3)
+
+
+def _stage_slowly(data: str, dest: str, delay: float, out) -> None:
+    copy = st.copy_tree
+
+    def slow(*args, **kw):
+        time.sleep(delay)  # holding the lock: the other process must wait
+        out.put("copied")
+        return copy(*args, **kw)
+
+    st.copy_tree = slow
+    st.stage(data, dest)
+    out.put("done")
+
+
+def test_concurrent_stages_copy_once(data, dest):
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    first = ctx.Process(target=_stage_slowly, args=(str(data), str(dest), 0.5, out))
+    first.start()
+    deadline = time.monotonic() + 10
+    while not leftovers(dest) and time.monotonic() < deadline:  # the first one holds the lock
+        time.sleep(0.01)
+    second = ctx.Process(target=_stage_slowly, args=(str(data), str(dest), 0.0, out))
+    second.start()
+    first.join(20)
+    second.join(20)
+    events = [out.get(timeout=5) for _ in range(3)]
+    assert first.exitcode == 0 and second.exitcode == 0
+    assert sorted(events) == ["copied", "done", "done"]
+    assert same_tree(data.parent, dest / "dataset")
+
+
+def test_splits_outside_the_root_are_an_error(tmp_path, dest):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    data = make_dataset(tmp_path / "src", text=YAML.replace("val: images/val", f"val: {elsewhere}"))
+    with pytest.raises(HpcyoloError, match=rf"val: {elsewhere} is outside the dataset root .* cannot relocate"):
+        st.stage(data, dest)
+    assert not dest.exists()
+
+
+def test_absolute_splits_inside_the_root_become_relative(tmp_path, dest):
+    root = tmp_path / "src"
+    data = make_dataset(root, text=YAML.replace("val: images/val", f"val: {root}/images/val"))
+    spec = yaml.safe_load(st.stage(data, dest).read_text())
+    assert spec["val"] == "images/val" and spec["path"] == str(dest / "dataset")
+
+
+def test_list_files_with_absolute_paths_are_an_error(tmp_path, dest):
+    root = tmp_path / "src"
+    data = make_dataset(root, text=YAML.replace("train: images/train", "train: train.txt"))
+    (root / "train.txt").write_text(f"images/train/000.jpg\n{root}/images/train/001.jpg\n")
+    with pytest.raises(HpcyoloError, match="names images outside the dataset root"):
+        st.stage(data, dest)
+
+
+def test_a_foreign_dest_is_not_deleted(data, dest):
+    dest.mkdir(parents=True)
+    (dest / "precious.txt").write_text("keep me")
+    with pytest.raises(HpcyoloError, match="is not a staged copy"):
+        st.stage(data, dest)
+    assert (dest / "precious.txt").read_text() == "keep me"
+
+
+def test_a_dest_inside_the_dataset_is_an_error(data):
+    with pytest.raises(HpcyoloError, match="overlap"):
+        st.stage(data, data.parent / "staged")
+
+
+def test_remove(data, tmp_path):
+    scratch = tmp_path / "scratch"
+    st.stage(data, scratch / "data")
+    st.remove(scratch / "data")
+    assert not (scratch / "data").exists() and not (scratch / ".data.lock").exists()
+    st.stage(data, scratch / "data")
+    st.remove(scratch)  # what the batch script does after training
+    assert not scratch.exists()
+    st.remove(scratch)  # missing is fine
+
+
+def hpcyolo(*args):
+    exe = os.path.join(os.path.dirname(sys.executable), "hpcyolo")
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, check=False)
+
+
+def test_cli(data, tmp_path):
+    scratch = tmp_path / "scratch"
+    r = hpcyolo("stage", "--data", data, "--dest", scratch / "data")
+    assert r.returncode == 0, r.stderr
+    assert "staged 25 files" in r.stderr and (scratch / "data" / "data.yaml").exists()
+    r = hpcyolo("stage", "--data", tmp_path / "missing.tar", "--dest", scratch / "other")
+    assert r.returncode == 1 and r.stderr.startswith("hpcyolo: error: stage: ") and len(r.stderr.splitlines()) == 1
+    r = hpcyolo("stage", "--remove", scratch)
+    assert r.returncode == 0 and not scratch.exists()
