@@ -159,9 +159,9 @@ def test_c_killed_rank_ends_the_job(tmp_path, shapes, slurm_env):
 def test_d_time_limit_checkpoints_requeues_and_completes(tmp_path, shapes, slurm_env):
     # --time=2 min with the signal 30 s before the end (Slurm may send it up
     # to a minute earlier); 5 epochs take longer than that here.
-    site = site_file(tmp_path, grace=30, max_requeues=5)
+    site = site_file(tmp_path, grace=30, max_requeues=10)
     job_id = submit(site, job_file(tmp_path, "train-d", shapes, epochs=5, time_limit="2"), slurm_env, tmp_path)
-    info = slurm.wait(job_id, timeout=1200, env=slurm_env, settled=lambda i: int(i.get("Restarts", 0)) >= 1)
+    info = slurm.wait(job_id, timeout=2400, env=slurm_env, settled=lambda i: int(i.get("Restarts", 0)) >= 1)
     log = log_of(tmp_path, "train-d", job_id)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, log[-3000:]
     assert "stopping for preemption (SIGUSR2)" in log and "resumed from ckpt-" in log

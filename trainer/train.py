@@ -144,9 +144,10 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                 save_state(d, cfg, model, ema, optimizer, scaler, **position)
             # All ranks agree on the flag here, after the optimizer step.
             if any_rank(d, stop.check(global_step)):
+                # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
+                print0(d, f"stopping for preemption ({stop.reason or 'another rank was signalled'}) at epoch "
+                          f"{epoch + 1}, batch {i + 1}: writing a checkpoint, then exit {PREEMPT_EXIT_CODE}")
                 save_state(d, cfg, model, ema, optimizer, scaler, preempted=stop.reason or "preempted", **position)
-                print0(d, f"stopping for preemption ({stop.reason}) at epoch {epoch + 1}, batch {i + 1}; "
-                          f"checkpoint written, exit {PREEMPT_EXIT_CODE}")
                 cleanup()
                 return PREEMPT_EXIT_CODE
         progress.close()
