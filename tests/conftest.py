@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +21,18 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Run on one intra-op thread: these tensors are tiny, and on a busy 2-core
+    CI machine OpenMP's thread hand-off costs several times the work itself."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +68,17 @@ def slurm_env(testbed):
     env.update(testbed.env)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+def submit(site: Path, job: Path, env, cwd: Path) -> int:
+    """`hpcyolo render SITE JOB | sbatch`, as a user types it; the job id."""
+    r = subprocess.run(f"{VENV_BIN / 'hpcyolo'} render {site} {job} | sbatch --parsable", shell=True, env=env,
+                       cwd=cwd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip().split(";")[0])
+
+
+def job_log(cwd: Path, name: str, job_id: int) -> str:
+    """The job's Slurm output file (--output=%x-%j.out in the submit folder)."""
+    path = cwd / f"{name}-{job_id}.out"
+    return path.read_text() if path.exists() else ""

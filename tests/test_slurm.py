@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import COCO8, REPO, VENV_BIN, write
+from conftest import COCO8, REPO, VENV_BIN, job_log, submit, write
 
 from hpcyolo import slurm
 from hpcyolo.config import load_job, load_site
@@ -35,19 +35,6 @@ def job_spec(tmp_path: Path, name: str, entrypoint, nodes=2, tasks=2, **extra) -
     spec = {"name": name, "resources": {"nodes": nodes, "tasks_per_node": tasks, "time": "00:05:00"},
             "data": {"yaml": str(COCO8)}, "train": {"batch": nodes * tasks}, "entrypoint": entrypoint, **extra}
     return write(tmp_path / f"{name}.yaml", json.dumps(spec))
-
-
-def submit(site: Path, job: Path, env, cwd: Path) -> int:
-    """`hpcyolo render SITE JOB | sbatch`, as a user types it."""
-    r = subprocess.run(f"{HPCYOLO} render {site} {job} | sbatch --parsable", shell=True, env=env, cwd=cwd,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return int(r.stdout.strip().split(";")[0])
-
-
-def job_log(cwd: Path, name: str, job_id: int) -> str:
-    path = cwd / f"{name}-{job_id}.out"
-    return path.read_text() if path.exists() else f"(no {path.name})"
 
 
 @pytest.mark.parametrize("site_path", SITES, ids=[p.stem for p in SITES])

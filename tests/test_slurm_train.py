@@ -8,21 +8,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import REPO, VENV_BIN, write
+from conftest import REPO, VENV_BIN, job_log, submit, write
 
 from hpcyolo import slurm
 from hpcyolo.shapes import make_shapes
 from hpcyolo_trainer import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
-HPCYOLO = str(VENV_BIN / "hpcyolo")
 EPOCHS = 3
 
 
@@ -46,18 +44,6 @@ def job_file(tmp_path: Path, name: str, data: Path, epochs: int = EPOCHS, time_l
                       "close_mosaic": 1, "seed": 0},
             "checkpoint": {"keep": 20}}
     return write(tmp_path / f"{name}.yaml", json.dumps(spec))
-
-
-def submit(site: Path, job: Path, env, cwd: Path) -> int:
-    r = subprocess.run(f"{HPCYOLO} render {site} {job} | sbatch --parsable", shell=True, env=env, cwd=cwd,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return int(r.stdout.strip().split(";")[0])
-
-
-def log_of(cwd: Path, name: str, job_id: int) -> str:
-    path = cwd / f"{name}-{job_id}.out"
-    return path.read_text() if path.exists() else ""
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -91,7 +77,7 @@ def uninterrupted(tmp_path_factory, shapes, testbed):
 
 def test_a_trains_on_two_nodes_with_staging(uninterrupted):
     tmp, job_id, info = uninterrupted
-    log = log_of(tmp, "train-a", job_id)
+    log = job_log(tmp, "train-a", job_id)
     assert info["JobState"] == "COMPLETED", log[-3000:]
     run = tmp / "runs" / "train-a"
     assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
@@ -109,10 +95,10 @@ def test_b_preempted_job_requeues_resumes_and_matches(uninterrupted, tmp_path, s
     a_tmp, _, a_info = uninterrupted
     assert a_info["JobState"] == "COMPLETED"
     job_id = submit(site_file(tmp_path), job_file(tmp_path, "train-b", shapes), slurm_env, tmp_path)
-    wait_for(lambda: "epoch 1/3: loss" in log_of(tmp_path, "train-b", job_id), 300, "the first epoch")
+    wait_for(lambda: "epoch 1/3: loss" in job_log(tmp_path, "train-b", job_id), 300, "the first epoch")
     slurm.cancel(job_id, "--signal=USR2", env=slurm_env)  # to the job steps, as --signal=USR2@T does
     info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
-    log = log_of(tmp_path, "train-b", job_id)
+    log = job_log(tmp_path, "train-b", job_id)
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
     assert "stopping for preemption (SIGUSR2)" in log and "requeueing job" in log
     assert "resumed from ckpt-" in log
@@ -146,12 +132,12 @@ def task_pid(job_id: int, rank: int) -> int:
 
 def test_c_killed_rank_ends_the_job(tmp_path, shapes, slurm_env):
     job_id = submit(site_file(tmp_path), job_file(tmp_path, "train-c", shapes, epochs=50), slurm_env, tmp_path)
-    wait_for(lambda: "epoch 1/50: loss" in log_of(tmp_path, "train-c", job_id), 300, "the first epoch")
+    wait_for(lambda: "epoch 1/50: loss" in job_log(tmp_path, "train-c", job_id), 300, "the first epoch")
     os.kill(task_pid(job_id, 1), signal.SIGKILL)
     killed = time.monotonic()
     info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
     assert time.monotonic() - killed < 60
-    log = log_of(tmp_path, "train-c", job_id)
+    log = job_log(tmp_path, "train-c", job_id)
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", log[-3000:]
     assert "task 1" in log  # srun names the dead rank (task id = rank) and its node
 
@@ -162,7 +148,7 @@ def test_d_time_limit_checkpoints_requeues_and_completes(tmp_path, shapes, slurm
     site = site_file(tmp_path, grace=30, max_requeues=10)
     job_id = submit(site, job_file(tmp_path, "train-d", shapes, epochs=5, time_limit="2"), slurm_env, tmp_path)
     info = slurm.wait(job_id, timeout=2400, env=slurm_env, settled=lambda i: int(i.get("Restarts", 0)) >= 1)
-    log = log_of(tmp_path, "train-d", job_id)
+    log = job_log(tmp_path, "train-d", job_id)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, log[-3000:]
     assert "stopping for preemption (SIGUSR2)" in log and "resumed from ckpt-" in log
     assert final_weights(tmp_path / "runs" / "train-d")["epoch"] == 5

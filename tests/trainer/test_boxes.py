@@ -10,7 +10,7 @@ import torch
 from hpcyolo_trainer import boxes as B
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def reference_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thres: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ NC, REG_MAX, STRIDES = 2, 16, (8, 16, 32)
 NO = 4 * REG_MAX + NC
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def level_shapes(h: int, w: int) -> list[tuple[int, int]]:
