@@ -80,6 +80,13 @@ def cancel(job_id: int, *args: str, env: Mapping[str, str] | None = None) -> Non
     _check(run(argv, env=env), argv)
 
 
+def requeue(job_id: int, env: Mapping[str, str] | None = None) -> None:
+    """Put a running or finished batch job back in the queue (it must have
+    been submitted with --requeue); it starts again as a restart."""
+    argv = ["scontrol", "requeue", str(job_id)]
+    _check(run(argv, env=env), argv)
+
+
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
     argv = ["scontrol", "show", "hostnames", nodelist]
     return _check(run(argv, env=env if env is not None else os.environ), argv).split()

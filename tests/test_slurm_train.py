@@ -1,7 +1,7 @@
 """Training end to end on the real Slurm testbed: `hpcyolo render | sbatch` on
 2 nodes with staging, preemption and requeue ending bit-identical to an
-uninterrupted run, a killed rank ending the job, and a time limit that runs
-out."""
+uninterrupted run, a killed rank ending the job, a time limit that runs
+out, and a checkpoint write killed half-way."""
 
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ def shapes(tmp_path_factory):
     return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
 
 
-def site_file(tmp_path: Path, **preemption) -> Path:
+def site_file(tmp_path: Path, env: dict | None = None, **preemption) -> Path:
     spec = yaml.safe_load((REPO / "site_configs" / "testbed.yaml").read_text())
     spec["storage"]["runs"] = str(tmp_path / "runs")
     spec["storage"]["scratch"] = str(tmp_path / "scratch")
     spec["preemption"].update(preemption)
+    if env:
+        spec.setdefault("environment", {})["env"] = env
     return write(tmp_path / "site.yaml", yaml.safe_dump(spec))
 
 
@@ -152,3 +154,31 @@ def test_d_time_limit_checkpoints_requeues_and_completes(tmp_path, shapes, slurm
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, log[-3000:]
     assert "stopping for preemption (SIGUSR2)" in log and "resumed from ckpt-" in log
     assert final_weights(tmp_path / "runs" / "train-d")["epoch"] == 5
+
+
+def test_e_checkpoint_write_killed_half_way_resumes_from_the_previous(uninterrupted, tmp_path, shapes, slurm_env):
+    a_tmp, _, a_info = uninterrupted
+    assert a_info["JobState"] == "COMPLETED"
+    # 48 images, 2 ranks x 2: 12 steps per epoch, a checkpoint after each
+    # epoch. The drill stops the write of step 24's half-way; rank 0 (the
+    # writer) is killed there, then the job is requeued as after a node failure.
+    flag = write(tmp_path / "stall", "13")
+    site = site_file(tmp_path, env={ckpt.STALL_DRILL_ENV: str(flag)})
+    job_id = submit(site, job_file(tmp_path, "train-e", shapes), slurm_env, tmp_path)
+    wait_for(lambda: "drill: checkpoint write stalled" in job_log(tmp_path, "train-e", job_id), 300, "the stalled write")
+    folder = tmp_path / "runs" / "train-e" / "checkpoints"
+    partial = list(folder.glob(".ckpt-000000024.pt.*.tmp"))
+    assert len(partial) == 1 and [p.name for p in ckpt.checkpoints(folder)] == ["ckpt-000000012.pt"]
+    os.kill(task_pid(job_id, 0), signal.SIGKILL)
+    info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
+    assert info["JobState"] == "FAILED", job_log(tmp_path, "train-e", job_id)[-3000:]
+    assert ckpt.load_latest(folder, warn=print)["global_step"] == 12  # never the partial file
+
+    flag.unlink()
+    slurm.requeue(job_id, env=slurm_env)
+    info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "train-e", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    assert f"removed {partial[0].name}, a checkpoint whose write never finished" in log
+    assert "resumed from ckpt-000000012.pt" in log
+    assert_identical(final_weights(a_tmp / "runs" / "train-a"), final_weights(tmp_path / "runs" / "train-e"))

@@ -4,6 +4,11 @@ A checkpoint is one file `ckpt-<global step>.pt` in RUN/checkpoints, written
 to a temporary name, fsynced and renamed: a reader sees a whole file or none.
 Resume takes the newest file that loads (torch.load(weights_only=True)) and
 says it is complete; a corrupt or partial one is skipped with a warning.
+
+`Writer` keeps the training loop from waiting on storage: it copies the
+state (a memcpy of the tensors) and writes the copy from a background
+thread, one write in flight at a time; the next checkpoint, or `wait()`,
+waits for the previous write and raises its error if it failed.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +27,13 @@ from hpcyolo.fsutil import fsync_dir
 
 FORMAT = 1
 _NAME = re.compile(r"ckpt-(\d{9})\.pt")
+_PARTIAL = re.compile(r"\.ckpt-(\d{9})\.pt\..*\.tmp")
+
+# A drill for tests: while the file this names exists, the write of the first
+# checkpoint at or after the global step written in it stops half-way (the
+# temporary file holds part of the bytes) until the file is removed, so that
+# a test can kill the writer there.
+STALL_DRILL_ENV = "HPCYOLO_DRILL_CKPT_STALL"
 
 
 def path_for(folder: Path, global_step: int) -> Path:
@@ -32,7 +46,7 @@ def save(obj: dict, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            torch.save(obj, _stall_drill(f, obj.get("global_step")))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -48,6 +62,96 @@ def save_checkpoint(state: dict, folder: Path, keep: int) -> Path:
     for old in checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def snapshot(obj):
+    """A copy of `obj` that later training steps cannot change: every tensor
+    copied to CPU memory (the only work the training loop waits for), the
+    containers rebuilt around them; other values are immutable or fresh."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+class Writer:
+    """Checkpoints written in the background after a fast snapshot."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.stall = 0.0  # seconds the caller spent in save(), summed
+
+    def save(self, state: dict, folder: Path, keep: int, wait: bool = False) -> Path:
+        """Snapshot `state` and write it as the checkpoint of its step (see
+        save_checkpoint); returns at once unless `wait`."""
+        start = time.perf_counter()
+        self.wait()  # one write in flight: never two copies of the state in memory
+        copy = snapshot(state)
+        self._thread = threading.Thread(target=self._write, args=(copy, folder, keep),
+                                        name="checkpoint-writer")
+        self._thread.start()
+        self.stall += time.perf_counter() - start
+        if wait:
+            self.wait()
+        return path_for(folder, state["global_step"])
+
+    def _write(self, state: dict, folder: Path, keep: int) -> None:
+        try:
+            save_checkpoint(state, folder, keep)
+        except BaseException as e:  # noqa: BLE001 (handed to the training thread)
+            self._error = e
+
+    def wait(self) -> None:
+        """Block until the write in flight is on disk; raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+
+def remove_partials(folder: Path) -> list[Path]:
+    """Delete the temporary files of writes that never finished (a process
+    killed while saving); returns what it removed."""
+    if not folder.is_dir():
+        return []
+    removed = sorted(p for p in folder.iterdir() if _PARTIAL.fullmatch(p.name))
+    for p in removed:
+        p.unlink(missing_ok=True)
+    return removed
+
+
+def _stall_drill(f, step):
+    """The file to write to: `f`, or under the drill, a file that stops half-way."""
+    flag = os.environ.get(STALL_DRILL_ENV)
+    if not flag or step is None or not os.path.exists(flag) or step < int(Path(flag).read_text() or 0):
+        return f
+    return _StallingFile(f, flag)
+
+
+class _StallingFile:
+    def __init__(self, f, flag: str) -> None:
+        self.f, self.flag, self.written, self.stalled = f, flag, 0, False
+
+    def write(self, data) -> int:
+        n = self.f.write(data)
+        self.written += n
+        if not self.stalled and self.written >= 1 << 20:
+            self.stalled = True
+            self.f.flush()
+            print(f"drill: checkpoint write stalled after {self.written} bytes while {self.flag} exists",
+                  flush=True)
+            while os.path.exists(self.flag):
+                time.sleep(0.1)
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def checkpoints(folder: Path) -> list[Path]:

@@ -92,6 +92,9 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     # -- resume from the newest valid checkpoint, if any
     start_epoch, start_batch, global_step, best = 0, 0, 0, -1.0
     loss_sum = torch.zeros(3, device=d.device)
+    if d.is_main:
+        for partial in ckpt.remove_partials(run / "checkpoints"):
+            warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
     state = ckpt.load_latest(run / "checkpoints", lambda m: warn0(d, m))
     if state is not None:
         model.load_state_dict(state["model"])
@@ -105,6 +108,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         print0(d, f"resumed from {Path(state['path']).name}: epoch {start_epoch + 1}, batch {start_batch}, "
                   f"step {global_step}")
     net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None) if d.distributed else model
+    writer = ckpt.Writer()
 
     print0(d, f"training {cfg.model} on {len(train_set)} images ({nc} classes), {d.world_size} rank(s) x "
               f"{batch_per_rank} images, {batches} batches per epoch, accumulate {accumulate}, device {d.device}")
@@ -141,13 +145,14 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
             progress.update(i + 1, loss_sum / (i + 1))
             position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum)
             if cfg.save_every and global_step % cfg.save_every == 0:
-                save_state(d, cfg, model, ema, optimizer, scaler, **position)
+                save_state(d, cfg, writer, model, ema, optimizer, scaler, **position)
             # All ranks agree on the flag here, after the optimizer step.
             if any_rank(d, stop.check(global_step)):
                 # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
                 print0(d, f"stopping for preemption ({stop.reason or 'another rank was signalled'}) at epoch "
                           f"{epoch + 1}, batch {i + 1}: writing a checkpoint, then exit {PREEMPT_EXIT_CODE}")
-                save_state(d, cfg, model, ema, optimizer, scaler, preempted=stop.reason or "preempted", **position)
+                save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=stop.reason or "preempted",
+                           **position)
                 cleanup()
                 return PREEMPT_EXIT_CODE
         progress.close()
@@ -160,8 +165,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         improved = fitness > best
         best = max(best, fitness)
         start_batch, loss_sum = 0, torch.zeros(3, device=d.device)
-        save_state(d, cfg, model, ema, optimizer, scaler, epoch=epoch + 1, batch=0, global_step=global_step,
-                   best_fitness=best, loss_sum=loss_sum)
+        save_state(d, cfg, writer, model, ema, optimizer, scaler, epoch=epoch + 1, batch=0,
+                   global_step=global_step, best_fitness=best, loss_sum=loss_sum)
         if d.is_main:
             lr = optimizer.param_groups[0]["lr"]
             write_results(run, epoch, train_loss, metrics, lr, train_seconds)
@@ -172,6 +177,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                   f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
                   f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
                   f"mAP50-95 {metrics['map50_95']:.3f}", flush=True)
+    writer.wait()
     print0(d, f"done: results in {run}")
     cleanup()
     return 0
@@ -208,18 +214,19 @@ def restore_rng(states: list[dict], d: Dist) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_state(d: Dist, cfg: TrainConfig, model, ema, optimizer, scaler, preempted: str = "", **position) -> None:
-    """Everything needed to continue exactly here; rank 0 writes it (and,
-    when stopping for preemption, the marker the batch script looks for)."""
+def save_state(d: Dist, cfg: TrainConfig, writer: ckpt.Writer, model, ema, optimizer, scaler,
+               preempted: str = "", **position) -> None:
+    """Everything needed to continue exactly here; rank 0 snapshots it and
+    writes it in the background. When stopping for preemption the write is
+    waited for, then rank 0 leaves the marker the batch script looks for."""
     rngs = gather_objects(d, rng_state())
     if d.is_main:
         state = {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "rng": rngs, "config": cfg.to_dict(), **position}
-        state["loss_sum"] = state["loss_sum"].cpu()
-        ckpt.save_checkpoint(state, Path(cfg.run_dir) / "checkpoints", cfg.keep)
+        writer.save(state, Path(cfg.run_dir) / "checkpoints", cfg.keep, wait=bool(preempted))
         if preempted:
             mark_preempted(preempted)
-    if d.distributed:
+    if preempted and d.distributed:
         torch.distributed.barrier()  # nobody exits before the checkpoint is on disk
 
 

@@ -69,3 +69,60 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     proc.wait()
     assert [p.name for p in ckpt.checkpoints(tmp_path)] == ["ckpt-000000001.pt"]
     assert ckpt.load_latest(tmp_path, warn=print)["global_step"] == 1
+
+
+def test_writer_snapshots_then_writes_in_the_background(tmp_path):
+    weights = torch.zeros(1000)
+    writer = ckpt.Writer()
+    path = writer.save({"global_step": 7, "weights": weights, "nested": [{"t": weights}]}, tmp_path, keep=3)
+    weights += 1  # training goes on while the write runs: the checkpoint holds the values at save()
+    writer.wait()
+    loaded = ckpt.load_latest(tmp_path, warn=print)
+    assert loaded["path"] == str(path) and loaded["global_step"] == 7
+    assert torch.equal(loaded["weights"], torch.zeros(1000)) and torch.equal(loaded["nested"][0]["t"], torch.zeros(1000))
+    assert writer.stall > 0
+
+
+def test_writer_reports_a_failed_write(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    writer = ckpt.Writer()
+    writer.save({"global_step": 1, "w": torch.zeros(3)}, blocker / "checkpoints", keep=3)
+    try:
+        writer.wait()
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the write into a path under a file should have failed")
+    writer.wait()  # the error is reported once
+
+
+ASYNC_WRITER = """
+import sys, torch
+from pathlib import Path
+from hpcyolo_trainer import checkpoint as ckpt
+folder = Path(sys.argv[1])
+writer = ckpt.Writer()
+writer.save({"global_step": 1, "w": torch.zeros(10)}, folder, keep=5)
+writer.wait()
+writer.save({"global_step": 2, "w": torch.ones(3_000_000)}, folder, keep=5)  # stalls half-way (drill)
+print("training goes on", flush=True)
+writer.wait()
+"""
+
+
+def test_kill_during_background_write_leaves_previous_checkpoint(tmp_path):
+    folder, flag = tmp_path / "checkpoints", tmp_path / "stall"
+    flag.write_text("2")
+    env = {**os.environ, ckpt.STALL_DRILL_ENV: str(flag)}
+    proc = subprocess.Popen([sys.executable, "-c", ASYNC_WRITER, str(folder)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    lines = [proc.stdout.readline().strip() for _ in range(2)]
+    assert "training goes on" in lines and any(line.startswith("drill: checkpoint write stalled") for line in lines)
+    partial = list(folder.glob(".ckpt-000000002.pt.*.tmp"))
+    assert len(partial) == 1 and partial[0].stat().st_size >= 1 << 20  # part of the bytes are on disk
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [p.name for p in ckpt.checkpoints(folder)] == ["ckpt-000000001.pt"]
+    assert ckpt.load_latest(folder, warn=print)["global_step"] == 1
+    assert ckpt.remove_partials(folder) == partial and not partial[0].exists()

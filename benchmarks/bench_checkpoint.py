@@ -1,0 +1,124 @@
+"""How long a checkpoint stops the training loop: background write against a
+synchronous torch.save of the same state to the same place.
+
+    .venv/bin/python benchmarks/bench_checkpoint.py [--model n] [--checkpoints 8] [--dir DIR]
+
+A real training loop (the YOLO model, its loss, SGD with momentum, EMA) on
+random images, on CPU. Every `--steps` optimizer steps it writes the
+trainer's full checkpoint state (model, EMA, optimizer, scaler, RNG, config)
+into DIR (default: a temporary folder under /tmp, on disk like a run
+directory), in one of two ways, alternating so that machine noise hits both:
+
+  sync    checkpoint.save_checkpoint(): torch.save to a temporary file, fsync,
+          rename, fsync the folder; the loop waits for all of it
+  async   checkpoint.Writer.save(): the loop waits for a copy of the tensors
+          (and for the previous write, if it is still going), then goes on
+          while a thread writes the copy the same way
+
+The stall is the time the call takes on the training thread. Printed: the
+median stall of each, their ratio (target: async at most 25% of sync), and
+the median step time with no write running, against steps that ran while a
+background write was going (what the write costs the loop indirectly, on a
+machine whose cores the training already uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer.ema import ModelEMA
+from hpcyolo_trainer.loss import DetectionLoss
+from hpcyolo_trainer.model import build_model
+from hpcyolo_trainer.train import rng_state
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="n", choices=["n", "s", "m"])
+    parser.add_argument("--classes", type=int, default=80)
+    parser.add_argument("--checkpoints", type=int, default=8, help="checkpoints of each kind")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps between checkpoints")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--imgsz", type=int, default=160)
+    parser.add_argument("--dir", help="where checkpoints go (default: a temporary folder under /tmp)")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = build_model(args.model, args.classes).train()
+    ema = ModelEMA(model)
+    loss_fn = DetectionLoss(args.classes, reg_max=model.reg_max, strides=tuple(model.stride.tolist()))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.937, nesterov=True)
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    imgs = torch.rand(args.batch, 3, args.imgsz, args.imgsz)
+    targets = torch.tensor([[i, i % args.classes, 0.5, 0.5, 0.3, 0.3] for i in range(args.batch)])
+
+    def step() -> float:
+        start = time.perf_counter()
+        loss, _ = loss_fn(model(imgs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        ema.update(model)
+        return time.perf_counter() - start
+
+    def state(global_step: int) -> dict:  # what trainer.train.save_state writes
+        return {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "rng": [rng_state()], "config": {"model": args.model},
+                "epoch": 0, "batch": global_step, "global_step": global_step, "best_fitness": 0.0,
+                "loss_sum": torch.zeros(3)}
+
+    with tempfile.TemporaryDirectory(prefix="hpcyolo-bench-ckpt-", dir=args.dir or "/tmp") as tmp:
+        folder = Path(tmp) / "checkpoints"
+        for _ in range(2):
+            step()  # optimizer state exists; warm
+        size = len(ckpt.save_checkpoint(state(0), folder, keep=2).read_bytes())
+        params = sum(p.numel() for p in model.parameters())
+        print(f"model {args.model}: {params:,} parameters; checkpoint {size / 1e6:.1f} MB into {folder}; "
+              f"{args.steps} steps of batch {args.batch} at {args.imgsz} px between checkpoints; "
+              f"{torch.get_num_threads()} torch threads", flush=True)
+
+        writer = ckpt.Writer()
+        stalls: dict[str, list[float]] = {"sync": [], "async": []}
+        quiet, busy = [], []  # step times with no write running / while one runs
+        global_step = 0
+        for n in range(2 * args.checkpoints):
+            kind = ("sync", "async")[n % 2]
+            for _ in range(args.steps):
+                writing = writer._thread is not None and writer._thread.is_alive()
+                (busy if writing else quiet).append(step())
+                global_step += 1
+            start = time.perf_counter()
+            if kind == "sync":
+                writer.wait()  # the previous background write is not the sync save's cost
+                start = time.perf_counter()
+                ckpt.save_checkpoint(state(global_step), folder, keep=2)
+            else:
+                writer.save(state(global_step), folder, keep=2)
+            stalls[kind].append(time.perf_counter() - start)
+            print(f"checkpoint {n + 1}/{2 * args.checkpoints} ({kind}): the loop waited "
+                  f"{stalls[kind][-1] * 1e3:.0f} ms", flush=True)
+        writer.wait()
+        assert ckpt.load_latest(folder, warn=print)["global_step"] == global_step
+
+    sync, background = statistics.median(stalls["sync"]), statistics.median(stalls["async"])
+    print(f"\nstall per checkpoint, median of {args.checkpoints} each:")
+    print(f"  synchronous torch.save + fsync + rename  {sync * 1e3:7.1f} ms  "
+          f"[{' '.join(f'{x * 1e3:.0f}' for x in stalls['sync'])}]")
+    print(f"  snapshot, written in the background      {background * 1e3:7.1f} ms  "
+          f"[{' '.join(f'{x * 1e3:.0f}' for x in stalls['async'])}]")
+    print(f"  background / synchronous: {background / sync:.1%}  (target <= 25%)")
+    if quiet and busy:
+        print(f"step time: {statistics.median(quiet) * 1e3:.0f} ms with no write running, "
+              f"{statistics.median(busy) * 1e3:.0f} ms while a background write runs "
+              f"({len(quiet)} and {len(busy)} steps)")
+
+
+if __name__ == "__main__":
+    main()
