@@ -112,7 +112,7 @@ def test_b_preempted_job_requeues_resumes_and_matches(uninterrupted, tmp_path, s
 def task_pid(job_id: int, rank: int) -> int:
     """The PID of the training process of `rank` in job `job_id`: the one
     whose parent is not itself a training process (that would be a
-    data-loader worker, forked with the same environment)."""
+    data-loader worker, forked with the same environment), and not srun."""
     matches = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -123,8 +123,10 @@ def task_pid(job_id: int, rank: int) -> int:
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
+        argv = cmdline.split(b"\0")
         if (f"SLURM_JOB_ID={job_id}".encode() in environ and f"SLURM_PROCID={rank}".encode() in environ
-                and b"hpcyolo" in cmdline and b"train" in cmdline):
+                and not argv[0].endswith(b"srun")  # the batch script's srun is "task 0" of the batch step
+                and b"hpcyolo" in cmdline and b"train" in argv):
             matches[int(proc.name)] = ppid
     mains = [pid for pid, ppid in matches.items() if ppid not in matches]
     if len(mains) != 1:
