@@ -14,29 +14,38 @@ relative paths, file sizes and symlink targets), and renamed into place with
 its marker inside, so a directory at DEST is always complete. An exclusive
 lock next to DEST makes other tasks on the node wait for the one copying; a
 later stage of the same source (a requeued job on the same node) finds the
-marker and returns at once.
+marker and returns at once. The marker records what was stat'ed of the source;
+whether a copy is still current is decided in hpcyolo.entry, which the
+`hpcyolo` command runs before importing this module (or yaml, or click).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import marshal
 import os
 import re
 import shutil
 import stat
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from .entry import (
+    MARKER,
+    already_staged,
+    current_marker,
+    is_current,
+    node_name,
+    read_marker,
+    say,
+    source_identity,
+)
 from .errors import HpcyoloError
 
-MARKER = ".hpcyolo-staged"
-FORMAT = 1  # bump when the staged layout changes: older copies are then staged again
 SPLITS = ("train", "val", "test", "minival")
 ARCHIVE_FLAGS = {  # suffix -> GNU tar's decompression option
     ".tar": (), ".tar.gz": ("-z",), ".tgz": ("-z",), ".tar.zst": ("--zstd",), ".tar.zstd": ("--zstd",),
@@ -154,14 +163,14 @@ def _staged_yaml_text(text: str, spec: dict, root: Path, splits: dict) -> str:
 
 # == manifests: what a tree holds ============================================
 
-@dataclass
 class Manifest:
     """Relative paths (with `/`) of a tree: what the copy must reproduce."""
 
-    dirs: list[str] = field(default_factory=list)  # parents before children
-    files: dict[str, int] = field(default_factory=dict)  # path -> size
-    links: dict[str, str] = field(default_factory=dict)  # path -> symlink target
-    by_dir: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)  # dir -> [(name, size, mode)]
+    def __init__(self) -> None:
+        self.dirs: list[str] = []  # parents before children
+        self.files: dict[str, int] = {}  # path -> size
+        self.links: dict[str, str] = {}  # path -> symlink target
+        self.by_dir: dict[str, list[tuple[str, int, int]]] = {}  # dir -> [(name, size, mode)]
 
     @property
     def nbytes(self) -> int:
@@ -181,18 +190,15 @@ def walk(root: str | Path, workers: int | None = None) -> Manifest:
     jobs = [(f"{root}/{d}" if d else root, chunk) for d, chunk in _chunks(names)]
     results = _fork_map(_stat_files, jobs, _workers(workers, len(jobs)))
     for (d, chunk), (sizes, modes) in zip(_chunks(names), results):
-        prefix = f"{d}/" if d else ""
-        entries = m.by_dir.setdefault(d, [])
-        for name, size, mode in zip(chunk, sizes, modes):
-            m.files[prefix + name] = size
-            entries.append((name, size, mode))
+        m.files.update(zip(map(f"{d}/".__add__, chunk) if d else chunk, sizes))
+        m.by_dir.setdefault(d, []).extend(zip(chunk, sizes, modes))
     return m
 
 
 def scan(root: str | Path) -> tuple[Manifest, dict[str, list[str]]]:
     """Folders and symlinks of the tree, and the names of its other entries
-    per folder, from readdir alone (is_dir and is_symlink read the entry's
-    type; no stat)."""
+    per folder, from readdir alone (is_file, is_dir and is_symlink read the
+    entry's type; no stat)."""
     root = str(root)
     m = Manifest()
     names: dict[str, list[str]] = {}
@@ -205,12 +211,14 @@ def scan(root: str | Path) -> tuple[Manifest, dict[str, list[str]]]:
         try:
             with os.scandir(here) as it:
                 for e in it:
-                    if e.is_dir(follow_symlinks=False):
+                    if e.is_file(follow_symlinks=False):  # most entries: asked first
+                        files.append(e.name)
+                    elif e.is_dir(follow_symlinks=False):
                         m.dirs.append(prefix + e.name)
                         stack.append(prefix + e.name)
                     elif e.is_symlink():
                         m.links[prefix + e.name] = os.readlink(e.path)
-                    else:
+                    else:  # a fifo, socket or device: _stat_files refuses it
                         files.append(e.name)
         except OSError as e:
             raise HpcyoloError(f"stage: cannot read {e.filename or here}: {e.strerror}") from None
@@ -271,9 +279,8 @@ def copy_tree(src: str | Path, dst: str | Path, m: Manifest, workers: int | None
     """Reproduce the tree `m` of `src` under the empty folder `dst` (folders
     and symlinks here, the files by `workers` processes, a chunk of one folder
     at a time), and return what the copy holds, to compare with `m`: its
-    folders, symlinks and names from a listing of `dst`, the files' sizes
-    lstat'ed by each worker after copying its chunk (while the entries are
-    hot), both independent of how the bytes were copied."""
+    folders, symlinks and names from a listing of `dst`, the files' sizes as
+    the filesystem has them once written (not as counted while copying)."""
     src, dst = str(src), str(dst)
     for rel in m.dirs:
         os.mkdir(f"{dst}/{rel}")
@@ -281,7 +288,7 @@ def copy_tree(src: str | Path, dst: str | Path, m: Manifest, workers: int | None
         os.symlink(target, f"{dst}/{rel}")
     chunks = list(_chunks(m.by_dir))
     jobs = [(f"{src}/{d}" if d else src, f"{dst}/{d}" if d else dst, chunk) for d, chunk in chunks]
-    sizes = _fork_map(_copy_and_check, jobs, _workers(workers, len(jobs)))
+    sizes = _fork_map(_copy_files, jobs, _workers(workers, len(jobs)))
     got, names = scan(dst)
     if all(copied == [size for _, size, _ in chunk] for (_, chunk), copied in zip(chunks, sizes)) and \
             all(set(names.get(d, ())) == {name for name, _, _ in entries} for d, entries in m.by_dir.items()) and \
@@ -299,32 +306,16 @@ def copy_tree(src: str | Path, dst: str | Path, m: Manifest, workers: int | None
     return got
 
 
-def _copy_and_check(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]]) -> list[int]:
-    """Copy a chunk, then lstat what landed: a file's size, -1 if it is
-    missing, -2 if it is not a regular file."""
-    _copy_files(src_dir, dst_dir, entries)
-    sizes, lstat, regular = [], os.stat, stat.S_ISREG
-    fd = os.open(dst_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for name, _, _ in entries:
-            try:
-                st = lstat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                sizes.append(-1)
-                continue
-            sizes.append(st.st_size if regular(st.st_mode) else -2)
-    finally:
-        os.close(fd)
-    return sizes
-
-
-def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]]) -> None:
-    """Copy the named files between two folders, each folder opened once.
-    Exactly the manifest's size is copied: a file that changed meanwhile shows
-    up in the verification, not as a torn copy. (The hot loop of staging:
-    hence the local names.)"""
-    open_, read, write, close = os.open, os.read, os.write, os.close
-    rd, wr = os.O_RDONLY | os.O_NOFOLLOW, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]]) -> list[int]:
+    """Copy the named files between two folders, each folder opened once, and
+    return the size of each copy: where its end lies once written, which is
+    the filesystem's count, not ours (and, unlike an fstat, costs no Python
+    object per file). Exactly the manifest's size is copied: a file that
+    changed meanwhile shows up in the verification, not as a torn copy. (The
+    hot loop of staging: hence the local names.)"""
+    open_, read, write, seek, close = os.open, os.read, os.write, os.lseek, os.close
+    rd, wr, end = os.O_RDONLY | os.O_NOFOLLOW, os.O_WRONLY | os.O_CREAT | os.O_EXCL, os.SEEK_END
+    sizes: list[int] = []
     sfd = open_(src_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         dfd = open_(dst_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -342,6 +333,7 @@ def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]])
                                 data = data[write(fout, data):]
                         else:
                             _send(fin, fout, size)
+                        sizes.append(seek(fout, 0, end))
                     finally:
                         close(fout)
                 finally:
@@ -350,6 +342,7 @@ def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]])
             close(dfd)
     finally:
         close(sfd)
+    return sizes
 
 
 def _send(fin: int, fout: int, size: int) -> None:
@@ -373,20 +366,20 @@ def _workers(asked: int | None, jobs: int) -> int:
 
 
 def _fork_map(fn, jobs: list[tuple], workers: int) -> list:
-    """[fn(*job) for job in jobs], spread over `workers` forked processes.
+    """[fn(*job) for job in jobs], spread over `workers` processes: this one
+    and `workers - 1` forked ones, each taking every `workers`-th job.
 
     Processes, not threads: per small file the work is a handful of system
     calls with a little Python between them, and threads would spend more on
-    handing the GIL back and forth than they gain. A child's result (or its
-    exception) comes back pickled through a pipe."""
+    handing the GIL back and forth than they gain. A child's result comes
+    back through a pipe, marshalled (lists of numbers: marshal suffices, and
+    is loaded already); an exception in it, pickled."""
     workers = min(workers, len(jobs))
     if workers <= 1 or threading.active_count() > 1:  # forking a threaded process is not safe
         return [fn(*job) for job in jobs]
-    import pickle
-
     children: list[tuple[int, int]] = []
     try:
-        for w in range(workers):
+        for w in range(1, workers):
             r, wr = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: never returns into the caller's stack
@@ -395,14 +388,16 @@ def _fork_map(fn, jobs: list[tuple], workers: int) -> list:
             os.close(wr)
             children.append((pid, r))
         results: list = [None] * len(jobs)
-        for w, (pid, r) in enumerate(children):
-            children[w] = (pid, -1)  # the file object below owns (and closes) r
+        results[::workers] = [fn(*job) for job in jobs[::workers]]  # this process's share
+        for w, (pid, r) in enumerate(children, 1):
+            children[w - 1] = (pid, -1)  # the file object below owns (and closes) r
             with os.fdopen(r, "rb") as f:
                 payload = f.read()
-            ok, out = pickle.loads(payload) if payload else (False, HpcyoloError("stage: a worker died"))
-            if not ok:
-                raise out
-            results[w::workers] = out
+            if payload[:1] != b"+":  # an exception, or nothing at all from a worker that died
+                import pickle
+
+                raise pickle.loads(payload[1:]) if payload else HpcyoloError("stage: a worker died")
+            results[w::workers] = marshal.loads(payload[1:])
         return results
     finally:
         for pid, r in children:
@@ -413,15 +408,15 @@ def _fork_map(fn, jobs: list[tuple], workers: int) -> list:
 
 
 def _child(wr: int, fn, jobs: list[tuple]) -> None:
-    import pickle
-
     code = 0
     try:
         try:
-            payload = pickle.dumps((True, [fn(*job) for job in jobs]))
+            payload = b"+" + marshal.dumps([fn(*job) for job in jobs])
         except BaseException as e:  # noqa: BLE001 (anything: the parent must hear of it, not read an empty pipe)
-            code, payload = 1, pickle.dumps((False, e if isinstance(e, (OSError, HpcyoloError)) else
-                                             HpcyoloError(f"stage: worker failed: {e!r}")))
+            import pickle
+
+            code, payload = 1, b"!" + pickle.dumps(e if isinstance(e, (OSError, HpcyoloError)) else
+                                                   HpcyoloError(f"stage: worker failed: {e!r}"))
         with os.fdopen(wr, "wb") as f:
             f.write(payload)
     finally:
@@ -546,13 +541,14 @@ def archive_yaml(archive: Path, m: Manifest) -> str:
 
 # == the source and its identity =============================================
 
-@dataclass
 class Source:
-    path: Path  # the data YAML, or the archive
-    flags: tuple[str, ...] | None  # tar options of an archive; None for a YAML
-    root: Path | None = None  # the dataset root of a YAML
-    spec: dict | None = None
-    identity: dict = field(default_factory=dict)
+    def __init__(self, path: Path, flags: tuple[str, ...] | None, identity: dict, root: Path | None = None,
+                 spec: dict | None = None) -> None:
+        self.path = path  # the data YAML, or the archive
+        self.flags = flags  # tar options of an archive; None for a YAML
+        self.identity = identity  # what the marker records: see entry.source_identity
+        self.root = root  # the dataset root of a YAML
+        self.spec = spec
 
 
 def resolve_source(data: str | Path) -> Source:
@@ -565,23 +561,23 @@ def resolve_source(data: str | Path) -> Source:
     if flags is not None:
         if not stat.S_ISREG(st.st_mode):
             raise HpcyoloError(f"stage: {path}: not a file")
-        return Source(path, flags, identity={"format": FORMAT, "archive": str(path), "size": st.st_size,
-                                             "mtime_ns": st.st_mtime_ns})
+        return Source(path, flags, source_identity(str(path)))
     spec = read_data_yaml(path)
     root = dataset_root(path, spec)
     if not root.is_dir():
         raise HpcyoloError(f"{path}: dataset root {root} is not a directory")
     _relocated_splits(path, spec, root)  # fail early on splits outside the root
-    identity = {"format": FORMAT, "yaml": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "root": str(root), "mtimes": _watched_mtimes(path, spec, root)}
-    return Source(path, None, root, spec, identity)
+    named = path.parent / (spec.get("path") or ".")  # the root before resolving symlinks
+    identity = source_identity(str(path), str(named), _watched(path, spec, root))
+    return Source(path, None, identity, root, spec)
 
 
-def _watched_mtimes(data_yaml: Path, spec: dict, root: Path) -> dict[str, int | None]:
-    """mtimes of the root, of each split's folder and its labels twin, and of
-    their parents up to the root: a handful of stats that notice an added,
-    removed or renamed file in any of them, without walking the tree. (A file
-    rewritten in place is not noticed: touch the data YAML after that.)"""
+def _watched(data_yaml: Path, spec: dict, root: Path) -> set[str]:
+    """The folders whose mtimes the marker records, relative to the root: the
+    root, each split's folder and its labels twin, and their parents up to
+    the root. A handful of stats that notice an added, removed or renamed file
+    in any of them, without walking the tree. (A file rewritten in place is
+    not noticed: touch the data YAML after that.)"""
     watched = {"."}
     for _, entry in _split_entries(data_yaml, spec):
         rel = os.path.relpath(os.path.normpath(os.path.join(root, entry)), root)
@@ -590,40 +586,22 @@ def _watched_mtimes(data_yaml: Path, spec: dict, root: Path) -> dict[str, int | 
             while p not in ("", "."):
                 watched.add(p)
                 p = os.path.dirname(p)
-    out = {}
-    for rel in sorted(watched):
-        try:
-            out[rel] = os.stat(root / rel).st_mtime_ns
-        except OSError:
-            out[rel] = None
-    return out
+    return watched
 
 
 # == stage ===================================================================
-
-def node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-
-
-def _say(message: str) -> None:
-    print(f"hpcyolo stage: {message}", file=sys.stderr, flush=True)
-
-
-def _read_marker(dest: Path) -> dict | None:
-    try:
-        marker = json.loads((dest / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
-
 
 def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> Path:
     """Stage `data` (a data YAML or a tar archive) into `dest` unless this
     node already holds a current copy; returns the staged data YAML.
     `workers`: processes that stat and copy the files (None: one per CPU,
     2 to 16, for 1024 files or more)."""
-    source = resolve_source(data)
     dest = Path(os.path.abspath(dest))
+    marker = current_marker(data, dest)  # a requeued job: no lock, no YAML
+    if marker is not None:
+        say(already_staged(data, dest, marker))
+        return dest / "data.yaml"
+    source = resolve_source(data)
     _check_apart(source, dest)
     lock_path = dest.parent / f".{dest.name}.lock"
     try:
@@ -633,9 +611,9 @@ def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> 
         raise HpcyoloError(f"stage: cannot create {lock_path}: {e.strerror}") from None
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # other tasks on this node wait here
-        marker = _read_marker(dest)
-        if marker and marker.get("source") == source.identity and (dest / "data.yaml").is_file():
-            _say(f"{dest} already staged on {node_name()} ({marker.get('files')} files from {source.path})")
+        marker = read_marker(dest)
+        if is_current(marker, data, dest):  # another task staged it while we waited
+            say(already_staged(data, dest, marker))
             return dest / "data.yaml"
         _clear(dest, stale=marker is not None)
         return _copy(source, dest, workers)
@@ -659,7 +637,7 @@ def _clear(dest: Path, stale: bool) -> None:
             raise HpcyoloError(f"stage: {dest} exists and is not a staged copy (no {MARKER}); "
                                "remove it or choose another --dest")
         if stale:
-            _say(f"{dest} holds an out-of-date copy (the source changed); staging again on {node_name()}")
+            say(f"{dest} holds an out-of-date copy (the source changed); staging again on {node_name()}")
         shutil.rmtree(dest)
 
 
@@ -709,9 +687,9 @@ def _copy_tree_source(source: Source, dest: Path, partial: Path, workers: int | 
     _check_space(dest, m)
     outside = [p for p, target in m.links.items() if _escapes(p, target)]
     if outside:
-        _say(f"note: {len(outside)} symlink(s) point outside {root} (first: {outside[0]} -> {m.links[outside[0]]}); "
-             "they are copied as links, so training reads their targets from where they are")
-    _say(f"copying {root} ({len(m.files)} files, {m.nbytes / 1e6:.1f} MB) to {dest} on {node_name()}")
+        say(f"note: {len(outside)} symlink(s) point outside {root} (first: {outside[0]} -> {m.links[outside[0]]}); "
+            "they are copied as links, so training reads their targets from where they are")
+    say(f"copying {root} ({len(m.files)} files, {m.nbytes / 1e6:.1f} MB) to {dest} on {node_name()}")
     os.mkdir(partial / "dataset")
     _verify(m, copy_tree(root, partial / "dataset", m, workers), dest)
     text = source.path.read_text(encoding="utf-8")
@@ -731,7 +709,7 @@ def _copy_archive(source: Source, dest: Path, partial: Path, workers: int | None
     m = list_archive(source.path, source.flags or ())
     member = archive_yaml(source.path, m)
     _check_space(dest, m)
-    _say(f"unpacking {source.path} ({len(m.files)} files, {m.nbytes / 1e6:.1f} MB) to {dest} on {node_name()}")
+    say(f"unpacking {source.path} ({len(m.files)} files, {m.nbytes / 1e6:.1f} MB) to {dest} on {node_name()}")
     os.mkdir(partial / "dataset")
     # -m: fresh mtimes (no utime per file, no clock-skew warnings); owners are
     # the user's, whoever packed the archive.
@@ -745,8 +723,8 @@ def _copy_archive(source: Source, dest: Path, partial: Path, workers: int | None
     if not (_inside(str(root), str(top)) and root.is_dir()):
         # An absolute or escaping `path:` names where the dataset lay when it
         # was packed; in the archive, its top level is the root.
-        _say(f"note: {source.path}: `path: {spec.get('path')}` of {member} is not a folder inside the archive; "
-             "using the archive's top level as the dataset root")
+        say(f"note: {source.path}: `path: {spec.get('path')}` of {member} is not a folder inside the archive; "
+            "using the archive's top level as the dataset root")
         root = top
     name = Path(f"{source.path}:{member}")  # for messages
     splits = _relocated_splits(name, spec, root)
@@ -772,8 +750,8 @@ def _finish(source: Source, dest: Path, partial: Path, yaml_text: str, m: Manife
               "bytes": m.nbytes, "seconds": round(seconds, 3), "node": node_name(),
               "staged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (partial / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-    _say(f"staged {len(m.files)} files, {m.nbytes / 1e6:.1f} MB in {seconds:.2f} s "
-         f"({m.nbytes / 1e6 / max(seconds, 1e-9):.0f} MB/s) to {dest} on {node_name()}; data YAML {dest / 'data.yaml'}")
+    say(f"staged {len(m.files)} files, {m.nbytes / 1e6:.1f} MB in {seconds:.2f} s "
+        f"({m.nbytes / 1e6 / max(seconds, 1e-9):.0f} MB/s) to {dest} on {node_name()}; data YAML {dest / 'data.yaml'}")
 
 
 def _check_space(dest: Path, m: Manifest) -> None:

@@ -15,7 +15,7 @@ COMMANDS = ["validate", "render", "stage", "train", "exec"]
 
 def hpcyolo(*args, cwd=REPO, **kw):
     exe = os.path.join(os.path.dirname(sys.executable), "hpcyolo")
-    return subprocess.run([exe, *map(str, args)], cwd=cwd, capture_output=True, text=True, **kw)
+    return subprocess.run([exe, *map(str, args)], cwd=cwd, capture_output=True, text=True, check=False, **kw)
 
 
 def test_version():
@@ -46,7 +46,7 @@ def test_render_and_validate_never_import_torch():
         "sys.exit(1 if bad else 0)\n"
     )
     r = subprocess.run([sys.executable, "-c", code.replace("SITE", repr(str(SITE))).replace("JOB", repr(str(JOB)))],
-                       capture_output=True, text=True, cwd=REPO)
+                       capture_output=True, text=True, cwd=REPO, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "IMPORTED []" in r.stderr
 
@@ -89,3 +89,28 @@ def test_exec_sets_standard_variables_from_slurm(tmp_path):
 def test_exec_missing_command():
     r = hpcyolo("exec", "--run-dir", "/tmp", "--data", "d", "--", "no-such-command-xyz")
     assert r.returncode == 1 and r.stderr.strip() == "hpcyolo: error: command not found: no-such-command-xyz"
+
+
+@pytest.mark.parametrize("args, read", [
+    (["--data", "d.yaml", "--dest", "/s/data"], ("d.yaml", "/s/data", None)),
+    (["--dest", "/s/data", "--workers", "8", "--data", "d.yaml"], ("d.yaml", "/s/data", 8)),
+    (["--data=d.yaml", "--dest", "/s/data"], None),  # click's syntax: click reads it
+    (["--data", "d.yaml"], None),
+    (["--data", "d.yaml", "--dest", "/s/data", "--data", "e.yaml"], None),
+    (["--data", "d.yaml", "--dest", "/s/data", "--workers", "0"], None),
+    (["--data", "d.yaml", "--dest", "--workers", "2"], None),
+    (["--data", "d.yaml", "--dest", ""], None),
+    (["--remove", "/s"], None),
+    (["--help"], None),
+])
+def test_the_console_entry_reads_only_a_plain_stage_command(args, read):
+    from hpcyolo.entry import _stage_args
+
+    assert _stage_args(args) == read
+
+
+def test_the_console_entry_leaves_other_commands_to_click():
+    r = hpcyolo("validate", SITE, JOB)
+    assert r.returncode == 0 and r.stdout.startswith("ok: ")
+    r = hpcyolo("stage")
+    assert r.returncode == 2 and "give --data and --dest" in r.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import multiprocessing
 import os
 import shutil
@@ -182,18 +184,22 @@ def test_not_enough_space_fails_before_writing(data, dest, monkeypatch):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("damage, message", [
-    (lambda f: f.unlink(), "file labels/val/002.txt is missing from the copy"),
-    (lambda f: os.truncate(f, 3), "file labels/val/002.txt has 3 bytes in the copy"),
-    (lambda f: f.with_name("extra.txt").write_text("?"), "file labels/val/extra.txt is in the copy but not in"),
+@pytest.mark.parametrize("where, damage, message", [
+    ("copy", lambda f: f.unlink(), "file labels/val/002.txt is missing from the copy"),
+    ("copy", lambda f: f.with_name("extra.txt").write_text("?"), "file labels/val/extra.txt is in the copy but not in"),
+    ("source", lambda f: os.truncate(f, 3), "file labels/val/002.txt has 3 bytes in the copy, 36 in the source"),
 ])
-def test_verification_catches_a_bad_copy(data, dest, monkeypatch, damage, message, workers):
+def test_verification_catches_a_bad_copy(data, dest, monkeypatch, where, damage, message, workers):
     copy = st._copy_files
 
     def bad_copy(src_dir, dst_dir, entries):  # the copier, in each worker
-        copy(src_dir, dst_dir, entries)
-        if dst_dir.endswith("labels/val") and any(name == "002.txt" for name, _, _ in entries):
+        hit = dst_dir.endswith("labels/val") and any(name == "002.txt" for name, _, _ in entries)
+        if hit and where == "source":  # a file that shrinks between the walk and the copy
+            damage(Path(src_dir, "002.txt"))
+        sizes = copy(src_dir, dst_dir, entries)
+        if hit and where == "copy":
             damage(Path(dst_dir, "002.txt"))
+        return sizes
 
     monkeypatch.setattr(st, "_copy_files", bad_copy)
     with pytest.raises(HpcyoloError, match=message):
@@ -208,6 +214,21 @@ def test_workers_copy_in_parallel_and_report_errors(tmp_path, dest):
     os.mkfifo(data.parent / "labels" / "train" / "pipe")
     with pytest.raises(HpcyoloError, match="labels/train/pipe: not a file, folder or symlink"):
         st.walk(data.parent, workers=3)
+
+
+def test_fork_map_brings_back_results_and_errors():
+    jobs = [(i,) for i in range(7)]
+    assert st._fork_map(lambda i: (i, [i * i]), jobs, 3) == [(i, [i * i]) for i in range(7)]
+
+    def fails_in_a_child(i):  # job 1 is the first child's
+        if i == 1:
+            raise OSError(errno.ENOENT, "gone", "x")
+        return i
+
+    with pytest.raises(FileNotFoundError, match="gone"):
+        st._fork_map(fails_in_a_child, jobs, 2)
+    with pytest.raises(HpcyoloError, match=r"worker failed: ZeroDivisionError"):
+        st._fork_map(lambda i: 1 // (i - 1), jobs, 2)
 
 
 def _stage_slowly(data: str, dest: str, delay: float, out) -> None:
@@ -303,3 +324,77 @@ def test_cli(data, tmp_path):
     assert r.returncode == 1 and r.stderr.startswith("hpcyolo: error: stage: ") and len(r.stderr.splitlines()) == 1
     r = hpcyolo("stage", "--remove", scratch)
     assert r.returncode == 0 and not scratch.exists()
+
+
+def hpcyolo_imports(*args) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run the installed console script; also the modules it imported."""
+    exe = os.path.join(os.path.dirname(sys.executable), "hpcyolo")
+    r = subprocess.run([sys.executable, "-X", "importtime", exe, *map(str, args)], capture_output=True, text=True,
+                       check=False)
+    lines = r.stderr.splitlines(keepends=True)
+    r.stderr = "".join(line for line in lines if not line.startswith("import time:"))
+    return r, {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+
+
+def test_cli_second_stage_reads_the_marker_alone(data, dest):
+    r, modules = hpcyolo_imports("stage", "--data", data, "--dest", dest)
+    assert r.returncode == 0 and "staged 25 files" in r.stderr, r.stderr
+    assert "hpcyolo.stage" in modules and "click" not in modules  # a plain first stage skips click too
+    r, modules = hpcyolo_imports("stage", "--dest", dest, "--data", data, "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == f"hpcyolo stage: {dest} already staged on {st.node_name()} (25 files from {data})\n"
+    assert not {"click", "yaml", "hpcyolo.cli", "hpcyolo.stage"} & modules, modules
+    assert st.is_current(st.read_marker(dest), data, dest)  # the library's answer, the same
+
+
+def _retarget(link: Path, target: Path) -> None:
+    link.unlink()
+    link.symlink_to(target)
+
+
+@pytest.mark.parametrize("change", [
+    lambda root, data: _bump(data),  # the data YAML touched
+    lambda root, data: _bump(root / "images" / "train"),  # a split folder changed
+    lambda root, data: _bump(root),  # the root changed
+    lambda root, data: _retarget(data.parent / "current", data.parent / "v2"),  # `path:` leads elsewhere now
+    lambda root, data: (root.parent / "staged" / st.MARKER).write_text("{}"),  # a marker without a source
+], ids=["yaml", "split", "root", "root-link", "marker"])
+def test_cli_stages_a_changed_source_again(tmp_path, change):
+    for version, n in (("v1", 2), ("v2", 3)):
+        make_dataset(tmp_path / version, n=n)
+    (tmp_path / "current").symlink_to(tmp_path / "v1")
+    data = tmp_path / "data.yaml"
+    data.write_text(YAML.replace("path:  ", "path: current  "))
+    dest = tmp_path / "staged"
+    assert hpcyolo("stage", "--data", data, "--dest", dest).returncode == 0
+    change(tmp_path / "v1", data)
+    assert not st.is_current(st.read_marker(dest), data, dest)
+    r = hpcyolo("stage", "--data", data, "--dest", dest)
+    assert r.returncode == 0 and "out-of-date copy" in r.stderr and "staged" in r.stderr, r.stderr
+    assert same_tree(Path(os.path.realpath(tmp_path / "current")), dest / "dataset")
+    assert st.is_current(st.read_marker(dest), data, dest)
+
+
+def test_cli_restages_a_copy_of_an_older_format(data, dest):
+    st.stage(data, dest)
+    marker = json.loads((dest / st.MARKER).read_text())
+    marker["source"]["format"] -= 1
+    (dest / st.MARKER).write_text(json.dumps(marker))
+    r = hpcyolo("stage", "--data", data, "--dest", dest)
+    assert r.returncode == 0 and "out-of-date" in r.stderr and "staged 25 files" in r.stderr
+
+
+def test_cli_stage_lanes_agree(tmp_path, dest):
+    """What the quick lane does not read goes to click; both report alike."""
+    data = make_dataset(tmp_path / "src", text=YAML.replace("path:  ", "path: missing  "))
+    quick, via_click = (hpcyolo("stage", "--data", data, "--dest", dest),
+                        hpcyolo("stage", f"--data={data}", f"--dest={dest}"))
+    assert quick.returncode == via_click.returncode == 1
+    assert quick.stderr == via_click.stderr == f"hpcyolo: error: {data}: dataset root {data.parent / 'missing'} " \
+                                               "is not a directory\n"
+    r = hpcyolo("stage", "--data", data, "--dest", dest, "--workers", "0")
+    assert r.returncode == 2 and "Invalid value for '--workers'" in r.stderr
+    r = hpcyolo("stage", "--data", data.parent, "--dest", dest)
+    assert r.returncode == 2 and "is a directory" in r.stderr
+    r = hpcyolo("stage", "--dest", dest)
+    assert r.returncode == 2 and "give --data and --dest" in r.stderr
