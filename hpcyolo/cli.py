@@ -2,8 +2,9 @@
 
 Every command imports what it needs inside its own body: `hpcyolo render`
 and `hpcyolo validate` must run on a login node in a blink, without torch.
-User mistakes (HpcyoloError) become one line on stderr and an exit code here,
-and only here.
+User mistakes (HpcyoloError) become one line on stderr and an exit code at
+the edge only: here, and alike in hpcyolo.entry (the console script), which
+runs a plain `hpcyolo stage` without loading click.
 """
 
 from __future__ import annotations
@@ -272,6 +273,84 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device)
     total = sum(len(r["detections"]) for r in results)
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
+
+
+@main.command()
+@_site_arg
+@_job_arg
+@click.option("--via", type=click.Choice(["submitit", "sbatch", "local"]), default=None,
+              help="How to submit: submitit (default on Slurm sites), sbatch (the rendered script), or local "
+                   "(the local site's default: `hpcyolo run` in the background).")
+@click.option("--dry-run", is_flag=True, help="Print the batch script that would be submitted; submit nothing.")
+@click.option("--sweep", "sweeps", multiple=True, metavar="KEY=V1,V2",
+              help="Sweep a job key over values (repeatable; the runs are every combination), as one job array.")
+@click.option("--parallel", type=click.IntRange(min=1), default=None,
+              help="Most sweep elements running at once (--array=0-N%K).  [default: slurm.array_parallelism, "
+                   "or all]")
+def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[str, ...], parallel: int | None) -> None:
+    """Submit JOB on SITE through submitit (or sbatch), with the same resources as `render`.
+
+    Every task stages the data, maps the Slurm variables and runs the same
+    `hpcyolo train` as the sbatch script; on the site's signal it
+    checkpoints, submitit requeues the job and it resumes in the same run
+    directory. Prints the job id(s); follow with `hpcyolo status RUN`.
+
+        hpcyolo submit site_configs/testbed.yaml examples/shapes.yaml
+        hpcyolo submit SITE JOB --sweep train.lr0=0.01,0.02 --sweep train.model=n,s
+
+    A sweep element's run is named after its values (NAME-lr0_0.01-model_n).
+    """
+    from .submit import submit as do_submit
+
+    command = shlex.join(["hpcyolo", *sys.argv[1:]])
+    ids = do_submit(site, job, via=via, dry_run=dry_run, sweeps=sweeps, parallel=parallel, command=command)
+    for job_id in ids:
+        click.echo(job_id)
+
+
+_run_dir_arg = click.argument("run", metavar="RUN", type=click.Path(file_okay=False))
+
+
+@main.command()
+@_run_dir_arg
+def status(run: str) -> None:
+    """Where the run in directory RUN stands: its job, Slurm's state, epochs and checkpoints.
+
+        hpcyolo status /shared/runs/shapes
+    """
+    from pathlib import Path
+
+    from .lifecycle import status as run_status
+
+    click.echo(run_status(Path(run)))
+
+
+@main.command()
+@_run_dir_arg
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="One rank's log (runs submitted through "
+              "submitit keep one per rank).  [default: rank 0, or the job's one log]")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing what is written until the job ends.")
+def logs(run: str, rank: int | None, follow: bool) -> None:
+    """Print the log of the newest job of the run in directory RUN.
+
+        hpcyolo logs /shared/runs/shapes --follow
+    """
+    from pathlib import Path
+
+    from .lifecycle import logs as run_logs
+
+    run_logs(Path(run), rank, follow)
+
+
+@main.command()
+@_run_dir_arg
+def cancel(run: str) -> None:
+    """Cancel the newest job of the run in directory RUN (scancel)."""
+    from pathlib import Path
+
+    from .lifecycle import cancel as run_cancel
+
+    click.echo(run_cancel(Path(run)), err=True)
 
 
 @main.command(name="exec", context_settings={"ignore_unknown_options": True})

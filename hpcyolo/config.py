@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import ConfigError
 from .loader import build, read_yaml, spec
@@ -161,6 +161,8 @@ class SlurmSite:
                                          check=check_sbatch_options)
     extra_srun: tuple[str, ...] = spec((), doc="More srun options for the training step (--cpu-bind=cores).",
                                        check=check_sbatch_options)
+    array_parallelism: int | None = spec(None, doc="Most elements of a sweep's job array running at once "
+                                                   "(--array=0-N%K); empty: all of them.", check=check_positive)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -318,9 +320,19 @@ def load_site(path: str | Path) -> SiteConfig:
     return site
 
 
-def load_job(path: str | Path) -> JobSpec:
+def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
+    """The job spec in `path`, with dotted keys set from `overrides` (a sweep point) first."""
     file = str(path)
-    job = build(JobSpec, read_yaml(path), file)
+    raw = read_yaml(path)
+    for key, value in (overrides or {}).items():
+        node = raw if isinstance(raw, dict) else {}
+        *parents, last = key.split(".")
+        for part in parents:
+            if not isinstance(node.setdefault(part, {}), dict):
+                raise ConfigError(file, key, f"cannot set it: {part} is not a section")
+            node = node[part]
+        node[last] = value
+    job = build(JobSpec, raw, file)
     if job.entrypoint is not None and not job.entrypoint:
         raise ConfigError(file, "entrypoint", "must name a command")
     if job.train.imgsz % 32:

@@ -53,3 +53,8 @@ def render_sbatch(plan: JobPlan) -> str:
         version=__version__,
         sbatch_lines=[sbatch_option(name, value) for name, value in plan.sbatch] + list(plan.site.slurm.extra_sbatch),
     )
+
+
+def render_setup(plan: JobPlan) -> str:
+    """The script's software-environment section alone (for submitit's setup)."""
+    return _environment().get_template("env.sh.j2").render(plan=plan, site=plan.site)

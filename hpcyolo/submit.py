@@ -1,0 +1,378 @@
+"""`hpcyolo submit`: the job of a plan through submitit (or sbatch), and
+sweeps as one job array.
+
+The submitit parameters come from the plan's resource table (plan.sbatch, the
+same one the rendered script's #SBATCH lines come from): one mapping below
+turns each generic name into submitit's. Each task runs `TrainTask`, which
+does what the batch script does around the training step: the run-directory
+record, the site's network variables, staging into node-local scratch (every
+task asks; the node's first one copies, the others wait on its lock), then the
+very `hpcyolo train` (or `hpcyolo exec`) command line as a child process, so
+the environment mapping, the trainer and its preemption protocol are the same
+code. The site's signal reaches the child directly (Slurm signals the task's
+process group); the child checkpoints at the next step and exits 75, and then
+rank 0 hands over to submitit's own checkpoint path: `checkpoint()` returns
+this same task, submitit pickles it and requeues the job, and the task,
+started again, resumes from the newest valid checkpoint in the same run
+directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import HpcyoloError
+from .config import parse_time
+from .plan import JobPlan
+from .preemption import EXIT_CODE
+from .shell import Raw, Var
+
+# plan.sbatch's generic names -> submitit SlurmExecutor parameters.
+SUBMITIT_PARAMETERS = {
+    "job_name": "job_name", "nodes": "nodes", "ntasks_per_node": "ntasks_per_node",
+    "cpus_per_task": "cpus_per_task", "gres": "gres", "gpus_per_node": "gpus_per_node",
+    "gpus_per_task": "gpus_per_task", "mem": "mem", "partition": "partition", "account": "account",
+    "qos": "qos", "constraint": "constraint",
+}
+# Passed as sbatch options verbatim (submitit has no parameter for them, or
+# would spell them differently: its `time` is whole minutes, its signal is
+# always USR2).
+VERBATIM = {"reservation": "reservation", "requeue": "requeue", "signal": "signal", "time": "time"}
+# Chosen by submitit itself: logs in its folder, opened in append mode.
+SUBMITIT_OWN = {"output", "open_mode"}
+RECORD = "hpcyolo-run"  # the run directory's journal, shared with the batch script
+JOBS = "hpcyolo-jobs"  # what `hpcyolo submit` submitted for the run (JSON lines)
+
+
+def submitit_parameters(plan: JobPlan) -> dict:
+    """SlurmExecutor.update_parameters() arguments asking for what the
+    rendered script asks for."""
+    params: dict = {}
+    extra: dict = {}
+    for name, value in plan.sbatch:
+        if name in SUBMITIT_PARAMETERS:
+            params[SUBMITIT_PARAMETERS[name]] = value
+        elif name in VERBATIM:
+            extra[VERBATIM[name]] = value
+        elif name not in SUBMITIT_OWN:
+            raise AssertionError(f"no submitit mapping for plan resource {name!r}")
+    for line in plan.site.slurm.extra_sbatch:
+        key, sep, value = line.lstrip("-").partition("=")
+        extra[key] = value if sep else True
+    # submitit's own clock (when a signal counts as a time-out) wants minutes.
+    params["time"] = math.ceil(parse_time(plan.job.resources.time) / 60)
+    params["signal_delay_s"] = plan.site.preemption.grace
+    params["additional_parameters"] = extra
+    params["srun_args"] = list(_srun_extra(plan))
+    params["stderr_to_stdout"] = True
+    # submitit hands the signal to TrainTask's checkpoint path; it must be the site's.
+    params["setup"] = [*setup_lines(plan), f"export SUBMITIT_PREEMPT_SIGNAL={plan.signal}"]
+    return params
+
+
+def _srun_extra(plan: JobPlan) -> tuple[str, ...]:
+    """The training step's srun options that submitit's own srun lacks."""
+    skip = ("--nodes=", "--ntasks-per-node=", "--cpus-per-task=")
+    return tuple(o for o in plan.train_srun if not str(o).startswith(skip))
+
+
+def setup_lines(plan: JobPlan) -> list[str]:
+    """The batch script's software environment, for submitit's `setup`."""
+    from .render import render_setup
+
+    return render_setup(plan).splitlines()
+
+
+# == the task each Slurm task runs ===========================================
+
+@dataclass
+class TrainTask:
+    """What one task of the job runs (pickled by submitit; keep it small)."""
+
+    plan: JobPlan
+    run_dir: str
+    scratch_dir: str
+    signal_name: str
+
+    def __call__(self) -> int:
+        env = os.environ
+        rank = int(env.get("SLURM_PROCID", "0"))
+        run = Path(self.run_dir)
+        job = _job_id(env)
+        if rank == 0:
+            run.mkdir(parents=True, exist_ok=True)
+            with open(run / RECORD, "a") as f:
+                f.write(f"job {job} restart {env.get('SLURM_RESTART_COUNT', '0')} on {os.uname().nodename} "
+                        f"via submitit\n")
+        for name, value in self.plan.network_env:
+            env[name] = os.path.expandvars(str(value))
+        env["PYTHONUNBUFFERED"] = "1"
+        env["OMP_NUM_THREADS"] = str(self.plan.omp_threads)
+        marker = f"{self.run_dir}/.preempted-{job}-{env.get('SLURM_RESTART_COUNT', '0')}"
+        env["HPCYOLO_PREEMPT_MARKER"] = marker
+        data = self.plan.data
+        if self.plan.job.data.stage:
+            from .stage import stage
+
+            data = str(stage(data, Path(self.scratch_dir) / "data"))
+        values = {"RUN_DIR": self.run_dir, "DATA": data, "SCRATCH_DIR": self.scratch_dir}
+        argv = [_word(w, values) for w in self.plan.train_argv]
+        if argv[0] == "hpcyolo" and not self.plan.step_prefix:  # this very installation
+            argv[0] = str(Path(sys.executable).parent / "hpcyolo")
+        argv = [_word(w, values) for w in self.plan.step_prefix] + argv  # apptainer exec ... IMAGE
+        # submitit's handler for the signal would requeue at once, before the
+        # trainer's checkpoint: hold it until the child has stopped.
+        sig = getattr(signal, f"SIG{self.signal_name}")
+        submitit_handler = signal.getsignal(sig)
+        caught: list[int] = []
+        for s in {sig, signal.SIGTERM}:
+            signal.signal(s, lambda signum, frame: caught.append(signum))
+        code = subprocess.call(argv)
+        if code == EXIT_CODE or os.path.exists(marker):
+            if rank == 0 and callable(submitit_handler):
+                print(f"hpcyolo: checkpointed after SIG{self.signal_name}; requeueing through submitit",
+                      file=sys.stderr, flush=True)
+                submitit_handler(sig, None)  # checkpoint() below, requeue, exit
+            return EXIT_CODE
+        if code != 0:
+            raise HpcyoloError(f"training exited {code} on rank {rank} ({os.uname().nodename})")
+        if rank == 0 and self.plan.uses_scratch:
+            from .stage import remove
+
+            remove(self.scratch_dir)
+        return 0
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit's checkpoint path: run this same task again; the trainer
+        finds its checkpoints in the run directory."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def _word(word: object, values: dict[str, str]) -> str:
+    if isinstance(word, Var):
+        return word.resolve(values)
+    if isinstance(word, Raw):
+        raise HpcyoloError("the torchrun launcher is not supported through submitit; use --via sbatch")
+    return os.path.expandvars(str(word))
+
+
+def _job_id(env) -> str:
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return env.get("SLURM_JOB_ID", "local")
+
+
+# == sweeps ==================================================================
+
+@dataclass(frozen=True)
+class Sweep:
+    key: str  # dotted job-spec key
+    values: tuple
+
+
+def parse_sweeps(options: tuple[str, ...]) -> list[Sweep]:
+    import yaml
+
+    sweeps = []
+    for option in options:
+        key, sep, values = option.partition("=")
+        if not sep or not key or not values or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+            raise HpcyoloError(f"--sweep {option}: expected KEY=V1,V2,... (a dotted job key, e.g. train.lr0=0.01,0.02)")
+        parsed = tuple(yaml.safe_load(v) for v in values.split(","))
+        if len(set(map(repr, parsed))) != len(parsed):
+            raise HpcyoloError(f"--sweep {option}: a value is repeated")
+        sweeps.append(Sweep(key, parsed))
+    if len({s.key for s in sweeps}) != len(sweeps):
+        raise HpcyoloError("--sweep: the same key is swept twice")
+    return sweeps
+
+
+def sweep_points(sweeps: list[Sweep]) -> list[dict[str, object]]:
+    """Every combination, in a stable order: {dotted key: value}."""
+    return [dict(zip((s.key for s in sweeps), combo)) for combo in itertools.product(*(s.values for s in sweeps))]
+
+
+def point_name(base: str, point: dict[str, object]) -> str:
+    """A run name for one sweep element, BASE-lr0_0.01-model_s: only the
+    characters a run name allows, at most 64 (a long one ends in a digest)."""
+    import hashlib
+
+    parts = [f"{key.rsplit('.', 1)[-1]}_{value}" for key, value in point.items()]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", "-".join([base, *parts]))
+    if len(name) > 64:
+        name = f"{name[:55]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
+
+
+# == submitting ==============================================================
+
+def expand(path: str) -> str:
+    import getpass
+
+    expanded = os.path.expandvars(path.replace("${SLURM_JOB_USER}", getpass.getuser()))
+    if "$" in expanded:
+        raise HpcyoloError(f"{path}: a variable in it is not set here; submit from where it is set")
+    return expanded
+
+
+def check_fresh(run_dir: Path, resume: bool) -> None:
+    """The no-clobber rule, before anything is submitted: a run directory that
+    holds a run, or a job submitted for one, is continued only on request."""
+    if ((run_dir / RECORD).exists() or (run_dir / JOBS).exists()) and not resume:
+        raise HpcyoloError(f"{run_dir} already holds a run; set run.resume: true to continue it, or choose "
+                           "another run.name")
+
+
+def record(run_dir: Path, entry: dict) -> None:
+    """One JSON line in RUN/hpcyolo-jobs: what was submitted, how, where its logs go."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / JOBS, "a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **entry}) + "\n")
+
+
+def executor_for(plans: list[JobPlan], folder: Path, parallel: int | None):
+    import submitit
+
+    plan = plans[0]
+    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=plan.site.preemption.max_requeues)
+    params = submitit_parameters(plan)
+    if len(plans) > 1:
+        params["array_parallelism"] = parallel or plan.site.slurm.array_parallelism or len(plans)
+    executor.update_parameters(**params)
+    return executor
+
+
+def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None, dry_run: bool) -> list[str]:
+    """Submit one job (or one array of len(plans) elements); returns the job ids."""
+    first = plans[0]
+    run_dirs = [Path(expand(p.run_dir)) for p in plans]
+    for plan, run_dir in zip(plans, run_dirs):
+        check_fresh(run_dir, plan.job.run.resume)
+    folder = (run_dirs[0] if len(plans) == 1 else run_dirs[0].parent / f".sweep-{first.job.name}") / "submitit"
+    folder = Path(str(folder) + ("/%j" if len(plans) == 1 else "/%A_%a"))
+    tasks = [TrainTask(p, str(r), expand(p.scratch_dir), p.signal) for p, r in zip(plans, run_dirs)]
+    executor = executor_for(plans, folder.parent, parallel)
+    if dry_run:
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        params = dict(executor.parameters)
+        if len(plans) > 1:
+            params["map_count"] = len(plans)
+        print(_make_sbatch_string(command="<python -m submitit.core._submit FOLDER>", folder=folder.parent,
+                                  **params), end="")
+        return []
+    import submitit
+
+    try:
+        if len(plans) == 1:
+            jobs = [executor.submit(tasks[0])]
+        else:
+            with executor.batch():
+                jobs = [executor.submit(t) for t in tasks]
+    except (submitit.core.utils.FailedJobError, FileNotFoundError) as e:
+        why = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        raise HpcyoloError(f"sbatch refused the job (through submitit): {why[-1]}") from None
+    ids = []
+    for job, run_dir, name in zip(jobs, run_dirs, names):
+        record(run_dir, {"job": job.job_id, "via": "submitit", "name": name,
+                         "logs": str(folder.parent / f"{job.job_id}_{{rank}}_log.out"),
+                         "submission": str(folder.parent / f"{job.job_id}_submission.sh")})
+        ids.append(job.job_id)
+    return ids
+
+
+def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[str]:
+    from . import slurm
+    from .render import render_sbatch
+
+    script = render_sbatch(plan)
+    if dry_run:
+        print(script, end="")
+        return []
+    run_dir = Path(expand(plan.run_dir))
+    check_fresh(run_dir, plan.job.run.resume)
+    job_id = slurm.sbatch(script)
+    logs = dict(plan.sbatch).get("output", "%x-%j.out").replace("%x", plan.job.name).replace("%j", str(job_id))
+    record(run_dir, {"job": str(job_id), "via": "sbatch", "name": plan.run_name,
+                     "logs": str(Path(os.getcwd(), logs))})
+    return [str(job_id)]
+
+
+def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, sweeps: tuple[str, ...],
+           parallel: int | None, command: str) -> list[str]:
+    """`hpcyolo submit`: returns the job ids (none for a dry run)."""
+    from .config import load_job, load_site
+    from .plan import make_plan
+
+    site = load_site(site_path)
+    via = via or ("local" if site.name == "local" else "submitit")
+    points = sweep_points(parse_sweeps(sweeps)) if sweeps else [{}]
+    base = load_job(job_path)
+    plans, names = [], []
+    for point in points:
+        name = point_name(base.run.name or base.name, point) if point else None
+        job = load_job(job_path, {**point, "run.name": name} if point else None)
+        plans.append(make_plan(site, job, site_file=site_path, job_file=job_path, command=command))
+        names.append(plans[-1].run_name)
+    if len(plans) > 1 and via != "submitit":
+        raise HpcyoloError(f"--sweep runs as one submitit job array; drop --via {via}")
+    if via == "sbatch":
+        return submit_sbatch(plans[0], dry_run)
+    if via == "local":
+        return submit_local(plans[0], dry_run)
+    return submit_submitit(plans, names, parallel, dry_run)
+
+
+def submit_local(plan: JobPlan, dry_run: bool) -> list[str]:
+    """The local site: `hpcyolo run` in the background through submitit's
+    local executor (logs and the job's state in RUN/submitit)."""
+    import submitit
+
+    from .run import run_local
+
+    run_dir = Path(expand(plan.run_dir))
+    if dry_run:
+        print(f"would run on this machine, in the background: {plan.world_size} process(es), run directory "
+              f"{run_dir}")
+        return []
+    check_fresh(run_dir, plan.job.run.resume)
+    folder = run_dir / "submitit"
+    executor = submitit.LocalExecutor(folder=str(folder))
+    executor.update_parameters(timeout_min=math.ceil(parse_time(plan.job.resources.time) / 60))
+    with _detached_stdio():
+        job = executor.submit(run_local, plan, plan.job.run.resume)
+    record(run_dir, {"job": str(job.job_id), "via": "local", "name": plan.run_name,
+                     "logs": str(folder / f"{job.job_id}_0_log.out")})
+    return [str(job.job_id)]
+
+
+class _detached_stdio:
+    """stdin/stdout/stderr on /dev/null while the local job's controller
+    starts: it inherits them, and a caller reading our output through a pipe
+    (`id=$(hpcyolo submit ...)`) would otherwise wait for the whole job."""
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = [os.dup(fd) for fd in (0, 1, 2)]
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+
+    def __exit__(self, *exc):
+        for fd, saved in zip((0, 1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)

@@ -1,0 +1,85 @@
+"""`hpcyolo submit` on the real Slurm testbed: through submitit a job trains,
+is signalled, checkpoints, is requeued by submitit and resumes to completion
+in the same run directory; a sweep is one job array; status and logs follow
+a running and a finished run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import VENV_BIN, write
+from test_slurm_train import EPOCHS, site_file, wait_for
+from test_submit import resources
+
+from hpcyolo import slurm
+from hpcyolo.config import load_job, load_site
+from hpcyolo.plan import make_plan
+from hpcyolo.render import render_sbatch
+from hpcyolo.shapes import make_shapes
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
+
+
+def job_file(tmp_path: Path, name: str, data: Path, nodes: int = 2, epochs: int = EPOCHS) -> Path:
+    spec = {"name": name, "resources": {"nodes": nodes, "tasks_per_node": 1, "time": "00:10:00"},
+            "data": {"yaml": str(data), "stage": True},
+            "train": {"model": "n", "epochs": epochs, "batch": 4, "nbs": 4, "imgsz": 64, "workers": 1,
+                      "close_mosaic": 1, "seed": 0}}
+    return write(tmp_path / f"{name}.yaml", json.dumps(spec))
+
+
+def hpcyolo(*args, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(VENV_BIN / "hpcyolo"), *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_submit_trains_is_requeued_by_submitit_and_resumes(tmp_path, shapes, slurm_env):
+    site, job = site_file(tmp_path), job_file(tmp_path, "sub-a", shapes)
+    job_id = hpcyolo("submit", site, job, env=slurm_env, cwd=tmp_path).stdout.strip()
+    run = tmp_path / "runs" / "sub-a"
+    log0 = run / "submitit" / f"{job_id}_0_log.out"
+    wait_for(lambda: log0.exists() and "epoch 1/3: loss" in log0.read_text(), 300, "the first epoch")
+
+    running = hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout
+    assert f"job       {job_id} (via submitit)" in running and "RUNNING" in running, running
+    assert "hpcyolo stage:" in hpcyolo("logs", run, "--rank", "1", env=slurm_env, cwd=tmp_path).stdout
+
+    slurm.cancel(int(job_id), "--signal=USR2", env=slurm_env)
+    info = slurm.wait(int(job_id), timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = log0.read_text()
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    assert "stopping for preemption (SIGUSR2)" in log and "requeueing through submitit" in log
+    assert "Requeued job" in log and "resumed from ckpt-" in log
+    assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
+    assert [line.split()[3] for line in (run / "hpcyolo-run").read_text().splitlines()] == ["0", "1"]
+
+    finished = hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout
+    assert "COMPLETED" in finished and f"epoch {EPOCHS} done" in finished, finished
+    assert "done: results in" in hpcyolo("logs", run, env=slurm_env, cwd=tmp_path).stdout
+    # The script submitit wrote asks for what `hpcyolo render` asks for.
+    plan = make_plan(load_site(site), load_job(job), site_file=str(site), job_file=str(job))
+    submitted = (run / "submitit" / f"{job_id}_submission.sh").read_text()
+    assert resources(submitted) == resources(render_sbatch(plan))
+
+
+def test_sweep_runs_as_one_array_with_a_run_each(tmp_path, shapes, slurm_env):
+    site, job = site_file(tmp_path), job_file(tmp_path, "sub-s", shapes, nodes=1, epochs=1)
+    ids = hpcyolo("submit", site, job, "--sweep", "train.lr0=0.01,0.02", env=slurm_env, cwd=tmp_path).stdout.split()
+    assert len(ids) == 2 and ids[0].split("_")[0] == ids[1].split("_")[0] and \
+        sorted(i.split("_")[1] for i in ids) == ["0", "1"]
+    for job_id in ids:
+        info = slurm.wait(job_id, timeout=600, env=slurm_env)
+        assert info["JobState"] == "COMPLETED", info
+    for lr in ("0.01", "0.02"):
+        run = tmp_path / "runs" / f"sub-s-lr0_{lr}"
+        assert (run / "results.csv").read_text().count("\n") == 2
+        assert f"lr0: {lr}" in (run / "config.yaml").read_text()
