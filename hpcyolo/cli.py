@@ -353,6 +353,32 @@ def cancel(run: str) -> None:
     click.echo(run_cancel(Path(run)), err=True)
 
 
+@main.command()
+@_site_arg
+@click.argument("job", required=False, type=click.Path(dir_okay=False))
+def doctor(site: str, job: str | None) -> None:
+    """Compare SITE (and JOB) with the live cluster, from a login node.
+
+    Checks the Slurm version against the site's GPU request style; the
+    partition, its time limit, node count, CPUs and GPUs (GRES); account and
+    QOS where sacctmgr answers; that storage.runs is writable; the network
+    interface and the scratch room on this node. Each failure names the check
+    and the fix; exits 1 if any check fails.
+
+        hpcyolo doctor site_configs/testbed.yaml examples/shapes.yaml
+    """
+    from .config import load_site
+    from .doctor import doctor as run_doctor
+    from .doctor import report
+
+    site_config = load_site(site)
+    plan = _load_plan(site, job) if job else None  # the job must validate against the site first
+    checks = run_doctor(site_config, plan.job if plan else None, plan.data if plan else None)
+    click.echo(report(checks))
+    if any(c.status == "FAIL" for c in checks):
+        sys.exit(1)
+
+
 @main.command(name="exec", context_settings={"ignore_unknown_options": True})
 @_with_run_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

@@ -83,3 +83,17 @@ def test_sweep_runs_as_one_array_with_a_run_each(tmp_path, shapes, slurm_env):
         run = tmp_path / "runs" / f"sub-s-lr0_{lr}"
         assert (run / "results.csv").read_text().count("\n") == 2
         assert f"lr0: {lr}" in (run / "config.yaml").read_text()
+
+
+def test_submit_via_sbatch_then_status_and_cancel(tmp_path, shapes, slurm_env):
+    site, job = site_file(tmp_path), job_file(tmp_path, "sub-c", shapes, epochs=50)
+    job_id = hpcyolo("submit", site, job, "--via", "sbatch", env=slurm_env, cwd=tmp_path).stdout.strip()
+    run = tmp_path / "runs" / "sub-c"
+    wait_for(lambda: "RUNNING" in hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout, 120, "the job to run")
+    wait_for(lambda: "training n on" in hpcyolo("logs", run, env=slurm_env, cwd=tmp_path).stdout, 300,
+             "training to start")
+    assert "via sbatch" in hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout
+    assert "cancelled job" in hpcyolo("cancel", run, env=slurm_env, cwd=tmp_path).stderr
+    info = slurm.wait(int(job_id), timeout=120, env=slurm_env)
+    assert info["JobState"] == "CANCELLED"
+    assert "CANCELLED" in hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout

@@ -1,0 +1,75 @@
+"""`hpcyolo doctor` against the real Slurm testbed: the testbed site passes
+every check; each broken setting fails the check that names it, with a fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, VENV_BIN, write
+
+from hpcyolo.shapes import make_shapes
+
+pytestmark = pytest.mark.slurm
+TESTBED = REPO / "site_configs" / "testbed.yaml"
+
+
+def doctor(*args, env) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "hpcyolo"), "doctor", *map(str, args)], env=env, capture_output=True,
+                          text=True)
+
+
+def broken_site(tmp_path: Path, section: str, **values) -> Path:
+    spec = yaml.safe_load(TESTBED.read_text())
+    spec.setdefault(section, {}).update(values)
+    return write(tmp_path / "site.yaml", yaml.safe_dump(spec))
+
+
+def test_testbed_passes_every_check(slurm_env, tmp_path):
+    data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64, classes=2, seed=0)
+    job = write(tmp_path / "job.yaml", json.dumps({"name": "d", "resources": {"nodes": 2, "time": "00:05:00"},
+                                                   "data": {"yaml": str(data), "stage": True}}))
+    r = doctor(TESTBED, job, env=slurm_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout and "all passed" in r.stdout
+    for name in ("slurm", "partition", "gpus", "storage.runs", "network.interface", "storage.scratch"):
+        assert f"PASS  {name}" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("section, values, check, fix", [
+    ("network", {"interface": "ib7"}, "network.interface", "list a compute node's interfaces"),
+    ("slurm", {"partition": "gpu-large"}, "partition", "set slurm.partition to one of: debug"),
+    ("node", {"gpus": 64}, "gpus", "set node.gpus to 8 or less"),
+], ids=["interface", "partition", "gpus"])
+def test_a_broken_setting_fails_its_check(slurm_env, tmp_path, section, values, check, fix):
+    if section == "node":  # a GPU site asks for GPUs in some style
+        site = broken_site(tmp_path, "node", **values)
+        spec = yaml.safe_load(site.read_text())
+        spec["slurm"]["gpu_request"] = "gres"
+        write(site, yaml.safe_dump(spec))
+    else:
+        site = broken_site(tmp_path, section, **values)
+    r = doctor(site, env=slurm_env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"FAIL  {check}" in r.stdout and f"fix: {fix}" in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+def test_scratch_without_room_fails(slurm_env, tmp_path):
+    data = make_shapes(tmp_path / "shapes", n_train=16, n_val=4, imgsz=64, classes=2, seed=0)
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)], check=True)
+    try:
+        site = broken_site(tmp_path, "storage", scratch=str(small))
+        job = write(tmp_path / "job.yaml", json.dumps({"name": "d", "resources": {"nodes": 1, "time": "00:05:00"},
+                                                       "data": {"yaml": str(data), "stage": True}}))
+        r = doctor(site, job, env=slurm_env)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL  storage.scratch" in r.stdout and "fix: choose a larger node-local storage.scratch" in r.stdout
