@@ -354,9 +354,16 @@ def cancel(run: str) -> None:
 
 
 @main.command()
-@_site_arg
+@click.argument("site", required=False, type=click.Path(dir_okay=False))
 @click.argument("job", required=False, type=click.Path(dir_okay=False))
-def doctor(site: str, job: str | None) -> None:
+@click.option("--in-job", is_flag=True, help="The preflight, on every task of a running job (the batch script "
+              "runs it when the job spec says preflight: true): interface, master host and port, scratch room, "
+              "then the all-reduce bus bandwidth.")
+@click.option("--interface", default=None, help="--in-job: the site's network interface.")
+@click.option("--scratch", default=None, help="--in-job: the node-local folder the data is staged into.")
+@click.option("--data", default=None, help="--in-job: the data YAML to be staged (for the room check).")
+def doctor(site: str | None, job: str | None, in_job: bool, interface: str | None, scratch: str | None,
+           data: str | None) -> None:
     """Compare SITE (and JOB) with the live cluster, from a login node.
 
     Checks the Slurm version against the site's GPU request style; the
@@ -367,6 +374,12 @@ def doctor(site: str, job: str | None) -> None:
 
         hpcyolo doctor site_configs/testbed.yaml examples/shapes.yaml
     """
+    if in_job:
+        from .preflight import preflight
+
+        sys.exit(preflight(interface, scratch, data))
+    if not site:
+        raise click.UsageError("give SITE (and optionally JOB), or --in-job inside a job")
     from .config import load_site
     from .doctor import doctor as run_doctor
     from .doctor import report

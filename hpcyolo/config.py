@@ -307,6 +307,8 @@ class JobSpec:
     train: Train = spec(Train, doc="Training hyper-parameters.")
     checkpoint: Checkpoint = spec(Checkpoint, doc="Checkpoint policy.")
     run: Run = spec(Run, doc="The run directory.")
+    preflight: bool = spec(False, doc="Before training, check on every task: the interface, the master host and "
+                                      "port, scratch room; and print the all-reduce bus bandwidth.")
     entrypoint: tuple[str, ...] | None = spec(
         None, split=True,
         doc="A custom command instead of the built-in trainer (any torch.distributed script); "

@@ -50,6 +50,7 @@ class JobPlan:
     step_prefix: tuple[str, ...]  # command words before hpcyolo (apptainer exec ...)
     stage_argv: tuple[str, ...]
     unstage_argv: tuple[str, ...]
+    preflight_argv: tuple[str, ...]
     train_argv: tuple[str, ...]
     preempt_exit_code: int = PREEMPT_EXIT_CODE
 
@@ -90,12 +91,15 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         run_name=run_name, run_dir=f"{site.storage.runs}/{run_name}", data=str(data),
         scratch_dir=f"{site.storage.scratch}/hpcyolo-${{SLURM_JOB_USER}}/{run_name}", uses_scratch=uses_scratch,
         network_env=_network_env(site, gpus),
-        stage_srun=(f"--nodes={job.resources.nodes}", "--ntasks-per-node=1",
+        # --ntasks too: srun would otherwise take the allocation's SLURM_NTASKS
+        # (every training task) and refuse one task per node.
+        stage_srun=(f"--nodes={job.resources.nodes}", f"--ntasks={job.resources.nodes}", "--ntasks-per-node=1",
                     *([f"--cpus-per-task={cpus_per_task * tasks}"] if cpus_per_task else []), *_container_options(site)),
         train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus),
         step_prefix=_step_prefix(site, gpus),
         stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", "/data")),
         unstage_argv=("hpcyolo", "stage", "--remove", Var("SCRATCH_DIR")),
+        preflight_argv=_preflight_argv(site, job),
         train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal),
     )
 
@@ -225,6 +229,15 @@ def _step_prefix(site: SiteConfig, gpus: int) -> tuple[str, ...]:
     options = c.options if c.options is not None else (("--nv",) if gpus else ())
     binds = tuple(w for m in c.mounts for w in ("--bind", Expand(m)))
     return (c.runtime, "exec", *options, *binds, Expand(c.image))
+
+
+def _preflight_argv(site: SiteConfig, job: JobSpec) -> tuple[str, ...]:
+    argv = ["hpcyolo", "doctor", "--in-job"]
+    if site.network.interface:
+        argv += ["--interface", site.network.interface]
+    if job.data.stage:
+        argv += ["--scratch", Var("SCRATCH_DIR"), "--data", Var("DATA")]
+    return tuple(argv)
 
 
 def _launch_argv(launcher: str, nodes: int, procs: int) -> tuple[str, ...]:

@@ -73,3 +73,61 @@ def test_scratch_without_room_fails(slurm_env, tmp_path):
         subprocess.run(["umount", str(small)], check=True)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL  storage.scratch" in r.stdout and "fix: choose a larger node-local storage.scratch" in r.stdout
+
+
+def preflight_job(tmp_path: Path, data: Path) -> Path:
+    return write(tmp_path / "pre.yaml", json.dumps({
+        "name": "pre", "resources": {"nodes": 2, "tasks_per_node": 2, "time": "00:05:00"},
+        "data": {"yaml": str(data), "stage": True}, "train": {"batch": 4}, "preflight": True,
+        "run": {"resume": True}, "entrypoint": "true"}))
+
+
+def test_render_with_preflight_passes_shellcheck(tmp_path):
+    data = make_shapes(tmp_path / "shapes", n_train=4, n_val=2, imgsz=64, classes=2, seed=0)
+    r = subprocess.run([str(VENV_BIN / "hpcyolo"), "render", str(TESTBED), str(preflight_job(tmp_path, data))],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "hpcyolo doctor --in-job --interface lo --scratch \"$SCRATCH_DIR\" --data \"$DATA\"" in r.stdout
+    script = write(tmp_path / "pre.sh", r.stdout)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    check = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def test_preflight_prints_the_bus_bandwidth_on_two_nodes(slurm_env, tmp_path):
+    from conftest import job_log, submit
+
+    from hpcyolo import slurm
+
+    data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64, classes=2, seed=0)
+    site = broken_site(tmp_path, "storage", runs=str(tmp_path / "runs"), scratch=str(tmp_path / "scratch"))
+    job_id = submit(site, preflight_job(tmp_path, data), slurm_env, tmp_path)
+    info = slurm.wait(job_id, timeout=300, env=slurm_env)
+    log = job_log(tmp_path, "pre", job_id)
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert "preflight rank 0 (node1): PASS  master port" in log and "reached by all 3 other rank(s)" in log
+    assert "preflight: all_reduce bus bandwidth" in log and "(gloo, 4 ranks, 16 MiB)" in log
+
+
+def test_preflight_names_an_unreachable_master_port(slurm_env, tmp_path):
+    import socket
+
+    from conftest import job_log, submit
+
+    from hpcyolo import slurm
+
+    data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64, classes=2, seed=0)
+    site = broken_site(tmp_path, "storage", runs=str(tmp_path / "runs"), scratch=str(tmp_path / "scratch"))
+    blocker = socket.socket()  # holds the port and never accepts: nothing there answers
+    blocker.bind(("", 0))
+    port = blocker.getsockname()[1]
+    try:
+        env = {**slurm_env, "HPCYOLO_MASTER_PORT": str(port)}
+        job_id = submit(site, preflight_job(tmp_path, data), env, tmp_path)
+        info = slurm.wait(job_id, timeout=300, env=slurm_env)
+    finally:
+        blocker.close()
+    log = job_log(tmp_path, "pre", job_id)
+    assert info["JobState"] == "FAILED", log[-3000:]
+    assert "FAIL  master port" in log and f"rank 0 on node1 cannot listen on port {port}" in log, log[-3000:]
+    assert "fix: another process holds it: set HPCYOLO_MASTER_PORT to a free port" in log

@@ -48,7 +48,7 @@ cp "$0" "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
 SCRATCH_DIR="/dev/shm/hpcyolo-${SLURM_JOB_USER}/golden"
 
 # ---- stage the dataset into node-local scratch, once per node ----
-srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=256 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=256 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
     hpcyolo stage --data "$DATA" --dest "$SCRATCH_DIR/data"
 DATA="$SCRATCH_DIR/data/data.yaml"
 
@@ -75,7 +75,7 @@ if [ "$status" -eq 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
     fi
     echo "hpcyolo: stopped after 3 requeues; resubmit with run.resume: true to go on" >&2
 elif [ "$status" -eq 0 ]; then
-    srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=256 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
+    srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=256 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
         hpcyolo stage --remove "$SCRATCH_DIR"
 fi
 exit "$status"

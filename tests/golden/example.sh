@@ -61,7 +61,7 @@ cp "$0" "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
 SCRATCH_DIR="/dev/shm/hpcyolo-${SLURM_JOB_USER}/golden"
 
 # ---- stage the dataset into node-local scratch, once per node ----
-srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 \
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=64 \
     hpcyolo stage --data "$DATA" --dest "$SCRATCH_DIR/data"
 DATA="$SCRATCH_DIR/data/data.yaml"
 
@@ -88,7 +88,7 @@ if [ "$status" -eq 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
     fi
     echo "hpcyolo: stopped after 3 requeues; resubmit with run.resume: true to go on" >&2
 elif [ "$status" -eq 0 ]; then
-    srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=64 \
+    srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=64 \
         hpcyolo stage --remove "$SCRATCH_DIR"
 fi
 exit "$status"

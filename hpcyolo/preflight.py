@@ -1,0 +1,176 @@
+"""`hpcyolo doctor --in-job`: the preflight step, on every task of the job,
+before training (the batch script runs it when the job spec says
+`preflight: true`).
+
+On each task: the site's interface exists and has an address; the master
+host resolves; its port accepts a TCP connection (rank 0 listens on
+MASTER_PORT, every other rank connects and says who it is); node-local
+scratch has room for the dataset. Then all tasks all-reduce a buffer over the
+job's backend (NCCL on GPUs, Gloo otherwise) and rank 0 prints the bus
+bandwidth. A task whose check fails prints it, with the fix, and exits 1, so
+srun ends the step and the job fails before it spends its allocation.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import struct
+import time
+
+from .distenv import from_environ
+from .doctor import Check
+
+SIOCGIFADDR = 0x8915
+CONNECT_TIMEOUT = 60.0
+
+
+def interface_address(name: str) -> str | None:
+    """The interface's IPv4 address, None if it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def check_interface(name: str | None, host: str) -> Check:
+    if not name:
+        return Check("interface", "SKIP", "the site names no interface")
+    if name not in [n for _, n in socket.if_nameindex()]:
+        return Check("interface", "FAIL", f"{name} does not exist on {host}",
+                     f"run `ip -br addr` on {host} and set network.interface to the fast one")
+    address = interface_address(name)
+    if address is None:
+        return Check("interface", "FAIL", f"{name} has no IPv4 address on {host}",
+                     "choose an interface that is up and configured (network.interface)")
+    return Check("interface", "PASS", f"{name} {address} on {host}")
+
+
+def check_resolves(master: str, port: int) -> Check:
+    try:
+        found = socket.getaddrinfo(master, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return Check("master host", "FAIL", f"{master} does not resolve: {e.strerror}",
+                     "check network.master_suffix and the node names (scontrol show hostnames)")
+    return Check("master host", "PASS", f"{master} is {found[0][4][0]}")
+
+
+def check_port(rank: int, world: int, master: str, port: int, host: str) -> Check:
+    """Rank 0 listens; every other rank connects within CONNECT_TIMEOUT."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    if rank == 0:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("", port))
+            server.listen(max(world, 8))
+        except OSError as e:
+            server.close()
+            return Check("master port", "FAIL", f"rank 0 on {host} cannot listen on port {port}: {e.strerror}",
+                         "another process holds it: set HPCYOLO_MASTER_PORT to a free port")
+        seen = set()
+        try:
+            while len(seen) < world - 1:
+                server.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    missing = sorted(set(range(1, world)) - seen)
+                    return Check("master port", "FAIL", f"ranks {missing} never reached {master}:{port} in "
+                                 f"{CONNECT_TIMEOUT:.0f} s", "a firewall or the wrong interface between the nodes: "
+                                 "check network.interface and that the port range is open")
+                with conn:
+                    conn.settimeout(5)
+                    seen.add(int(conn.recv(16).decode() or -1))
+        finally:
+            server.close()
+        return Check("master port", "PASS", f"{master}:{port} reached by all {world - 1} other rank(s)")
+    error = ""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((master, port), timeout=5) as conn:
+                conn.sendall(str(rank).encode())
+            return Check("master port", "PASS", f"{master}:{port} reached from {host}")
+        except OSError as e:
+            error = e.strerror or str(e)
+            time.sleep(0.5)
+    return Check("master port", "FAIL", f"rank {rank} on {host} cannot reach {master}:{port}: {error}",
+                 "a firewall or the wrong interface between the nodes: check network.interface, "
+                 "network.master_suffix, and that rank 0 could listen (its own line)")
+
+
+def check_room(scratch: str | None, data: str | None) -> Check:
+    if not scratch or not data:
+        return Check("scratch room", "SKIP", "no staging")
+    from pathlib import Path
+
+    from .stage import dataset_root, read_data_yaml, walk
+
+    os.makedirs(scratch, exist_ok=True)
+    free = shutil.disk_usage(scratch).free
+    need = walk(dataset_root(Path(data), read_data_yaml(data))).nbytes
+    if need > free:
+        return Check("scratch room", "FAIL", f"{scratch} has {free / 2**30:.2f} GiB free, the dataset needs "
+                     f"{need / 2**30:.2f} GiB", "choose a larger node-local storage.scratch, or data.stage: false")
+    return Check("scratch room", "PASS", f"{free / 2**30:.1f} GiB free in {scratch}, the dataset needs "
+                 f"{need / 2**30:.2f} GiB")
+
+
+def bus_bandwidth(mib: int = 16, repeats: int = 5) -> tuple[float, str, int]:
+    """(GB/s, backend, world) of an all-reduce of `mib` MiB of float32."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    try:
+        world = dist.get_world_size()
+        x = torch.ones(mib * 2**20 // 4, device=device)
+        dist.all_reduce(x)  # warm-up: connections, buffers
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dist.all_reduce(x)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / repeats
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    # nccl-tests' bus bandwidth: what each link carries in a ring all-reduce.
+    return x.numel() * 4 * 2 * (world - 1) / world / seconds / 1e9, backend, world
+
+
+def preflight(interface: str | None, scratch: str | None, data: str | None) -> int:
+    env = from_environ(os.environ)
+    values = env.standard_vars()
+    os.environ.update(values)
+    rank, world = int(values["RANK"]), int(values["WORLD_SIZE"])
+    master, port = values["MASTER_ADDR"], int(values["MASTER_PORT"])
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    checks = [check_interface(interface, host), check_resolves(master, port)]
+    if int(values["LOCAL_RANK"]) == 0:
+        checks.append(check_room(scratch, data))
+    checks.append(check_port(rank, world, master, port, host))
+    failed = [c for c in checks if c.status == "FAIL"]
+    for c in checks:
+        if c.status == "FAIL" or rank == 0:
+            print(f"preflight rank {rank} ({host}): {c.status:4}  {c.name:12} {c.detail}", flush=True)
+            if c.fix:
+                print(f"preflight rank {rank} ({host}):       fix: {c.fix}", flush=True)
+    if failed:
+        return 1
+    gbps, backend, n = bus_bandwidth()
+    if rank == 0:
+        print(f"preflight: all_reduce bus bandwidth {gbps:.2f} GB/s ({backend}, {n} ranks, 16 MiB); "
+              "all checks passed on every task", flush=True)
+    return 0
