@@ -362,8 +362,11 @@ def cancel(run: str) -> None:
 @click.option("--interface", default=None, help="--in-job: the site's network interface.")
 @click.option("--scratch", default=None, help="--in-job: the node-local folder the data is staged into.")
 @click.option("--data", default=None, help="--in-job: the data YAML to be staged (for the room check).")
+@click.option("--signal-test", is_flag=True, help="Submit a tiny job that checks that the site's preemption signal "
+              "reaches the task through srun (and the container), and that `scontrol requeue` works for you.")
+@click.option("--signal-wait", nargs=2, hidden=True, metavar="SIG FILE", help="(the signal test's task)")
 def doctor(site: str | None, job: str | None, in_job: bool, interface: str | None, scratch: str | None,
-           data: str | None) -> None:
+           data: str | None, signal_test: bool, signal_wait: tuple[str, str] | None) -> None:
     """Compare SITE (and JOB) with the live cluster, from a login node.
 
     Checks the Slurm version against the site's GPU request style; the
@@ -373,11 +376,16 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
     and the fix; exits 1 if any check fails.
 
         hpcyolo doctor site_configs/testbed.yaml examples/shapes.yaml
+        hpcyolo doctor --signal-test site_configs/testbed.yaml
     """
     if in_job:
         from .preflight import preflight
 
         sys.exit(preflight(interface, scratch, data))
+    if signal_wait:
+        from .doctor import signal_wait as wait_for_signal
+
+        sys.exit(wait_for_signal(*signal_wait))
     if not site:
         raise click.UsageError("give SITE (and optionally JOB), or --in-job inside a job")
     from .config import load_site
@@ -385,6 +393,13 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
     from .doctor import report
 
     site_config = load_site(site)
+    if signal_test:
+        from .doctor import signal_test as run_signal_test
+
+        click.echo("submitting a 1-node test job; it takes a minute or so", err=True)
+        checks = run_signal_test(site_config, site)
+        click.echo(report(checks))
+        sys.exit(1 if any(c.status == "FAIL" for c in checks) else 0)
     plan = _load_plan(site, job) if job else None  # the job must validate against the site first
     checks = run_doctor(site_config, plan.job if plan else None, plan.data if plan else None)
     click.echo(report(checks))

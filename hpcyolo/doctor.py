@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,3 +215,118 @@ def report(checks: list[Check]) -> str:
     failed = sum(c.status == "FAIL" for c in checks)
     lines.append(f"{len(checks)} checks: {failed} failed" if failed else f"{len(checks)} checks: all passed")
     return "\n".join(lines)
+
+
+# == the signal self-test ====================================================
+
+SIGNAL_TEST_SCRIPT = """\
+#!/bin/bash
+# hpcyolo doctor --signal-test: does the site's signal reach a task through
+# srun{container}, and may this user requeue a job?
+{directives}
+set -euo pipefail
+{setup}
+result={result}
+if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
+    echo "requeued: restart $SLURM_RESTART_COUNT" >> "$result"
+    exit 0
+fi
+set +e
+srun {srun} {command}
+status=$?
+set -e
+if [ "$status" -eq {code} ]; then
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+    echo "requeue refused" >> "$result"
+fi
+exit "$status"
+"""
+
+
+def signal_wait(signal_name: str, result: str, timeout: float = 240.0) -> int:
+    """In the test job's task: say ready, wait for the signal, record it."""
+    import signal as signals
+
+    got: list[int] = []
+    signals.signal(getattr(signals, f"SIG{signal_name}"), lambda signum, frame: got.append(signum))
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    with open(result, "a") as f:
+        f.write(f"ready on {host}\n")
+    deadline = time.monotonic() + timeout
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with open(result, "a") as f:
+        f.write(f"got SIG{signal_name} on {host}\n" if got else f"no signal on {host}\n")
+    return 75 if got else 1
+
+
+def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> list[Check]:
+    from . import slurm
+    from .config import JobSpec
+    from .loader import build
+    from .plan import make_plan
+    from .shell import quote
+    from .slurm_flags import sbatch_option
+
+    raw = {"name": "hpcyolo-signal-test", "resources": {"nodes": 1, "time": "00:10:00"},
+           "data": {"yaml": "/dev/null"}, "train": {"batch": 1}}
+    if site.node.gpus:
+        raw["resources"]["gpus_per_node"] = 1
+    else:
+        raw["resources"]["tasks_per_node"] = 1
+    plan = make_plan(site, build(JobSpec, raw, "<signal test>"), site_file=site_file, job_file="<signal test>",
+                     check_paths=False)
+    root = _expand(site.storage.runs)
+    if root is None:
+        return [Check("signal test", "FAIL", f"{site.storage.runs}: a variable in it is not set here",
+                      "run it where storage.runs resolves")]
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=".hpcyolo-signal-test-", dir=root))
+    except OSError as e:
+        return [Check("signal test", "FAIL", f"cannot write in {root}: {e.strerror}",
+                      "set storage.runs to a shared folder you can write")]
+    result = folder / "result"
+    directives = [sbatch_option(k, v) for k, v in plan.sbatch if k not in ("output", "signal")]
+    directives += [f"--output={folder}/%j.out", *site.slurm.extra_sbatch]
+    from .render import render_setup
+
+    command = [*map(str, plan.step_prefix), "hpcyolo", "doctor", "--signal-wait", plan.signal, str(result)]
+    script = SIGNAL_TEST_SCRIPT.format(
+        container=" and the container" if plan.step_prefix or site.container.runtime == "pyxis" else "",
+        directives="\n".join(f"#SBATCH {d}" for d in directives), setup=render_setup(plan),
+        result=quote(str(result)), srun=" ".join(quote(str(o)) for o in plan.train_srun),
+        command=" ".join(quote(w) for w in command), code=75)
+    (folder / "signal-test.sh").write_text(script)
+    job_id = slurm.sbatch(script)
+    checks = []
+    deadline = time.monotonic() + timeout
+    while not (result.exists() and "ready" in result.read_text()):
+        info = slurm.show_job(job_id)
+        if info.get("JobState") in slurm.FINAL_STATES or time.monotonic() > deadline:
+            return [Check("signal test", "FAIL", f"job {job_id} ended or never started the task "
+                          f"({info.get('JobState')}); see {folder}", "run the script by hand: sbatch "
+                          f"{folder / 'signal-test.sh'}")]
+        time.sleep(0.5)
+    slurm.cancel(job_id, f"--signal={plan.signal}")  # to the job steps, as --signal=SIG@T does
+    info = slurm.wait(job_id, timeout=timeout, settled=lambda i: i.get("Restarts") != "0" or
+                      "requeue refused" in (result.read_text() if result.exists() else ""))
+    text = result.read_text()
+    if f"got SIG{plan.signal}" in text:
+        checks.append(Check("signal", "PASS", f"SIG{plan.signal} reached the task through srun"
+                            + (" and the container" if plan.step_prefix else "")))
+    else:
+        checks.append(Check("signal", "FAIL", f"SIG{plan.signal} never reached the task (job {job_id}: {text!r})",
+                            "the signal must go to the job steps: --signal without B:, and a container that "
+                            "passes signals on (apptainer exec does; check --pid options)"))
+    if "requeued: restart" in text and info.get("JobState") == "COMPLETED":
+        checks.append(Check("requeue", "PASS", f"scontrol requeue worked: job {job_id} ran again and completed"))
+    else:
+        checks.append(Check("requeue", "FAIL", f"job {job_id} was not requeued ({info.get('JobState')}, "
+                            f"restarts {info.get('Restarts')})", "ask the admins whether users may requeue "
+                            "(JobRequeue=1 in slurm.conf, --requeue allowed in the partition)"))
+    if all(c.status == "PASS" for c in checks):
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        checks.append(Check("signal test", "SKIP", f"kept {folder}: the script, its log and the task's record"))
+    return checks

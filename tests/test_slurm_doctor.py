@@ -131,3 +131,12 @@ def test_preflight_names_an_unreachable_master_port(slurm_env, tmp_path):
     assert info["JobState"] == "FAILED", log[-3000:]
     assert "FAIL  master port" in log and f"rank 0 on node1 cannot listen on port {port}" in log, log[-3000:]
     assert "fix: another process holds it: set HPCYOLO_MASTER_PORT to a free port" in log
+
+
+def test_signal_self_test_passes_on_the_testbed(slurm_env, tmp_path):
+    site = broken_site(tmp_path, "storage", runs=str(tmp_path / "runs"))
+    r = doctor("--signal-test", site, env=slurm_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS  signal             SIGUSR2 reached the task through srun" in r.stdout
+    assert "PASS  requeue            scontrol requeue worked" in r.stdout
+    assert not any((tmp_path / "runs").iterdir())  # nothing left behind after a pass
