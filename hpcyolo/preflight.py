@@ -120,19 +120,57 @@ def check_room(scratch: str | None, data: str | None) -> Check:
                  f"{need / 2**30:.2f} GiB")
 
 
-def bus_bandwidth(mib: int = 16, repeats: int = 5) -> tuple[float, str, int]:
-    """(GB/s, backend, world) of an all-reduce of `mib` MiB of float32."""
+def check_gpus(local_world: int, gpus_per_task: int = 1) -> Check:
+    """Visible GPUs against the tasks of this node (CUDA_VISIBLE_DEVICES as
+    Slurm sets it: the node's GPUs, or this task's own)."""
+    from .distenv import visible_gpus
+
+    seen = visible_gpus(os.environ)
+    if seen is None:
+        return Check("gpus", "SKIP", "CUDA_VISIBLE_DEVICES is not set (a CPU site)")
+    if seen not in (1, local_world):
+        return Check("gpus", "FAIL", f"{seen} GPU(s) visible to a node with {local_world} task(s)",
+                     "ask one GPU per task in the site's style (slurm.gpu_request) and node.gpus = the node's GPUs")
+    return Check("gpus", "PASS", f"{seen} GPU(s) visible for {local_world} task(s) on this node")
+
+
+def _timed_gemm(device, n: int) -> float:
+    """Seconds per n x n matmul on `device` (a short burn, after a warm-up)."""
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / 5
+
+
+def collective_checks(host: str, mib: int = 64, repeats: int = 5) -> tuple[list[str], bool]:
+    """All ranks: a GEMM each (8192 on a GPU, 512 on CPU: a slow or broken
+    device shows), an all-reduce of `mib` MiB, and the per-rank GEMM times
+    gathered, so rank 0 names any host much slower than the others. Returns
+    rank 0's report lines and whether all went well."""
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()) if cuda \
+        else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend)
+    gemm = _timed_gemm(device, 8192 if cuda else 512)
+    dist.init_process_group(backend, timeout=timedelta(seconds=CONNECT_TIMEOUT))
     try:
-        world = dist.get_world_size()
+        rank, world = dist.get_rank(), dist.get_world_size()
         x = torch.ones(mib * 2**20 // 4, device=device)
         dist.all_reduce(x)  # warm-up: connections, buffers
         if cuda:
@@ -143,11 +181,21 @@ def bus_bandwidth(mib: int = 16, repeats: int = 5) -> tuple[float, str, int]:
         if cuda:
             torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / repeats
-        dist.barrier()
+        times: list = [None] * world
+        dist.all_gather_object(times, (host, rank, gemm))
     finally:
         dist.destroy_process_group()
+    ok = x[0].item() == world ** (repeats + 1)
     # nccl-tests' bus bandwidth: what each link carries in a ring all-reduce.
-    return x.numel() * 4 * 2 * (world - 1) / world / seconds / 1e9, backend, world
+    busbw = x.numel() * 4 * 2 * (world - 1) / world / seconds / 1e9
+    lines = [f"all_reduce bus bandwidth {busbw:.2f} GB/s ({backend}, {world} ranks, {mib} MiB)"
+             + ("" if ok else "; WRONG RESULT")]
+    median = sorted(t for _, _, t in times)[len(times) // 2]
+    slow = [(h, r, t) for h, r, t in times if t > 2 * median]
+    n = 8192 if cuda else 512
+    lines.append(f"gemm {n}x{n}: median {median * 1e3:.1f} ms per rank"
+                 + "".join(f"; SLOW rank {r} on {h}: {t * 1e3:.1f} ms" for h, r, t in slow))
+    return (lines if rank == 0 else []), ok and not slow
 
 
 def preflight(interface: str | None, scratch: str | None, data: str | None) -> int:
@@ -161,6 +209,7 @@ def preflight(interface: str | None, scratch: str | None, data: str | None) -> i
     if int(values["LOCAL_RANK"]) == 0:
         checks.append(check_room(scratch, data))
     checks.append(check_port(rank, world, master, port, host))
+    checks.append(check_gpus(int(values["LOCAL_WORLD_SIZE"])))
     failed = [c for c in checks if c.status == "FAIL"]
     for c in checks:
         if c.status == "FAIL" or rank == 0:
@@ -169,8 +218,9 @@ def preflight(interface: str | None, scratch: str | None, data: str | None) -> i
                 print(f"preflight rank {rank} ({host}):       fix: {c.fix}", flush=True)
     if failed:
         return 1
-    gbps, backend, n = bus_bandwidth()
-    if rank == 0:
-        print(f"preflight: all_reduce bus bandwidth {gbps:.2f} GB/s ({backend}, {n} ranks, 16 MiB); "
-              "all checks passed on every task", flush=True)
-    return 0
+    lines, ok = collective_checks(host)
+    for line in lines:
+        print(f"preflight: {line}", flush=True)
+    if rank == 0 and ok:
+        print("preflight: all checks passed on every task", flush=True)
+    return 0 if ok else 1

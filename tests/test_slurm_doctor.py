@@ -106,7 +106,8 @@ def test_preflight_prints_the_bus_bandwidth_on_two_nodes(slurm_env, tmp_path):
     log = job_log(tmp_path, "pre", job_id)
     assert info["JobState"] == "COMPLETED", log[-3000:]
     assert "preflight rank 0 (node1): PASS  master port" in log and "reached by all 3 other rank(s)" in log
-    assert "preflight: all_reduce bus bandwidth" in log and "(gloo, 4 ranks, 16 MiB)" in log
+    assert "preflight: all_reduce bus bandwidth" in log and "(gloo, 4 ranks, 64 MiB)" in log
+    assert "preflight: gemm 512x512: median" in log and "preflight: all checks passed on every task" in log
 
 
 def test_preflight_names_an_unreachable_master_port(slurm_env, tmp_path):
