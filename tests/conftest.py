@@ -63,11 +63,20 @@ def testbed():
 @pytest.fixture
 def slurm_env(testbed):
     """Environment for Slurm clients and for jobs: the testbed's variables and
-    this venv first on PATH, so `hpcyolo` resolves inside the job."""
+    this venv first on PATH, so `hpcyolo` resolves inside the job. A slurmd
+    that died during an earlier test is restarted first (Testbed.revive)."""
+    revived = testbed.revive()
+    if revived:
+        print(f"testbed: restarted slurmd on {', '.join(revived)} (it had died; see its log)", file=sys.stderr)
     env = dict(os.environ)
     env.update(testbed.env)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env
+    yield env
+    # A test that failed half-way may leave its job running: it would take
+    # the nodes (and the CPUs) from the tests after it.
+    left = testbed.cancel_all()
+    if left:
+        print(f"testbed: cancelled job(s) {', '.join(left)} left by the test", file=sys.stderr)
 
 
 def submit(site: Path, job: Path, env, cwd: Path) -> int:

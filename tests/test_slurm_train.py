@@ -71,6 +71,7 @@ def assert_identical(a: dict, b: dict) -> None:
 def uninterrupted(tmp_path_factory, shapes, testbed):
     """(a): the job as a user submits it, run to the end."""
     tmp = tmp_path_factory.mktemp("a")
+    testbed.revive()
     env = {**os.environ, **testbed.env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
     job_id = submit(site_file(tmp), job_file(tmp, "train-a", shapes), env, tmp)
     info = slurm.wait(job_id, timeout=600, env=env)

@@ -810,31 +810,11 @@ NodeName={node_range} Name=gpu File={files}
         _wait_until(ctld_started, CTLD_TIMEOUT, f"slurmctld to write {self.ctld_pid_file}", logs)
         _wait_until(ctld_answers, CTLD_TIMEOUT, "`scontrol ping` to report slurmctld UP", logs)
 
-        slurmd = _which("slurmd") or "slurmd"
         watches = {name: _LogWatch(self.slurmd_log(name)) for name in self.node_names()}
         for name in self.node_names():
-            self._log(f"starting slurmd {name}")
-            start_log = self.log_dir / f"slurmd-{name}-start.log"
-            # Own UTS namespace, so `hostname` in a task prints the node name.
-            # unshare (no --fork) and `exec` keep one process; slurmd then forks
-            # into the background (no -D), so the daemon is not our child, and
-            # writes its own PID to SlurmdPidFile (%n -> name).
-            inner = f"hostname {shlex.quote(name)} && exec {shlex.quote(slurmd)} -N {shlex.quote(name)}"
-            with open(start_log, "ab") as out:
-                p = subprocess.run(["unshare", "--uts", "--", "sh", "-c", inner], env=env,
-                                   cwd=sd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                   start_new_session=True, timeout=60)
-            if p.returncode != 0:
-                raise TestbedError(f"slurmd {name} exited {p.returncode}\n"
-                                   + _tails([start_log, self.slurmd_log(name)]))
-        def slurmd_started(n: str) -> bool:
-            watches[n].check(f"slurmd {n}")
-            return _live_pid(self.slurmd_pid_file(n), "slurmd") is not None
-
+            self._start_slurmd(name, env)
         for name in self.node_names():
-            _wait_until(lambda n=name: slurmd_started(n), NODES_TIMEOUT,
-                        f"slurmd {name} to write {self.slurmd_pid_file(name)}",
-                        [self.log_dir / f"slurmd-{name}-start.log", self.slurmd_log(name)])
+            self._wait_slurmd(name, watches[name])
         want = set(self.node_names())
 
         def all_idle() -> bool:
@@ -859,6 +839,58 @@ NodeName={node_range} Name=gpu File={files}
         self._log(f"up: {self.nodes} node(s), partition {PARTITION}, "
                   f"in {time.monotonic() - t0:.1f} s; SLURM_CONF={self.conf}")
 
+    def _start_slurmd(self, name: str, env: dict[str, str]) -> None:
+        self._log(f"starting slurmd {name}")
+        start_log = self.log_dir / f"slurmd-{name}-start.log"
+        slurmd = _which("slurmd") or "slurmd"
+        # Own UTS namespace, so `hostname` in a task prints the node name.
+        # unshare (no --fork) and `exec` keep one process; slurmd then forks
+        # into the background (no -D), so the daemon is not our child, and
+        # writes its own PID to SlurmdPidFile (%n -> name).
+        inner = f"hostname {shlex.quote(name)} && exec {shlex.quote(slurmd)} -N {shlex.quote(name)}"
+        with open(start_log, "ab") as out:
+            p = subprocess.run(["unshare", "--uts", "--", "sh", "-c", inner], env=env,
+                               cwd=self.state_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                               start_new_session=True, timeout=60)
+        if p.returncode != 0:
+            raise TestbedError(f"slurmd {name} exited {p.returncode}\n"
+                               + _tails([start_log, self.slurmd_log(name)]))
+
+    def _wait_slurmd(self, name: str, watch: _LogWatch) -> None:
+        def started() -> bool:
+            watch.check(f"slurmd {name}")
+            return _live_pid(self.slurmd_pid_file(name), "slurmd") is not None
+
+        _wait_until(started, NODES_TIMEOUT, f"slurmd {name} to write {self.slurmd_pid_file(name)}",
+                    [self.log_dir / f"slurmd-{name}-start.log", self.slurmd_log(name)])
+
+    def revive(self) -> list[str]:
+        """Restart every slurmd that has died, and wait until its node takes
+        jobs again; the names of the nodes restarted.
+
+        Debian's slurmd 22.05.8 has been seen to abort ("malloc(): unaligned
+        tcache chunk detected", in slurm_hostlist_create_dims) when two task
+        launches reach it in the same instant. Tests call this first, so one
+        such crash fails one test instead of every test after it.
+        """
+        with self._lock():
+            dead = [n for n in self._recorded_nodes() if _live_pid(self.slurmd_pid_file(n), "slurmd") is None]
+            if not dead:
+                return []
+            env = self._daemon_env()
+            for name in dead:
+                watch = _LogWatch(self.slurmd_log(name))
+                self._start_slurmd(name, env)
+                self._wait_slurmd(name, watch)
+            # ReturnToService=2: a node that was DOWN takes jobs once it registers.
+            _wait_until(lambda: set(dead) <= self._idle_nodes() | self._busy_nodes(), NODES_TIMEOUT,
+                        f"{', '.join(dead)} to register again", [self.ctld_log])
+        return dead
+
+    def _busy_nodes(self) -> set[str]:
+        p = _run(["sinfo", "-h", "-N", "-r", "-t", "alloc,mix", "-o", "%N"], env=self._client_env(), timeout=10)
+        return set(p.stdout.decode().split()) if p.returncode == 0 else set()
+
     # ---- down ------------------------------------------------------------
 
     def down(self) -> bool:
@@ -870,14 +902,20 @@ NodeName={node_range} Name=gpu File={files}
             self._teardown(remove_state=True)
         return had_state
 
-    def _drain_jobs(self) -> None:
+    def cancel_all(self) -> list[str]:
+        """Cancel every job in the queue and wait until it is empty; the ids."""
+        with contextlib.suppress(TestbedError):
+            return self._drain_jobs()
+        return []
+
+    def _drain_jobs(self) -> list[str]:
         env = self._client_env()
         if not self._ctld_up():
-            return
+            return []
         q = _run(["squeue", "-h", "-o", "%A"], env=env, timeout=15)
         ids = sorted(set(q.stdout.decode().split())) if q.returncode == 0 else []
         if not ids:
-            return
+            return []
         self._log(f"cancelling {len(ids)} job(s)")
         _run(["scancel", *ids], env=env, timeout=30)
 
@@ -890,6 +928,7 @@ NodeName={node_range} Name=gpu File={files}
         except TestbedError as exc:
             # Keep going: stopping the daemons matters more than a clean drain.
             self._log(f"warning: {exc}")
+        return ids
 
     def _teardown(self, remove_state: bool) -> None:
         meta = self._meta()
