@@ -1,9 +1,10 @@
 """How fast `hpcyolo stage` copies many small files, against a tar pipe.
 
-    .venv/bin/python benchmarks/bench_stage.py [--images 10000] [--runs 5]
+    .venv/bin/python benchmarks/bench_stage.py [--images 10000] [--kb 2-8] [--runs 5]
 
-Builds a dataset of IMAGES images (2-8 KB) and as many label files (the
-issue's "at least 10,000 small files": 2 x 10,000 by default) under /tmp, and
+Builds a dataset of IMAGES images (--kb: 2-8 KiB each by default) and as
+many label files (the issue's "at least 10,000 small files": 2 x 10,000 by
+default) under /tmp, and
 stages it into /dev/shm (a tmpfs, like a node's scratch), with a fresh
 destination every time. Each run times, one after the other and in rotating
 order so that machine noise hits them alike:
@@ -51,8 +52,8 @@ print(time.perf_counter() - start)
 """
 
 
-def build(src: Path, images: int, seed: int = 0) -> int:
-    """The dataset tree; returns its payload in bytes."""
+def build(src: Path, images: int, kb: tuple[int, int] = (2, 8), seed: int = 0) -> int:
+    """The dataset tree, images of kb[0] to kb[1] KiB; returns its payload in bytes."""
     rng = random.Random(seed)
     total = 0
     n_val = images // 5
@@ -60,7 +61,7 @@ def build(src: Path, images: int, seed: int = 0) -> int:
         (src / "images" / split).mkdir(parents=True)
         (src / "labels" / split).mkdir(parents=True)
         for i in range(n):
-            blob = rng.randbytes(rng.randint(2048, 8192))
+            blob = rng.randbytes(rng.randint(kb[0] * 1024, kb[1] * 1024))
             label = "".join(f"{rng.randrange(4)} {rng.random():.6f} {rng.random():.6f} 0.100000 0.100000\n"
                             for _ in range(rng.randint(1, 6)))
             (src / "images" / split / f"{i:06d}.jpg").write_bytes(blob)
@@ -113,6 +114,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=10_000, help="images (and as many labels)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--kb", default="2-8", metavar="LO-HI",
+                        help="image file sizes in KiB (default 2-8; COCO's JPEGs are mostly 50-250)")
     parser.add_argument("--scratch", default="/dev/shm", help="where the copies go (a tmpfs)")
     parser.add_argument("--archives", action="store_true", help="also time .tar and .tar.gz sources")
     parser.add_argument("--workers", type=int, help="hpcyolo stage --workers (default: its own choice)")
@@ -127,7 +130,7 @@ def main() -> None:
     try:
         src = work / "src"
         t = time.perf_counter()
-        nbytes = build(src, args.images)
+        nbytes = build(src, args.images, tuple(int(k) for k in args.kb.split("-")))
         os.sync()  # no writeback of the fresh tree during the timings
         files = sum(len(f) for _, _, f in os.walk(src))
         print(f"tree: {files} files, {nbytes / 1e6:.1f} MB in {src} (built in {time.perf_counter() - t:.1f} s); "
