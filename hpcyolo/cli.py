@@ -94,7 +94,10 @@ def render(site: str, job: str, output: str | None) -> None:
         return
     from .fsutil import write_atomic
 
-    write_atomic(output, script.encode(), mode=0o755)
+    try:
+        write_atomic(output, script.encode(), mode=0o755)
+    except OSError as e:
+        raise HpcyoloError(f"cannot write {output}: {e.strerror}") from None
     click.echo(f"wrote {output}", err=True)
 
 

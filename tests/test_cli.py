@@ -10,7 +10,15 @@ import pytest
 from conftest import REPO
 
 SITE, JOB = REPO / "site_configs" / "testbed.yaml", REPO / "examples" / "coco8.yaml"
-COMMANDS = ["validate", "render", "stage", "train", "exec"]
+
+
+def _commands() -> list[str]:
+    from hpcyolo.cli import main
+
+    return sorted(main.commands)
+
+
+COMMANDS = _commands()
 
 
 def hpcyolo(*args, cwd=REPO, **kw):
@@ -72,6 +80,27 @@ def test_render_error_leaves_no_file(tmp_path):
     assert r.returncode == 2 and not out.exists()
     assert r.stderr.splitlines() == [f"hpcyolo: error: {tmp_path / 'missing.yaml'}: file not found"]
     assert "Traceback" not in r.stderr
+
+
+def test_render_into_a_missing_folder_is_one_line(tmp_path):
+    r = hpcyolo("render", SITE, JOB, "-o", tmp_path / "no" / "job.sh")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"hpcyolo: error: cannot write {tmp_path / 'no' / 'job.sh'}: "
+                                     "No such file or directory"]
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint\n", None])
+def test_predict_with_a_file_that_is_not_weights_is_one_line(tmp_path, content):
+    weights = tmp_path / "w.pt"
+    if content is None:  # a real torch file, but not hpcyolo weights
+        import torch
+
+        torch.save({"something": torch.zeros(2)}, weights)
+    else:
+        weights.write_bytes(content)
+    r = hpcyolo("predict", weights, REPO)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and f"{weights}: not hpcyolo weights" in r.stderr
 
 
 def test_exec_sets_standard_variables_from_slurm(tmp_path):

@@ -27,8 +27,9 @@ def load_weights(path: str | Path, device: torch.device):
         saved = torch.load(path, map_location="cpu", weights_only=True)
         model = build_model(saved["scale"], len(saved["names"]))
         model.load_state_dict(saved["model"])
-    except (OSError, KeyError, RuntimeError) as e:
-        raise HpcyoloError(f"{path}: not hpcyolo weights ({type(e).__name__}: {e})") from None
+    except Exception as e:  # not a torch file, or a checkpoint of something else: unpickling raises many kinds
+        raise HpcyoloError(f"{path}: not hpcyolo weights such as RUN/weights/best.pt ({type(e).__name__} "
+                           "while loading)") from None
     return model.to(device).eval(), list(saved["names"]), int(saved["imgsz"])
 
 
