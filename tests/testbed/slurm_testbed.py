@@ -710,9 +710,9 @@ NodeName={node_range} Name=gpu File={files}
         p = _run(["scontrol", "ping"], env=self._client_env(), timeout=10)
         return p.returncode == 0 and b"is UP" in p.stdout
 
-    def _idle_nodes(self) -> set[str]:
+    def _idle_nodes(self, states: str = "idle") -> set[str]:
         # -r: responding nodes only ("idle*" = not responding would otherwise match).
-        p = _run(["sinfo", "-h", "-N", "-r", "-t", "idle", "-o", "%N"],
+        p = _run(["sinfo", "-h", "-N", "-r", "-t", states, "-o", "%N"],
                  env=self._client_env(), timeout=10)
         if p.returncode != 0:
             return set()
@@ -883,13 +883,9 @@ NodeName={node_range} Name=gpu File={files}
                 self._start_slurmd(name, env)
                 self._wait_slurmd(name, watch)
             # ReturnToService=2: a node that was DOWN takes jobs once it registers.
-            _wait_until(lambda: set(dead) <= self._idle_nodes() | self._busy_nodes(), NODES_TIMEOUT,
+            _wait_until(lambda: set(dead) <= self._idle_nodes("idle,alloc,mix"), NODES_TIMEOUT,
                         f"{', '.join(dead)} to register again", [self.ctld_log])
         return dead
-
-    def _busy_nodes(self) -> set[str]:
-        p = _run(["sinfo", "-h", "-N", "-r", "-t", "alloc,mix", "-o", "%N"], env=self._client_env(), timeout=10)
-        return set(p.stdout.decode().split()) if p.returncode == 0 else set()
 
     # ---- down ------------------------------------------------------------
 
