@@ -105,6 +105,14 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
+def _one_level_down(cls: type, key: Any) -> list[str]:
+    """A key put one level too high (`model: s` for `train.model`): the
+    section of `cls` that has it, as a relative dotted key."""
+    hints = typing.get_type_hints(cls)
+    return [f"{f.name}.{key}" for f in dataclasses.fields(cls)
+            if dataclasses.is_dataclass(hints[f.name]) and key in {g.name for g in dataclasses.fields(hints[f.name])}]
+
+
 def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
     """Build dataclass `cls` from parsed YAML `raw`, checking every key."""
     if raw is None:
@@ -116,7 +124,7 @@ def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
         if key not in fields:
             import difflib  # only on this error path: it is slow to import
 
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6) or _one_level_down(cls, key)
             hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(fields)}"
             raise ConfigError(file, _join(prefix, key), f"unknown key{hint}")
     hints = typing.get_type_hints(cls)

@@ -49,6 +49,11 @@ def test_unknown_key_suggests_the_close_one(tmp_path):
     assert msg.endswith("job.yaml: train.bacth: unknown key; did you mean 'batch'?")
 
 
+def test_a_key_one_level_too_high_names_its_section(tmp_path):
+    msg = error_of(tmp_path, job=JOB + "model: s\n")
+    assert msg.endswith("job.yaml: model: unknown key; did you mean 'train.model'?")
+
+
 @pytest.mark.parametrize("site_edit, key, words", [
     (("gpus: 4", "gpus: four"), "node.gpus", "must be an integer"),
     (("gpu_request: gres", "gpu_request: gpus"), "slurm.gpu_request", "must be one of"),
