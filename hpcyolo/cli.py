@@ -95,7 +95,7 @@ def render(site: str, job: str, output: str | None) -> None:
     from .fsutil import write_atomic
 
     try:
-        write_atomic(output, script.encode(), mode=0o755)
+        write_atomic(output, script.encode(), mode=0o777)
     except OSError as e:
         raise HpcyoloError(f"cannot write {output}: {e.strerror}") from None
     click.echo(f"wrote {output}", err=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from hpcyolo.fsutil import fsync_dir
+from hpcyolo.fsutil import atomic_file
 
 FORMAT = 1
 _NAME = re.compile(r"ckpt-(\d{9})\.pt")
@@ -43,17 +42,8 @@ def path_for(folder: Path, global_step: int) -> Path:
 def save(obj: dict, path: Path) -> None:
     """torch.save, all or nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, _stall_drill(f, obj.get("global_step")))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with atomic_file(path) as f:
+        torch.save(obj, _stall_drill(f, obj.get("global_step")))
 
 
 def save_checkpoint(state: dict, folder: Path, keep: int) -> Path:

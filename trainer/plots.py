@@ -13,10 +13,11 @@ from __future__ import annotations
 import csv
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from hpcyolo.fsutil import atomic_file
 
 # Distinct, print-safe colours (RGB); class i uses PALETTE[i % len(PALETTE)].
 PALETTE = [
@@ -29,21 +30,6 @@ GRID_COLUMNS = 5
 
 
 # --------------------------------------------------------------------------- files
-
-
-def _atomic_write(path: str | os.PathLike, write) -> None:
-    """Call write(tmp_path) on a temporary file next to path, then rename it
-    over path (same directory, so os.replace is atomic on POSIX)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --------------------------------------------------------------------------- results.csv
@@ -108,7 +94,9 @@ def plot_results(csv_path: str | os.PathLike, png_path: str | os.PathLike) -> No
             ax.set_title(name, fontsize=9)
     for ax in axes[len(names):]:
         ax.set_visible(False)
-    _atomic_write(png_path, lambda tmp: fig.savefig(tmp, format="png"))
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(png_path) as f:
+        fig.savefig(f, format="png")
 
 
 # --------------------------------------------------------------------------- detections
@@ -180,4 +168,8 @@ def save_image(img: np.ndarray, path: str | os.PathLike) -> None:
     from PIL import Image
 
     pil = Image.fromarray(np.asarray(img, dtype=np.uint8))
-    _atomic_write(path, lambda tmp: pil.save(tmp))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.init()
+    with atomic_file(path) as f:
+        pil.save(f, format=Image.registered_extensions()[path.suffix.lower()])

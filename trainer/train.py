@@ -10,6 +10,7 @@ import csv
 import functools
 import getpass
 import hashlib
+import io
 import math
 import random
 import signal
@@ -292,12 +293,11 @@ def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: 
                  "train/dfl_loss": f"{loss[2]:.5f}", "metrics/precision": f"{metrics['precision']:.5f}",
                  "metrics/recall": f"{metrics['recall']:.5f}", "metrics/mAP50": f"{metrics['map50']:.5f}",
                  "metrics/mAP50-95": f"{metrics['map50_95']:.5f}", "lr": f"{lr:.6g}", "time": f"{seconds:.1f}"})
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, text.getvalue().encode())
     plot_results(path, run / "results.png")
 
 

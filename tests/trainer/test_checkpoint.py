@@ -26,6 +26,18 @@ def test_save_keeps_last_k_and_loads_newest(tmp_path):
     assert loaded["global_step"] == 4 and torch.equal(loaded["weights"], torch.full((4,), 4.0))
 
 
+def test_files_get_the_umask_mode_not_mkstemps_0600(tmp_path):
+    # A group sharing a run directory must be able to read the weights.
+    script = (
+        "import os, sys; os.umask(0o027)\n"
+        "from pathlib import Path; import torch\n"
+        "from hpcyolo_trainer import checkpoint as ckpt\n"
+        "ckpt.save_checkpoint({'global_step': 1}, Path(sys.argv[1]), keep=1)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True)
+    assert (ckpt.checkpoints(tmp_path)[0].stat().st_mode & 0o777) == 0o640
+
+
 def test_corrupt_newest_is_skipped_with_a_warning(tmp_path):
     for step in (1, 2):
         ckpt.save_checkpoint(state(step), tmp_path, keep=5)
