@@ -296,7 +296,8 @@ def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[st
     Every task stages the data, maps the Slurm variables and runs the same
     `hpcyolo train` as the sbatch script; on the site's signal it
     checkpoints, submitit requeues the job and it resumes in the same run
-    directory. Prints the job id(s); follow with `hpcyolo status RUN`.
+    directory. Prints the job id(s) on stdout (`id=$(hpcyolo submit ...)`) and
+    each job's run directory on stderr; follow with `hpcyolo status RUN`.
 
         hpcyolo submit site_configs/testbed.yaml examples/shapes.yaml
         hpcyolo submit SITE JOB --sweep train.lr0=0.01,0.02 --sweep train.model=n,s
@@ -306,8 +307,9 @@ def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[st
     from .submit import submit as do_submit
 
     command = shlex.join(["hpcyolo", *sys.argv[1:]])
-    ids = do_submit(site, job, via=via, dry_run=dry_run, sweeps=sweeps, parallel=parallel, command=command)
-    for job_id in ids:
+    jobs = do_submit(site, job, via=via, dry_run=dry_run, sweeps=sweeps, parallel=parallel, command=command)
+    for job_id, run_dir in jobs:
+        click.echo(f"hpcyolo submit: job {job_id}, run directory {run_dir}", err=True)
         click.echo(job_id)
 
 

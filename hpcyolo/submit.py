@@ -254,8 +254,9 @@ def executor_for(plans: list[JobPlan], folder: Path, parallel: int | None):
     return executor
 
 
-def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None, dry_run: bool) -> list[str]:
-    """Submit one job (or one array of len(plans) elements); returns the job ids."""
+def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None,
+                    dry_run: bool) -> list[tuple[str, Path]]:
+    """Submit one job (or one array of len(plans) elements); returns (job id, run directory) each."""
     first = plans[0]
     run_dirs = [Path(expand(p.run_dir)) for p in plans]
     for plan, run_dir in zip(plans, run_dirs):
@@ -284,16 +285,14 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
     except (submitit.core.utils.FailedJobError, FileNotFoundError) as e:
         why = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         raise HpcyoloError(f"sbatch refused the job (through submitit): {why[-1]}") from None
-    ids = []
     for job, run_dir, name in zip(jobs, run_dirs, names):
         record(run_dir, {"job": job.job_id, "via": "submitit", "name": name,
                          "logs": str(folder.parent / f"{job.job_id}_{{rank}}_log.out"),
                          "submission": str(folder.parent / f"{job.job_id}_submission.sh")})
-        ids.append(job.job_id)
-    return ids
+    return [(job.job_id, run_dir) for job, run_dir in zip(jobs, run_dirs)]
 
 
-def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[str]:
+def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     from . import slurm
     from .render import render_sbatch
 
@@ -307,12 +306,12 @@ def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[str]:
     logs = dict(plan.sbatch).get("output", "%x-%j.out").replace("%x", plan.job.name).replace("%j", str(job_id))
     record(run_dir, {"job": str(job_id), "via": "sbatch", "name": plan.run_name,
                      "logs": str(Path(os.getcwd(), logs))})
-    return [str(job_id)]
+    return [(str(job_id), run_dir)]
 
 
 def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, sweeps: tuple[str, ...],
-           parallel: int | None, command: str) -> list[str]:
-    """`hpcyolo submit`: returns the job ids (none for a dry run)."""
+           parallel: int | None, command: str) -> list[tuple[str, Path]]:
+    """`hpcyolo submit`: returns (job id, run directory) for each job (none for a dry run)."""
     from .config import load_job, load_site
     from .plan import make_plan
 
@@ -335,7 +334,7 @@ def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, swe
     return submit_submitit(plans, names, parallel, dry_run)
 
 
-def submit_local(plan: JobPlan, dry_run: bool) -> list[str]:
+def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     """The local site: `hpcyolo run` in the background through submitit's
     local executor (logs and the job's state in RUN/submitit)."""
     import submitit
@@ -355,7 +354,7 @@ def submit_local(plan: JobPlan, dry_run: bool) -> list[str]:
         job = executor.submit(run_local, plan, plan.job.run.resume)
     record(run_dir, {"job": str(job.job_id), "via": "local", "name": plan.run_name,
                      "logs": str(folder / f"{job.job_id}_0_log.out")})
-    return [str(job.job_id)]
+    return [(str(job.job_id), run_dir)]
 
 
 class _detached_stdio:

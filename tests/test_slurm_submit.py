@@ -44,8 +44,10 @@ def hpcyolo(*args, env: dict, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_submit_trains_is_requeued_by_submitit_and_resumes(tmp_path, shapes, slurm_env):
     site, job = site_file(tmp_path), job_file(tmp_path, "sub-a", shapes)
-    job_id = hpcyolo("submit", site, job, env=slurm_env, cwd=tmp_path).stdout.strip()
+    submitted = hpcyolo("submit", site, job, env=slurm_env, cwd=tmp_path)
+    job_id = submitted.stdout.strip()
     run = tmp_path / "runs" / "sub-a"
+    assert f"job {job_id}, run directory {run}" in submitted.stderr
     log0 = run / "submitit" / f"{job_id}_0_log.out"
     wait_for(lambda: log0.exists() and "epoch 1/3: loss" in log0.read_text(), 300, "the first epoch")
 

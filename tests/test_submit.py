@@ -115,6 +115,7 @@ def test_local_site_submits_in_the_background_and_status_follows(tmp_path, one_t
     run = tmp_path / "runs" / "loc"
     status = subprocess.run([hpcyolo, "status", run], capture_output=True, text=True).stdout
     assert f"job       {r.stdout.strip()} (via local)" in status and "RUNNING" in status, status
+    assert f"hpcyolo submit: job {r.stdout.strip()}, run directory {run}\n" in r.stderr
     again = subprocess.run([hpcyolo, "submit", tmp_path / "site.yaml", tmp_path / "job.yaml"], capture_output=True,
                            text=True)
     assert again.returncode == 1 and "already holds a run" in again.stderr  # never two jobs on one run
