@@ -170,6 +170,5 @@ def save_image(img: np.ndarray, path: str | os.PathLike) -> None:
     pil = Image.fromarray(np.asarray(img, dtype=np.uint8))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.init()
     with atomic_file(path) as f:
         pil.save(f, format=Image.registered_extensions()[path.suffix.lower()])
