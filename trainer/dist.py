@@ -101,6 +101,13 @@ def gather_objects(d: Dist, obj):
     return out
 
 
+def broadcast_module(d: Dist, module: torch.nn.Module) -> None:
+    """Give every rank rank 0's parameters and buffers of `module`."""
+    if d.distributed:
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, 0)
+
+
 def warn0(d: Dist, message: str) -> None:
     if d.is_main:
         print(f"warning: {message}", file=sys.stderr, flush=True)

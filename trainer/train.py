@@ -32,7 +32,7 @@ from . import checkpoint as ckpt
 from .boxes import non_max_suppression, xywh2xyxy
 from .config import TrainConfig
 from .data import AugmentHyp, YoloDataset, collate, load_data_spec
-from .dist import Dist, any_rank, cleanup, gather_objects, print0, setup, warn0
+from .dist import Dist, any_rank, broadcast_module, cleanup, gather_objects, print0, setup, warn0
 from .ema import ModelEMA
 from .loss import DetectionLoss
 from .metrics import DetStats
@@ -91,7 +91,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     loss_fn = DetectionLoss(nc, reg_max=model.reg_max, strides=tuple(model.stride.tolist()))
 
     # -- resume from the newest valid checkpoint, if any
-    start_epoch, start_batch, global_step, best = 0, 0, 0, -1.0
+    start_epoch, start_batch, global_step, best, seconds_before = 0, 0, 0, -1.0, 0.0
     loss_sum = torch.zeros(3, device=d.device)
     if d.is_main:
         for partial in ckpt.remove_partials(run / "checkpoints"):
@@ -103,12 +103,13 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         start_epoch, start_batch, global_step = state["epoch"], state["batch"], state["global_step"]
-        best = state["best_fitness"]
-        loss_sum = state["loss_sum"].to(d.device)
-        restore_rng(state["rng"], d)
+        best, seconds_before = state["best_fitness"], state.get("epoch_seconds", 0.0)
+        loss_sum = restore_rank_state(state, d).to(d.device)
         print0(d, f"resumed from {Path(state['path']).name}: epoch {start_epoch + 1}, batch {start_batch}, "
                   f"step {global_step}")
     net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None) if d.distributed else model
+    if d.distributed:
+        settle_buckets(net, model, loss_fn, cfg.imgsz, d.device, amp, amp_dtype)
     writer = ckpt.Writer()
 
     print0(d, f"training {cfg.model} on {len(train_set)} images ({nc} classes), {d.world_size} rank(s) x "
@@ -123,7 +124,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                             collate_fn=collate, pin_memory=d.device.type == "cuda",
                             worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
         progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
-        t0 = time.time()
+        t0 = time.time() - seconds_before  # a resumed epoch counts the time before the stop too
         for i, (imgs, targets, _, _) in enumerate(loader, start=start_batch):
             imgs = imgs.to(d.device, non_blocking=True).float() / 255
             last_micro = (i + 1) % accumulate == 0 or i + 1 == batches
@@ -144,7 +145,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
             ema.update(model)
             global_step += 1
             progress.update(i + 1, loss_sum / (i + 1))
-            position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum)
+            position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum,
+                            epoch_seconds=time.time() - t0)
             if cfg.save_every and global_step % cfg.save_every == 0:
                 save_state(d, cfg, writer, model, ema, optimizer, scaler, **position)
             # All ranks agree on the flag here, after the optimizer step.
@@ -160,12 +162,15 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         train_seconds = time.time() - t0  # the training loop alone, for results.csv
         train_loss = reduce_mean(d, loss_sum / batches)
 
-        # -- validate the EMA weights on every rank's shard, gather on rank 0
+        # -- validate the EMA weights on every rank's shard, gather on rank 0.
+        # Each rank's EMA averaged its own BatchNorm statistics; all validate
+        # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
+        broadcast_module(d, ema.module)
         metrics = validate(d, ema.module, val_set, cfg, spec.names, run)
         fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
         improved = fitness > best
         best = max(best, fitness)
-        start_batch, loss_sum = 0, torch.zeros(3, device=d.device)
+        start_batch, seconds_before, loss_sum = 0, 0.0, torch.zeros(3, device=d.device)
         save_state(d, cfg, writer, model, ema, optimizer, scaler, epoch=epoch + 1, batch=0,
                    global_step=global_step, best_fitness=best, loss_sum=loss_sum)
         if d.is_main:
@@ -182,6 +187,33 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     print0(d, f"done: results in {run}")
     cleanup()
     return 0
+
+
+def settle_buckets(net, model, loss_fn, imgsz: int, device, amp: bool, amp_dtype) -> None:
+    """One throwaway forward and backward through DDP, so that every real step
+    all-reduces with the same gradient buckets.
+
+    Why: DDP's first backward all-reduces all gradients as one bucket in
+    parameter order; the next forward rebuilds the buckets in the order the
+    gradients became ready. A ring all-reduce adds a value's per-rank terms in
+    an order set by the value's position in its bucket, and with more than two
+    ranks float addition is not associative: the first step after a resume
+    (old layout) rounded differently from the same step of an uninterrupted
+    run (rebuilt layout), and the runs drifted apart. Doing the first backward
+    here, in fresh and resumed runs alike, leaves weights, buffers, gradients
+    and RNG state as they were."""
+    buffers = [b.detach().clone() for b in model.buffers()]  # BatchNorm statistics move in train mode
+    imgs = torch.zeros(2, 3, imgsz, imgsz, device=device)
+    targets = torch.tensor([[0, 0, 0.5, 0.5, 0.25, 0.25], [1, 0, 0.5, 0.5, 0.25, 0.25]], device=device)
+    net.train()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp):
+            loss, _ = loss_fn(net(imgs), targets)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers):
+            b.copy_(saved)
 
 
 def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:
@@ -204,26 +236,33 @@ def rng_state() -> dict:
     return state
 
 
-def restore_rng(states: list[dict], d: Dist) -> None:
-    if len(states) != d.world_size:
-        warn0(d, f"checkpoint has RNG state for {len(states)} ranks, not {d.world_size}; reseeding")
-        return
-    state = states[d.rank]
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def restore_rank_state(state: dict, d: Dist) -> torch.Tensor:
+    """Restore this rank's RNG state; return its partial loss sum of the
+    epoch (each rank's is its own: rank 0's on every rank gave a wrong mean)."""
+    rngs = state["rng"]
+    sums = state.get("loss_sums") or [state["loss_sum"]] * len(rngs)  # checkpoints of hpcyolo 0.1.0
+    if len(rngs) != d.world_size:
+        warn0(d, f"checkpoint has the state of {len(rngs)} ranks, not {d.world_size}; reseeding, and this epoch's "
+                 f"train losses are approximate")
+        return sum(sums) / len(sums)
+    rng = rngs[d.rank]
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return sums[d.rank]
 
 
 def save_state(d: Dist, cfg: TrainConfig, writer: ckpt.Writer, model, ema, optimizer, scaler,
-               preempted: str = "", **position) -> None:
+               preempted: str = "", *, loss_sum: torch.Tensor, **position) -> None:
     """Everything needed to continue exactly here; rank 0 snapshots it and
     writes it in the background. When stopping for preemption the write is
     waited for, then rank 0 leaves the marker the batch script looks for."""
-    rngs = gather_objects(d, rng_state())
+    ranks = gather_objects(d, (rng_state(), loss_sum.cpu()))
     if d.is_main:
         state = {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict(), "rng": rngs, "config": cfg.to_dict(), **position}
+                 "scaler": scaler.state_dict(), "rng": [r for r, _ in ranks], "loss_sums": [s for _, s in ranks],
+                 "config": cfg.to_dict(), **position}
         writer.save(state, Path(cfg.run_dir) / "checkpoints", cfg.keep, wait=bool(preempted))
         if preempted:
             mark_preempted(preempted)
