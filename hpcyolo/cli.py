@@ -242,16 +242,25 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
     from .distenv import from_environ
-    from .preemption import StopFlag
+    from .preemption import PEER_LOST_EXIT_CODE, StopFlag
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.
     stop = StopFlag(signal_name)
     os.environ.update(from_environ(os.environ).standard_vars())
     from hpcyolo_trainer.config import TrainConfig
+    from hpcyolo_trainer.dist import lost_peer_line
     from hpcyolo_trainer.train import main as train_main
 
-    sys.exit(train_main(TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options), stop))
+    try:
+        code = train_main(TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options), stop)
+    except RuntimeError as e:  # a collective whose peer died: one line, not a traceback per rank
+        line = lost_peer_line(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        code = PEER_LOST_EXIT_CODE
+    sys.exit(code)
 
 
 @main.command()

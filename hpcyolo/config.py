@@ -230,6 +230,9 @@ class PreemptionSite:
                       check=check_non_negative)
     max_requeues: int = spec(3, doc="How often a job may requeue itself after preemption or time-out.",
                              check=check_non_negative)
+    sigterm: Literal["requeue", "stop"] = spec(
+        "requeue", doc="On SIGTERM: requeue: checkpoint and requeue when Slurm says it is requeueing, preempting or "
+                       "timing out the job (a cancel just stops); stop: always stop without a checkpoint.")
 
 
 @dataclass(frozen=True, kw_only=True)

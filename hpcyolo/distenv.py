@@ -55,10 +55,15 @@ given for more than one node.
 
 torchrun's MASTER_ADDR and MASTER_PORT name its own store: kept as they are.
 
-Port: HPCYOLO_MASTER_PORT, else MASTER_PORT, else derived from the Slurm job
-id (an array task: array job id + task id) over 15000 ports, else from the
-MPI or SageMaker job name. A port taken at init is reported by the trainer
-(hpcyolo_trainer.dist.setup) with `port_in_use_message`.
+Port: HPCYOLO_MASTER_PORT, else MASTER_PORT, else derived from SLURM_JOB_ID
+over 15000 ports, else from the MPI or SageMaker job name. SLURM_JOB_ID is
+unique for every job, each array task included (an array task's
+SLURM_ARRAY_JOB_ID + SLURM_ARRAY_TASK_ID, used before, equals a later plain
+job's id), so two jobs on a node share a port only when their ids differ by
+a multiple of 15000. Should ports meet anyway, the rendezvous is keyed by the
+job (HPCYOLO_JOB, see `job_identity` and hpcyolo.rendezvous): ranks refuse
+another job's store with one line, and a port taken at init is reported with
+`port_in_use_message`.
 """
 
 from __future__ import annotations
@@ -72,12 +77,13 @@ import socket
 import struct
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .errors import HpcyoloError
 
 PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
+JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked at the rendezvous (hpcyolo.rendezvous)
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 # Exact addresses only: 127.0.0.11 and 127.0.0.12 (the Slurm testbed's nodes) must stay valid.
 LOCALHOST = frozenset({"localhost", "127.0.0.1", "::1", "127.0.1.1"})
@@ -97,13 +103,17 @@ class DistEnv:
     master_addr: str
     master_port: int
     source: str  # which launcher the values came from
+    job: str | None = None  # the job's identity, shared by all its ranks and by no other job
 
     def standard_vars(self) -> dict[str, str]:
-        return {
+        values = {
             "RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
             "LOCAL_WORLD_SIZE": str(self.local_world_size), "GROUP_RANK": str(self.node_rank),
             "NODE_RANK": str(self.node_rank), "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
         }
+        if self.job:
+            values[JOB_ENV] = self.job
+        return values
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,13 +128,15 @@ class NodeLayout:
     master_port: int
     host: str
     source: str = "sagemaker"
+    job: str | None = None
 
     def dist_env(self, local_rank: int) -> DistEnv:
         """The layout of the process with this local rank on this host."""
         n = self.nproc_per_node
         return DistEnv(rank=self.node_rank * n + local_rank, local_rank=local_rank, world_size=self.nnodes * n,
                        local_world_size=n, node_rank=self.node_rank, nnodes=self.nnodes,
-                       master_addr=self.master_addr, master_port=self.master_port, source=self.source)
+                       master_addr=self.master_addr, master_port=self.master_port, source=self.source,
+                       job=self.job)
 
     def standard_vars(self) -> dict[str, str]:
         # A host process is no rank: training in it would silently use one GPU of several.
@@ -135,12 +147,26 @@ class NodeLayout:
             f"--master-port={self.master_port}")
 
 
-def default_port(job_id: int, array_job_id: int | None = None, array_task_id: int | None = None) -> int:
-    """The port the sbatch script derives from the job id, or for an array
-    task from the array's job id plus the task id (keep in step with
-    templates/sbatch.sh.j2)."""
-    key = job_id if array_job_id is None else array_job_id + (array_task_id or 0)
-    return PORT_BASE + key % PORT_SPAN
+def default_port(job_id: int) -> int:
+    """The port the sbatch script derives from SLURM_JOB_ID (keep in step
+    with templates/sbatch.sh.j2): consecutive jobs, array tasks among them,
+    get distinct ports."""
+    return PORT_BASE + job_id % PORT_SPAN
+
+
+def job_identity(env: Mapping[str, str]) -> str | None:
+    """A name every process of this job shares and no other job has: what
+    hpcyolo's launcher set, else the Slurm job id (unique for each array
+    task too), else the MPI or SageMaker job's name. None: unknown, and the
+    rendezvous is not checked."""
+    if env.get(JOB_ENV):
+        return env[JOB_ENV]
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm job {env['SLURM_JOB_ID']}"
+    for name in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "TRAINING_JOB_NAME"):
+        if env.get(name):
+            return f"{name} {env[name]}"
+    return None
 
 
 def port_in_use_message(host: str, port: int | str) -> str:
@@ -187,19 +213,21 @@ def from_environ(env: Mapping[str, str], *, sagemaker_config: str | os.PathLike 
     values disagree with each other or with the hardware. `sagemaker_config`:
     the resource config's path (default SAGEMAKER_RESOURCE_CONFIG)."""
     sagemaker_config = sagemaker_config or SAGEMAKER_RESOURCE_CONFIG
+    job = job_identity(env)
     if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
-        return _checked(_from_torchrun(env), env)
+        return _checked(replace(_from_torchrun(env), job=job), env)
     if "OMPI_COMM_WORLD_RANK" in env:
-        return _checked(_from_openmpi(env), env)
+        return _checked(replace(_from_openmpi(env), job=job), env)
     if "SLURM_PROCID" in env:
-        return _checked(_from_slurm(env), env)
+        return _checked(replace(_from_slurm(env), job=job), env)
     if os.path.exists(sagemaker_config):
-        layout = sagemaker_layout(env, sagemaker_config)
+        layout = replace(sagemaker_layout(env, sagemaker_config), job=job)
         if "LOCAL_RANK" in env:  # a worker our launcher started on this host
             return _checked(layout.dist_env(_int(env, "LOCAL_RANK")), env)
         return _checked(layout.dist_env(0), env) if layout.nproc_per_node == 1 else layout
     return DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, nnodes=1,
-                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_port(env), source="single process")
+                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_port(env), source="single process",
+                   job=job)
 
 
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
@@ -299,8 +327,6 @@ def _port(env: Mapping[str, str]) -> int:
     for name in ("HPCYOLO_MASTER_PORT", "MASTER_PORT"):
         if env.get(name):
             return _port_value(env, name)
-    if "SLURM_ARRAY_JOB_ID" in env:
-        return default_port(0, _int(env, "SLURM_ARRAY_JOB_ID"), _int(env, "SLURM_ARRAY_TASK_ID"))
     if "SLURM_JOB_ID" in env:
         return default_port(_int(env, "SLURM_JOB_ID"))
     # Outside Slurm: a name every process of the job shares (crc32: Python's

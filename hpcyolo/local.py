@@ -9,12 +9,15 @@ fair share of the cores. When one process fails, the others are stopped
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 from typing import Mapping, Sequence
+
+from .distenv import JOB_ENV
 
 
 def free_port() -> int:
@@ -31,6 +34,9 @@ def launch(argv: Sequence[str], nproc: int, *, env: Mapping[str, str] | None = N
     threads = str(max(1, (os.cpu_count() or 1) // nproc))
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or free_port()), WORLD_SIZE=str(nproc),
                 LOCAL_WORLD_SIZE=str(nproc))
+    # This launch's identity, checked at the rendezvous: another launch that
+    # got the same port is refused, never joined (hpcyolo.rendezvous).
+    base.setdefault(JOB_ENV, f"local launch {os.getpid()}-{secrets.token_hex(4)}")
     base.setdefault("OMP_NUM_THREADS", threads)
     procs = [subprocess.Popen(list(argv), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(nproc)]
@@ -56,7 +62,8 @@ def _wait(procs: list[subprocess.Popen], grace: float) -> int:
             code = p.poll()
             if code not in (None, 0) and failed is None:
                 failed = code
-                print(f"hpcyolo: rank {rank} exited with {code}; stopping the others", file=sys.stderr)
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+                print(f"hpcyolo: rank {rank} {how}; stopping the others", file=sys.stderr)
                 _stop(procs, grace)
         time.sleep(0.1)
     if failed is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from .config import JobSpec, SiteConfig, format_time, parse_time
 from .errors import ConfigError
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
+from .preemption import PEER_LOST_EXIT_CODE
 from .shell import Expand, Raw, Var
 
 # torchrun's agent turns only these into a clean shutdown of its workers
@@ -53,6 +54,7 @@ class JobPlan:
     preflight_argv: tuple[str, ...]
     train_argv: tuple[str, ...]
     preempt_exit_code: int = PREEMPT_EXIT_CODE
+    peer_lost_exit_code: int = PEER_LOST_EXIT_CODE
 
     @property
     def batch_per_rank(self) -> int:

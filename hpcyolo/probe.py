@@ -10,10 +10,10 @@ also writes probe/rank-N.json there. Exits 1 when the sum is wrong.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 
@@ -23,8 +23,9 @@ def main() -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout = datetime.timedelta(seconds=int(os.environ.get("HPCYOLO_DIST_TIMEOUT", "300")))
-    dist.init_process_group(backend, timeout=timeout)
+    from .rendezvous import init_process_group
+
+    init_process_group(backend, int(os.environ.get("HPCYOLO_DIST_TIMEOUT", "300")))
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     value = torch.tensor([rank + 1.0], device=device)
     dist.all_reduce(value)
@@ -47,5 +48,16 @@ def main() -> int:
     return 0 if total == expected else 1
 
 
+def run() -> int:
+    """main(), with hpcyolo's errors (a refused rendezvous, a taken port) as one line."""
+    from .errors import HpcyoloError
+
+    try:
+        return main()
+    except HpcyoloError as e:
+        print(f"hpcyolo: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

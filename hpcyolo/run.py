@@ -54,11 +54,12 @@ def run_local(plan: JobPlan, resume: bool = False) -> int:
     if code == plan.preempt_exit_code:
         print("hpcyolo run: stopped after a checkpoint; add --resume to the same command to go on",
               file=sys.stderr)
-    elif code == 0:
-        if plan.uses_scratch:
-            from .stage import remove
+        return code
+    if plan.uses_scratch:  # every ending but one to resume from: the scratch goes
+        from .stage import remove
 
-            remove(scratch)
+        remove(scratch)
+    if code == 0:
         _summary(run_dir)
     return code
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from .errors import HpcyoloError
 from .config import parse_time
 from .plan import JobPlan
-from .preemption import EXIT_CODE
+from .preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV, SIGTERM_ENV
 from .shell import Raw, Var
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
@@ -119,7 +119,11 @@ class TrainTask:
         env["PYTHONUNBUFFERED"] = "1"
         env["OMP_NUM_THREADS"] = str(self.plan.omp_threads)
         marker = f"{self.run_dir}/.preempted-{job}-{env.get('SLURM_RESTART_COUNT', '0')}"
-        env["HPCYOLO_PREEMPT_MARKER"] = marker
+        env[MARKER_ENV] = marker
+        if self.plan.uses_scratch:  # the trainer removes it when the job is cancelled or timed out
+            env[SCRATCH_ENV] = self.scratch_dir
+        if self.plan.site.preemption.sigterm == "stop":
+            env[SIGTERM_ENV] = "stop"
         data = self.plan.data
         if self.plan.job.data.stage:
             from .stage import stage
@@ -140,16 +144,17 @@ class TrainTask:
         code = subprocess.call(argv)
         if code == EXIT_CODE or os.path.exists(marker):
             if rank == 0 and callable(submitit_handler):
-                print(f"hpcyolo: checkpointed after SIG{self.signal_name}; requeueing through submitit",
-                      file=sys.stderr, flush=True)
+                reason = Path(marker).read_text().strip() if os.path.exists(marker) else f"exit {EXIT_CODE}"
+                print(f"hpcyolo: checkpointed ({reason}); requeueing through submitit", file=sys.stderr, flush=True)
                 submitit_handler(sig, None)  # checkpoint() below, requeue, exit
             return EXIT_CODE
-        if code != 0:
-            raise HpcyoloError(f"training exited {code} on rank {rank} ({os.uname().nodename})")
-        if rank == 0 and self.plan.uses_scratch:
+        # Every ending but a requeue: the node's first task removes its scratch.
+        if env.get("SLURM_LOCALID", "0") == "0" and self.plan.uses_scratch:
             from .stage import remove
 
             remove(self.scratch_dir)
+        if code != 0:
+            raise HpcyoloError(f"training exited {code} on rank {rank} ({os.uname().nodename})")
         return 0
 
     def checkpoint(self, *args, **kwargs):

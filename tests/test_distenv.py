@@ -116,7 +116,13 @@ def test_uneven_tasks_per_node(fake_dns):
 
 def test_slurm_ports(fake_dns):
     fake_dns["node1"] = "10.0.0.1"
-    assert from_environ(slurm(SLURM_ARRAY_JOB_ID="100", SLURM_ARRAY_TASK_ID="7")).master_port == default_port(0, 100, 7)
+    # An array task's port comes from its own SLURM_JOB_ID: array job 100's
+    # task 1 (job 100) and the plain job 101 after it used to share one.
+    task = from_environ(slurm(SLURM_JOB_ID="100", SLURM_ARRAY_JOB_ID="100", SLURM_ARRAY_TASK_ID="1"))
+    plain = from_environ(slurm(SLURM_JOB_ID="101"))
+    assert (task.master_port, plain.master_port) == (default_port(100), default_port(101))
+    assert (task.job, plain.job) == ("slurm job 100", "slurm job 101")
+    assert task.standard_vars()["HPCYOLO_JOB"] == "slurm job 100"
     assert from_environ(slurm(MASTER_PORT="20001", HPCYOLO_MASTER_PORT="20002")).master_port == 20002
     with pytest.raises(HpcyoloError, match=r"HPCYOLO_MASTER_PORT=70000 is not a TCP port"):
         from_environ(slurm(HPCYOLO_MASTER_PORT="70000"))

@@ -101,7 +101,9 @@ def test_master_port_in_script_matches_python(tmp_path):
 
     for job_id in (1, 14999, 15000, 987654321):
         assert port(f"SLURM_JOB_ID={job_id}") == default_port(job_id)
-    # Array tasks: from the array's job id and the task id, all distinct.
-    ports = [port(f"SLURM_JOB_ID={100 + t * 7}; SLURM_ARRAY_JOB_ID=100; SLURM_ARRAY_TASK_ID={t}") for t in range(50)]
-    assert ports == [default_port(0, 100, t) for t in range(50)] and len(set(ports)) == 50
+    # Array tasks: from each task's own job id. `sbatch --array=1` (job N, task 1)
+    # and the plain job N+1 after it used to get one port (N + 1 both).
+    array = [port(f"SLURM_JOB_ID={100 + t}; SLURM_ARRAY_JOB_ID=100; SLURM_ARRAY_TASK_ID={t + 1}") for t in range(50)]
+    plain = port("SLURM_JOB_ID=150")
+    assert array == [default_port(100 + t) for t in range(50)] and len(set(array + [plain])) == 51
     assert port("HPCYOLO_MASTER_PORT=23456; SLURM_JOB_ID=7") == 23456

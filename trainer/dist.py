@@ -7,16 +7,16 @@ Slurm, and torchrun sets them itself.
 
 from __future__ import annotations
 
-import datetime
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from hpcyolo.distenv import device_for, port_in_use_message
-from hpcyolo.errors import HpcyoloError
+from hpcyolo.distenv import device_for
+from hpcyolo.rendezvous import init_process_group
 
 
 @dataclass(frozen=True)
@@ -53,23 +53,9 @@ def setup(timeout_s: int = 600) -> Dist:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        _init_process_group(backend, timeout_s, device)
+        # Keyed by the job: a port clash is refused, never joined (hpcyolo.rendezvous).
+        init_process_group(backend, timeout_s, device_id=device if device.type == "cuda" else None)
     return Dist(rank=rank, local_rank=local_rank, world_size=world, device=device)
-
-
-def _init_process_group(backend: str, timeout_s: int, device: torch.device) -> None:
-    """init_process_group; rank 0 failing to listen on MASTER_PORT (another
-    job or launcher holds it) becomes one line naming host and port instead
-    of a DistNetworkError traceback."""
-    try:
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
-    except RuntimeError as e:  # torch.distributed.DistNetworkError is a RuntimeError
-        text = str(e)
-        if "address already in use" not in text.lower() and "EADDRINUSE" not in text:
-            raise
-        host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT", "?")
-        raise HpcyoloError(port_in_use_message(host, port)) from None
 
 
 def cleanup() -> None:
@@ -82,14 +68,31 @@ def print0(d: Dist, *args, **kwargs) -> None:
         print(*args, **kwargs, flush=True)
 
 
-def any_rank(d: Dist, flag: bool) -> bool:
-    """True on every rank when any rank says True (one tiny all-reduce), so
-    all ranks take the same branch and none is left waiting in a collective."""
+def max_over_ranks(d: Dist, value: int) -> int:
+    """The largest of every rank's `value`, on every rank (one tiny
+    all-reduce), so all ranks take the same branch and none is left waiting
+    in a collective."""
     if not d.distributed:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=d.device)
+        return value
+    t = torch.tensor([value], dtype=torch.int32, device=d.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return int(t.item())
+
+
+def lost_peer_line(e: BaseException) -> str | None:
+    """One line for a collective that failed because another rank is gone
+    (killed, crashed, its node lost), instead of a 40-line traceback; None for
+    any other error. gloo says 'Connection reset/closed by peer', NCCL that
+    its communicator was aborted or a remote rank failed."""
+    text = str(e)
+    signs = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
+             "NCCL communicator was aborted", "remote process exited", "NCCL error")
+    if not (isinstance(e, dist.DistError) or any(s in text for s in signs)):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    first = first.split("] ", 1)[-1][:200]  # gloo prefixes its source file
+    return (f"hpcyolo: rank {os.environ.get('RANK', '0')} on {socket.gethostname()}: another rank is gone, a "
+            f"collective failed ({first}); stopping")
 
 
 def gather_objects(d: Dist, obj):

@@ -12,6 +12,7 @@ import getpass
 import hashlib
 import io
 import math
+import os
 import random
 import signal
 import sys
@@ -26,13 +27,14 @@ from torch.utils.data import DataLoader
 
 from hpcyolo.fsutil import write_atomic
 from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
-from hpcyolo.preemption import StopFlag, mark_preempted
+from hpcyolo.preemption import (CHECKPOINT, NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision, StopFlag,
+                                mark_preempted)
 
 from . import checkpoint as ckpt
 from .boxes import non_max_suppression, xywh2xyxy
 from .config import TrainConfig
 from .data import AugmentHyp, YoloDataset, collate, load_data_spec
-from .dist import Dist, any_rank, broadcast_module, cleanup, gather_objects, print0, setup, warn0
+from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
 from .ema import ModelEMA
 from .loss import DetectionLoss
 from .metrics import DetStats
@@ -41,6 +43,7 @@ from .progress import Progress
 from .sampler import EvenShardSampler, steps_per_epoch
 from .schedule import Schedule, build_optimizer
 
+NO_STOP = Decision(NONE)
 CSV_FIELDS = ["epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
               "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", "time"]  # time: seconds in the training loop
 
@@ -149,15 +152,23 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                             epoch_seconds=time.time() - t0)
             if cfg.save_every and global_step % cfg.save_every == 0:
                 save_state(d, cfg, writer, model, ema, optimizer, scaler, **position)
-            # All ranks agree on the flag here, after the optimizer step.
-            if any_rank(d, stop.check(global_step)):
+            # All ranks agree on what to do here, after the optimizer step.
+            mine = stop.decide(global_step) if stop.requested or stop.drill else NO_STOP
+            agreed = max_over_ranks(d, stop_code(mine))
+            if agreed:
+                reason = mine.reason if stop_code(mine) == agreed else "another rank was signalled"
+                where = f"at epoch {epoch + 1}, batch {i + 1}"
+                if agreed == stop_code(Decision(STOP)):
+                    print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be "
+                              f"requeued" if reason == "cancelled" else
+                              f"hpcyolo: stopping {where} without a checkpoint ({reason}); it will not be requeued")
+                    return finish(d, TERMINATED_EXIT_CODE, keep_scratch=False)
                 # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
-                print0(d, f"stopping for preemption ({stop.reason or 'another rank was signalled'}) at epoch "
-                          f"{epoch + 1}, batch {i + 1}: writing a checkpoint, then exit {PREEMPT_EXIT_CODE}")
-                save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=stop.reason or "preempted",
-                           **position)
-                cleanup()
-                return PREEMPT_EXIT_CODE
+                print0(d, f"stopping for preemption ({reason}) {where}: writing a checkpoint, then exit "
+                          f"{PREEMPT_EXIT_CODE}")
+                save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=reason, **position)
+                requeue = agreed == stop_code(Decision(CHECKPOINT, requeue=True))
+                return finish(d, PREEMPT_EXIT_CODE, keep_scratch=requeue)
         progress.close()
         train_seconds = time.time() - t0  # the training loop alone, for results.csv
         train_loss = reduce_mean(d, loss_sum / batches)
@@ -184,9 +195,30 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                   f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
                   f"mAP50-95 {metrics['map50_95']:.3f}", flush=True)
     writer.wait()
+    if d.is_main:  # the run is complete: no marker of an earlier preemption stays behind
+        for marker in run.glob(".preempted-*"):
+            marker.unlink(missing_ok=True)
     print0(d, f"done: results in {run}")
+    return finish(d, 0, keep_scratch=True)  # the batch script removes scratch after a success
+
+
+def stop_code(decision: Decision) -> int:
+    """One number per decision, larger for the stronger one, so that ranks
+    agree with a MAX all-reduce: none < stop < checkpoint < checkpoint and requeue."""
+    return 0 if decision.action == NONE else 1 if decision.action == STOP else 2 + decision.requeue
+
+
+def finish(d: Dist, code: int, keep_scratch: bool) -> int:
+    """Leave the process group; on an ending no requeue follows, the node's
+    first rank removes the node-local scratch (staged data, image caches):
+    node memory must not outlive the job."""
     cleanup()
-    return 0
+    scratch = os.environ.get(SCRATCH_ENV)
+    if not keep_scratch and scratch and d.local_rank == 0:
+        from hpcyolo.stage import remove
+
+        remove(scratch)
+    return code
 
 
 def settle_buckets(net, model, loss_fn, imgsz: int, device, amp: bool, amp_dtype) -> None:

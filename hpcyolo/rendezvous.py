@@ -1,0 +1,74 @@
+"""The process group's rendezvous, keyed by the job, so that two jobs never meet.
+
+Two jobs on one node that end up with the same MASTER_PORT (a derived port
+that coincides, a port chosen by hand) used to meet: one job's rank 0 failed
+with "address already in use" while its other ranks connected to the other
+job's store and joined that job's process group. Here rank 0 hosts the store
+and writes the job's identity into it (HPCYOLO_JOB, set by hpcyolo's env layer
+from SLURM_JOB_ID, or by the local launcher); every other rank reads it back
+before joining and refuses a store of another job with one line. The process
+group's own keys live under a prefix made of that identity as well.
+
+Under torchrun (TORCHELASTIC_RUN_ID) the workers' store is torchrun's, keyed
+by its --rdzv-id: the default env:// rendezvous is used as it is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+from .distenv import JOB_ENV, port_in_use_message
+from .errors import HpcyoloError
+
+OWNER_KEY = "hpcyolo/job"
+
+
+def init_process_group(backend: str, timeout_s: int, device_id=None) -> None:
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    job = os.environ.get(JOB_ENV)
+    if not job or "TORCHELASTIC_RUN_ID" in os.environ:
+        try:
+            dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+        except RuntimeError as e:  # torch.distributed.DistNetworkError is a RuntimeError
+            _raise_if_port_taken(e)
+            raise
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = job_store(job, rank, world, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                            device_id=device_id)
+
+
+def job_store(job: str, rank: int, world: int, timeout: datetime.timedelta):
+    """The store at MASTER_ADDR:MASTER_PORT, checked to belong to `job`; a
+    store whose keys are all under that job's prefix."""
+    import torch.distributed as dist
+
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
+    try:
+        store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    except RuntimeError as e:
+        _raise_if_port_taken(e)
+        raise
+    if rank == 0:
+        store.set(OWNER_KEY, job)
+    else:
+        owner = store.get(OWNER_KEY).decode(errors="replace")  # waits for rank 0 to write it
+        if owner != job:
+            raise HpcyoloError(
+                f"rank {rank} on {socket.gethostname()}: {host}:{port} is the rendezvous of {owner}, not of this "
+                f"job ({job}): two jobs got the same MASTER_PORT, and this rank will not join another job's "
+                f"process group; set HPCYOLO_MASTER_PORT to a free port, or resubmit")
+    return dist.PrefixStore(f"hpcyolo/{job}/", store)
+
+
+def _raise_if_port_taken(e: RuntimeError) -> None:
+    """Rank 0 failing to listen on MASTER_PORT becomes one line naming host and port."""
+    text = str(e)
+    if "address already in use" in text.lower() or "EADDRINUSE" in text:
+        raise HpcyoloError(port_in_use_message(os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                                               os.environ.get("MASTER_PORT", "?"))) from None
