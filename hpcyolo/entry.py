@@ -19,6 +19,11 @@ import os
 import sys
 
 MARKER = ".hpcyolo-staged"
+# In a run's scratch folder (SCRATCH/hpcyolo-USER/RUN, the copy at RUN/data):
+# the Slurm job using it. A later stage on the node removes folders whose job
+# has ended (hpcyolo.stage.remove_stale): a job killed outright leaves its
+# copy behind, node memory taken from the next user.
+OWNER = ".hpcyolo-job"
 FORMAT = 2  # bump when the staged layout or the source identity changes: older copies are then staged again
 
 
@@ -31,6 +36,7 @@ def main() -> int | None:
             data, dest, workers = known
             marker = current_marker(data, dest)
             if marker is not None:
+                claim(dest)
                 say(already_staged(data, dest, marker))
                 return 0
             if _plain(data, dest):
@@ -38,6 +44,18 @@ def main() -> int | None:
     from .cli import main as cli
 
     return cli()
+
+
+def claim(dest: str | os.PathLike) -> None:
+    """Record this Slurm job as the user of DEST's run scratch folder (only
+    in hpcyolo's layout, SCRATCH/hpcyolo-USER/RUN/data, inside a job)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    run = os.path.dirname(os.path.abspath(dest))
+    if job and os.path.basename(os.path.dirname(run)).startswith("hpcyolo-"):
+        owner = os.path.join(run, OWNER)
+        with open(f"{owner}.{os.getpid()}", "w") as f:
+            f.write(job + "\n")
+        os.replace(f"{owner}.{os.getpid()}", owner)
 
 
 def _stage_args(args: list[str]) -> tuple[str, str, int | None] | None:

@@ -84,7 +84,7 @@ class StopFlag:
 
     def decide(self, step: int, env=os.environ) -> Decision:
         """What this rank asks for after optimizer step `step`."""
-        if self._drill_step is not None and step >= self._drill_step:
+        if self._drill_step is not None and step == self._drill_step:  # once: not again after the resume
             return Decision(CHECKPOINT, f"drill at step {self._drill_step}", requeue=True)
         if self.signal_name in self.received:
             return Decision(CHECKPOINT, f"SIG{self.signal_name}", requeue=True)  # the site's preemption signal

@@ -36,7 +36,9 @@ import yaml
 
 from .entry import (
     MARKER,
+    OWNER,
     already_staged,
+    claim,
     current_marker,
     is_current,
     node_name,
@@ -599,8 +601,10 @@ def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> 
     dest = Path(os.path.abspath(dest))
     marker = current_marker(data, dest)  # a requeued job: no lock, no YAML
     if marker is not None:
+        claim(dest)
         say(already_staged(data, dest, marker))
         return dest / "data.yaml"
+    remove_stale(dest)
     source = resolve_source(data)
     _check_apart(source, dest)
     lock_path = dest.parent / f".{dest.name}.lock"
@@ -611,12 +615,47 @@ def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> 
         raise HpcyoloError(f"stage: cannot create {lock_path}: {e.strerror}") from None
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # other tasks on this node wait here
+        claim(dest)
         marker = read_marker(dest)
         if is_current(marker, data, dest):  # another task staged it while we waited
             say(already_staged(data, dest, marker))
             return dest / "data.yaml"
         _clear(dest, stale=marker is not None)
         return _copy(source, dest, workers)
+
+
+def remove_stale(dest: Path) -> list[Path]:
+    """Remove the scratch folders beside DEST's run folder (this user's, in
+    hpcyolo's layout) whose recorded Slurm job has ended: what a job killed
+    outright, or on a node that went away, left in node memory. A folder
+    whose job Slurm still knows as pending or running (a requeue) stays, and
+    so does every folder when Slurm cannot be asked."""
+    run = dest.parent
+    if not run.parent.name.startswith("hpcyolo-") or not os.environ.get("SLURM_JOB_ID") or not run.parent.is_dir():
+        return []
+    from . import slurm
+    from .errors import SlurmError
+
+    removed = []
+    for folder in run.parent.iterdir():
+        owner = folder / OWNER
+        if folder == run or not owner.is_file() or owner.stat().st_uid != os.getuid():
+            continue
+        job = owner.read_text().strip()
+        try:
+            state = slurm.show_job(int(job)).get("JobState", "")
+        except ValueError:
+            continue
+        except SlurmError as e:
+            if "Invalid job id" not in str(e):
+                return removed  # Slurm cannot say: keep everything
+            state = "forgotten"
+        if state in slurm.FINAL_STATES or state == "forgotten":
+            remove(folder)
+            say(f"removed {folder}, node-local scratch of job {job}, which has ended ({state.lower()}), "
+                f"on {node_name()}")
+            removed.append(folder)
+    return removed
 
 
 def _check_apart(source: Source, dest: Path) -> None:
@@ -786,3 +825,8 @@ def remove(dest: str | Path) -> None:
         raise HpcyoloError(f"stage: refusing to remove {dest}")
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.joinpath(f".{dest.name}.lock").unlink(missing_ok=True)
+    if dest.parent.name.startswith("hpcyolo-"):  # the user's folder in hpcyolo's layout, once empty
+        try:
+            dest.parent.rmdir()
+        except OSError:
+            pass  # another run of the user's is there

@@ -1,14 +1,22 @@
-"""Training end to end on the real Slurm testbed: `hpcyolo render | sbatch` on
-2 nodes with staging, preemption and requeue ending bit-identical to an
-uninterrupted run, a killed rank ending the job, a time limit that runs
-out, and a checkpoint write killed half-way."""
+"""Training end to end on the real Slurm testbed, in the configuration users
+run: `hpcyolo render | sbatch` on 2 nodes x 2 tasks with 2 loader workers each
+and staging into /dev/shm. A preemption stop and a `scontrol requeue` end
+bit-identical to an uninterrupted run (model, EMA and optimizer state); a
+cancel stops without a requeue; a killed rank ends the job with one line that
+names it; an array task and the plain job after it (once one port) both
+train; nothing is left in /dev/shm after any of these; a time limit that
+runs out; a checkpoint write killed half-way."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,11 +25,16 @@ import yaml
 from conftest import REPO, VENV_BIN, job_log, submit, write
 
 from hpcyolo import slurm
+from hpcyolo.distenv import default_port
 from hpcyolo.shapes import make_shapes
 from hpcyolo_trainer import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
-EPOCHS = 3
+EPOCHS = 2
+# 48 images, a global batch of 8 over 4 ranks: 6 steps per epoch, a
+# checkpoint every 4 steps; the drill stops after step 7 (epoch 2, batch 1):
+# neither an epoch boundary nor a checkpoint interval.
+STOP_STEP = 7
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +42,36 @@ def shapes(tmp_path_factory):
     return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
 
 
-def site_file(tmp_path: Path, env: dict | None = None, **preemption) -> Path:
+@pytest.fixture
+def scratch_root():
+    """Node-local scratch of this test's jobs, in /dev/shm as on the testbed's site."""
+    root = Path("/dev/shm") / f"hpcyolo-test-{uuid.uuid4().hex[:8]}"
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def leftovers(root: Path) -> list[str]:
+    """Whatever a job left in its scratch: staged data, caches, locks."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def site_file(tmp_path: Path, scratch: Path, env: dict | None = None, **preemption) -> Path:
     spec = yaml.safe_load((REPO / "site_configs" / "testbed.yaml").read_text())
     spec["storage"]["runs"] = str(tmp_path / "runs")
-    spec["storage"]["scratch"] = str(tmp_path / "scratch")
+    spec["storage"]["scratch"] = str(scratch)
     spec["preemption"].update(preemption)
     if env:
         spec.setdefault("environment", {})["env"] = env
     return write(tmp_path / "site.yaml", yaml.safe_dump(spec))
 
 
-def job_file(tmp_path: Path, name: str, data: Path, epochs: int = EPOCHS, time_limit: str = "00:10:00") -> Path:
-    spec = {"name": name, "resources": {"nodes": 2, "tasks_per_node": 1, "time": time_limit},
+def job_file(tmp_path: Path, name: str, data: Path, epochs: int = EPOCHS, time_limit: str = "00:10:00",
+             every_steps: int = 4) -> Path:
+    spec = {"name": name, "resources": {"nodes": 2, "tasks_per_node": 2, "time": time_limit},
             "data": {"yaml": str(data), "stage": True},
-            "train": {"model": "n", "epochs": epochs, "batch": 4, "nbs": 4, "imgsz": 64, "workers": 1,
+            "train": {"model": "n", "epochs": epochs, "batch": 8, "nbs": 8, "imgsz": 64, "workers": 2,
                       "close_mosaic": 1, "seed": 0},
-            "checkpoint": {"keep": 20}}
+            "checkpoint": {"keep": 20, "every_steps": every_steps}}
     return write(tmp_path / f"{name}.yaml", json.dumps(spec))
 
 
@@ -55,133 +82,205 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def final_weights(run: Path) -> dict:
+def final_state(run: Path) -> dict:
     return ckpt.load_latest(run / "checkpoints", warn=print)
 
 
-def assert_identical(a: dict, b: dict) -> None:
+def max_abs_diff(a, b, where: str = "") -> float:
+    if isinstance(a, torch.Tensor):
+        assert a.shape == b.shape and a.dtype == b.dtype, where
+        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        return max((max_abs_diff(a[k], b[k], f"{where}.{k}") for k in a), default=0.0)
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        return max((max_abs_diff(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b))), default=0.0)
+    assert a == b, where
+    return 0.0
+
+
+def assert_identical(run_a: Path, run_b: Path) -> None:
+    """Every tensor of model, EMA and optimizer state equal, and results.csv
+    equal but for the time column."""
+    a, b = final_state(run_a), final_state(run_b)
     assert a["global_step"] == b["global_step"]
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), f"model.{name} differs"
-    for name, tensor in a["ema"]["module"].items():
-        assert torch.equal(tensor, b["ema"]["module"][name]), f"ema.{name} differs"
+    for part in ("model", "ema", "optimizer"):
+        assert max_abs_diff(a[part], b[part], part) == 0.0, part
+    rows = [[{k: v for k, v in r.items() if k != "time"} for r in csv.DictReader((run / "results.csv").open())]
+            for run in (run_a, run_b)]
+    assert rows[0] == rows[1] and len(rows[0]) == EPOCHS
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, shapes, testbed):
     """(a): the job as a user submits it, run to the end."""
     tmp = tmp_path_factory.mktemp("a")
+    scratch = Path("/dev/shm") / f"hpcyolo-test-{uuid.uuid4().hex[:8]}"
     testbed.revive()
     env = {**os.environ, **testbed.env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
-    job_id = submit(site_file(tmp), job_file(tmp, "train-a", shapes), env, tmp)
-    info = slurm.wait(job_id, timeout=600, env=env)
-    return tmp, job_id, info
+    job_id = submit(site_file(tmp, scratch), job_file(tmp, "train-a", shapes), env, tmp)
+    info = slurm.wait(job_id, timeout=900, env=env)
+    left = leftovers(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return tmp, job_id, info, left
 
 
 def test_a_trains_on_two_nodes_with_staging(uninterrupted):
-    tmp, job_id, info = uninterrupted
+    tmp, job_id, info, left = uninterrupted
     log = job_log(tmp, "train-a", job_id)
     assert info["JobState"] == "COMPLETED", log[-3000:]
     run = tmp / "runs" / "train-a"
     assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
     for name in ("results.png", "weights/best.pt", "weights/last.pt", "config.yaml", f"sbatch-{job_id}.sh"):
         assert (run / name).is_file(), name
-    assert final_weights(run)["epoch"] == EPOCHS
+        assert (run / name).stat().st_mode & 0o777 == 0o644, name  # the umask's mode (022 here), not 0700
+    assert final_state(run)["epoch"] == EPOCHS
     # One stage task per node; the testbed's "nodes" share one machine and so
     # one scratch folder: one copies, the other finds the copy complete.
     assert log.count("hpcyolo stage:") >= 2 and "node1" in log and "node2" in log
-    assert "2 rank(s)" in log
-    assert not any((tmp / "scratch").rglob("data.yaml"))  # scratch cleaned after success
+    assert "4 rank(s)" in log
+    assert left == []  # scratch removed after success
+    assert f"job {job_id} restart 0 on node1 log {tmp / f'train-a-{job_id}.out'}" in (run / "hpcyolo-run").read_text()
 
 
-def test_b_preempted_job_requeues_resumes_and_matches(uninterrupted, tmp_path, shapes, slurm_env):
-    a_tmp, _, a_info = uninterrupted
+def test_b_preempted_mid_epoch_requeues_resumes_exactly(uninterrupted, tmp_path, shapes, slurm_env, scratch_root):
+    a_tmp, a_job, a_info, _ = uninterrupted
     assert a_info["JobState"] == "COMPLETED"
-    job_id = submit(site_file(tmp_path), job_file(tmp_path, "train-b", shapes), slurm_env, tmp_path)
-    wait_for(lambda: "epoch 1/3: loss" in job_log(tmp_path, "train-b", job_id), 300, "the first epoch")
-    slurm.cancel(job_id, "--signal=USR2", env=slurm_env)  # to the job steps, as --signal=USR2@T does
-    info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    # A copy that a job killed outright left behind: job a's (ended) owns it.
+    stale = scratch_root / "hpcyolo-root" / "old-run"
+    write(stale / "data" / "data.yaml", "x")
+    write(stale / ".hpcyolo-job", f"{a_job}\n")
+    site = site_file(tmp_path, scratch_root, env={"HPCYOLO_DRILL_PREEMPT_STEP": str(STOP_STEP)})
+    job_id = submit(site, job_file(tmp_path, "train-b", shapes), slurm_env, tmp_path)
+    info = slurm.wait(job_id, timeout=900, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
     log = job_log(tmp_path, "train-b", job_id)
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
-    assert "stopping for preemption (SIGUSR2)" in log and "requeueing job" in log
-    assert "resumed from ckpt-" in log
+    assert f"stopping for preemption (drill at step {STOP_STEP}) at epoch 2, batch 1" in log
+    assert f"checkpointed (drill at step {STOP_STEP}); requeueing job" in log
+    assert f"resumed from ckpt-{STOP_STEP:09d}.pt: epoch 2, batch 1" in log
+    assert f"removed {stale}, node-local scratch of job {a_job}, which has ended (completed)" in log
     run = tmp_path / "runs" / "train-b"
     assert "restart 1" in (run / "hpcyolo-run").read_text()  # same run directory after the requeue
-    assert_identical(final_weights(a_tmp / "runs" / "train-a"), final_weights(run))
+    assert_identical(a_tmp / "runs" / "train-a", run)
+    assert not list(run.glob(".preempted-*"))  # the run completed: its marker went
+    assert leftovers(scratch_root) == []
 
 
-def task_pid(job_id: int, rank: int) -> int:
-    """The PID of the training process of `rank` in job `job_id`: the one
-    whose parent is not itself a training process (that would be a
-    data-loader worker, forked with the same environment), and not srun."""
-    matches = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            cmdline = (proc / "cmdline").read_bytes()
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        argv = cmdline.split(b"\0")
-        if (f"SLURM_JOB_ID={job_id}".encode() in environ and f"SLURM_PROCID={rank}".encode() in environ
-                and not argv[0].endswith(b"srun")  # the batch script's srun is "task 0" of the batch step
-                and b"hpcyolo" in cmdline and b"train" in argv):
-            matches[int(proc.name)] = ppid
-    mains = [pid for pid, ppid in matches.items() if ppid not in matches]
-    if len(mains) != 1:
-        raise LookupError(f"expected one training process of rank {rank} in job {job_id}, found {mains}")
-    return mains[0]
+def test_c_scontrol_requeue_checkpoints_on_sigterm_and_resumes_exactly(uninterrupted, tmp_path, shapes, slurm_env,
+                                                                       scratch_root):
+    a_tmp, _, a_info, _ = uninterrupted
+    assert a_info["JobState"] == "COMPLETED"
+    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-c", shapes), slurm_env, tmp_path)
+    wait_for(lambda: "epoch 1/2: loss" in job_log(tmp_path, "train-c", job_id), 600, "the first epoch")
+    slurm.requeue(job_id, env=slurm_env)
+    info = slurm.wait(job_id, timeout=900, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "train-c", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    assert "stopping for preemption (SIGTERM: Slurm is requeueing the job)" in log and "resumed from ckpt-" in log
+    assert_identical(a_tmp / "runs" / "train-a", tmp_path / "runs" / "train-c")
+    assert leftovers(scratch_root) == []
 
 
-def test_c_killed_rank_ends_the_job(tmp_path, shapes, slurm_env):
-    job_id = submit(site_file(tmp_path), job_file(tmp_path, "train-c", shapes, epochs=50), slurm_env, tmp_path)
-    wait_for(lambda: "epoch 1/50: loss" in job_log(tmp_path, "train-c", job_id), 300, "the first epoch")
-    os.kill(task_pid(job_id, 1), signal.SIGKILL)
+def test_d_cancel_stops_without_requeue_and_cleans_scratch(tmp_path, shapes, slurm_env, scratch_root):
+    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-d", shapes, epochs=50), slurm_env,
+                    tmp_path)
+    wait_for(lambda: "epoch 1/50: loss" in job_log(tmp_path, "train-d", job_id), 600, "the first epoch")
+    assert leftovers(scratch_root)  # the staged copy is there while it trains
+    run = tmp_path / "runs" / "train-d"
+    r = subprocess.run([str(VENV_BIN / "hpcyolo"), "cancel", str(run)], env=slurm_env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
+    time.sleep(2)  # the job's own last lines
+    log = job_log(tmp_path, "train-d", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), log[-3000:]
+    assert "hpcyolo: job cancelled: stopping at epoch" in log
+    assert "stopping for preemption" not in log and "requeueing" not in log
+    assert not list(run.glob(".preempted-*"))
+    assert leftovers(scratch_root) == []
+
+
+def test_e_killed_rank_ends_the_job_named_in_one_line(tmp_path, shapes, slurm_env, scratch_root):
+    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-e", shapes, epochs=50), slurm_env,
+                    tmp_path)
+    wait_for(lambda: "epoch 1/50: loss" in job_log(tmp_path, "train-e", job_id), 600, "the first epoch")
+    os.kill(task_pid(job_id, 1), signal.SIGKILL)  # rank 1: node1's second task
     killed = time.monotonic()
     info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
     assert time.monotonic() - killed < 60
-    log = job_log(tmp_path, "train-c", job_id)
+    log = job_log(tmp_path, "train-e", job_id)
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", log[-3000:]
-    assert "task 1" in log  # srun names the dead rank (task id = rank) and its node
+    assert "hpcyolo: rank 1 on node1 failed first (Killed); the training step ended with exit" in log, log[-3000:]
+    assert "Traceback" not in log and "stopping for preemption" not in log and "requeueing" not in log
+    assert leftovers(scratch_root) == []
 
 
-def test_d_time_limit_checkpoints_requeues_and_completes(tmp_path, shapes, slurm_env):
+def test_f_array_task_and_the_next_plain_job_both_train(tmp_path, shapes, slurm_env, scratch_root):
+    """`sbatch --array=1` (job N, task 1) and a plain job submitted right
+    after (N+1) once derived the same port and met in one rendezvous."""
+    site = site_file(tmp_path, scratch_root)
+    render = f"{VENV_BIN / 'hpcyolo'} render {site} "
+    jobs = []
+    for name, extra in (("arr", "--array=1"), ("plain", "")):
+        job = job_file(tmp_path, name, shapes, epochs=1)
+        r = subprocess.run(f"{render} {job} | sbatch --parsable {extra}", shell=True, env=slurm_env, cwd=tmp_path,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        jobs.append(int(r.stdout.strip().split(";")[0]))
+    array_id, plain_id = jobs
+    assert plain_id == array_id + 1  # the pair that collided: (array id + task id) == plain id
+    assert default_port(array_id) != default_port(plain_id)
+    for name, job_id in zip(("arr", "plain"), jobs):
+        info = slurm.wait(job_id, timeout=900, env=slurm_env)
+        log = job_log(tmp_path, name, job_id)
+        assert info["JobState"] == "COMPLETED", log[-3000:]
+        assert (tmp_path / "runs" / name / "results.csv").read_text().count("\n") == 2
+        assert "refuse" not in log and "already in use" not in log
+    assert leftovers(scratch_root) == []
+
+
+def test_g_time_limit_checkpoints_requeues_and_completes(tmp_path, shapes, slurm_env, scratch_root):
     # --time=2 min with the signal 30 s before the end (Slurm may send it up
     # to a minute earlier); 5 epochs take longer than that here.
-    site = site_file(tmp_path, grace=30, max_requeues=10)
-    job_id = submit(site, job_file(tmp_path, "train-d", shapes, epochs=5, time_limit="2"), slurm_env, tmp_path)
+    site = site_file(tmp_path, scratch_root, grace=30, max_requeues=10)
+    job_id = submit(site, job_file(tmp_path, "train-g", shapes, epochs=5, time_limit="2"), slurm_env, tmp_path)
     info = slurm.wait(job_id, timeout=2400, env=slurm_env, settled=lambda i: int(i.get("Restarts", 0)) >= 1)
-    log = job_log(tmp_path, "train-d", job_id)
+    log = job_log(tmp_path, "train-g", job_id)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, log[-3000:]
     assert "stopping for preemption (SIGUSR2)" in log and "resumed from ckpt-" in log
-    assert final_weights(tmp_path / "runs" / "train-d")["epoch"] == 5
+    assert "checkpointed (SIGUSR2); requeueing job" in log
+    assert final_state(tmp_path / "runs" / "train-g")["epoch"] == 5
+    assert leftovers(scratch_root) == []
 
 
-def test_e_checkpoint_write_killed_half_way_resumes_from_the_previous(uninterrupted, tmp_path, shapes, slurm_env):
-    a_tmp, _, a_info = uninterrupted
+def test_h_checkpoint_write_killed_half_way_resumes_from_the_previous(uninterrupted, tmp_path, shapes, slurm_env,
+                                                                      scratch_root):
+    a_tmp, _, a_info, _ = uninterrupted
     assert a_info["JobState"] == "COMPLETED"
-    # 48 images, 2 ranks x 2: 12 steps per epoch, a checkpoint after each
-    # epoch. The drill stops the write of step 24's half-way; rank 0 (the
-    # writer) is killed there, then the job is requeued as after a node failure.
-    flag = write(tmp_path / "stall", "13")
-    site = site_file(tmp_path, env={ckpt.STALL_DRILL_ENV: str(flag)})
-    job_id = submit(site, job_file(tmp_path, "train-e", shapes), slurm_env, tmp_path)
-    wait_for(lambda: "drill: checkpoint write stalled" in job_log(tmp_path, "train-e", job_id), 300, "the stalled write")
-    folder = tmp_path / "runs" / "train-e" / "checkpoints"
-    partial = list(folder.glob(".ckpt-000000024.pt.*.tmp"))
-    assert len(partial) == 1 and [p.name for p in ckpt.checkpoints(folder)] == ["ckpt-000000012.pt"]
+    # 6 steps per epoch, a checkpoint after each epoch only. The drill stops
+    # the write of step 12's half-way; rank 0 (the writer) is killed there,
+    # then the job is requeued as after a node failure.
+    flag = write(tmp_path / "stall", "7")
+    site = site_file(tmp_path, scratch_root, env={ckpt.STALL_DRILL_ENV: str(flag)})
+    job_id = submit(site, job_file(tmp_path, "train-h", shapes, every_steps=0), slurm_env, tmp_path)
+    wait_for(lambda: "drill: checkpoint write stalled" in job_log(tmp_path, "train-h", job_id), 600,
+             "the stalled write")
+    folder = tmp_path / "runs" / "train-h" / "checkpoints"
+    partial = list(folder.glob(".ckpt-000000012.pt.*.tmp"))
+    assert len(partial) == 1 and [p.name for p in ckpt.checkpoints(folder)] == ["ckpt-000000006.pt"]
     os.kill(task_pid(job_id, 0), signal.SIGKILL)
     info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
-    assert info["JobState"] == "FAILED", job_log(tmp_path, "train-e", job_id)[-3000:]
-    assert ckpt.load_latest(folder, warn=print)["global_step"] == 12  # never the partial file
+    log = job_log(tmp_path, "train-h", job_id)
+    assert info["JobState"] == "FAILED", log[-3000:]
+    assert "hpcyolo: rank 0 on node1 failed first (Killed)" in log
+    assert ckpt.load_latest(folder, warn=print)["global_step"] == 6  # never the partial file
 
     flag.unlink()
     slurm.requeue(job_id, env=slurm_env)
-    info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
-    log = job_log(tmp_path, "train-e", job_id)
+    info = slurm.wait(job_id, timeout=900, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "train-h", job_id)
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
     assert f"removed {partial[0].name}, a checkpoint whose write never finished" in log
-    assert "resumed from ckpt-000000012.pt" in log
-    assert_identical(final_weights(a_tmp / "runs" / "train-a"), final_weights(tmp_path / "runs" / "train-e"))
+    assert "resumed from ckpt-000000006.pt" in log
+    assert_identical(a_tmp / "runs" / "train-a", tmp_path / "runs" / "train-h")
+    assert leftovers(scratch_root) == []
