@@ -50,13 +50,18 @@ _site_arg = click.argument("site", type=click.Path(dir_okay=False))
 _job_arg = click.argument("job", type=click.Path(dir_okay=False))
 
 
-def _load_plan(site_path: str, job_path: str):
+def _load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
+    """The plan of SITE and JOB; `for_sbatch`: also check what the rendered
+    script needs on this machine before it is submitted (storage.logs)."""
     from .config import load_job, load_site
-    from .plan import make_plan
+    from .plan import check_logs_folder, make_plan
 
     site, job = load_site(site_path), load_job(job_path)
     command = shlex.join(["hpcyolo", *sys.argv[1:]])
-    return make_plan(site, job, site_file=site_path, job_file=job_path, command=command)
+    plan = make_plan(site, job, site_file=site_path, job_file=job_path, command=command)
+    if for_sbatch:
+        check_logs_folder(plan)
+    return plan
 
 
 @main.command()
@@ -65,9 +70,11 @@ def _load_plan(site_path: str, job_path: str):
 def validate(site: str, job: str) -> None:
     """Check SITE and JOB, alone and together, and print what the job asks for.
 
+    Also checks, on this machine, what the rendered script needs before it
+    is submitted: the data YAML and the storage.logs folder.
     Exits 2 with one line naming the file and key of the first problem.
     """
-    plan = _load_plan(site, job)
+    plan = _load_plan(site, job, for_sbatch=True)
     click.echo(f"ok: {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world size {plan.world_size}, "
                f"{plan.batch_per_rank} images per rank, launcher {plan.launcher}, time {plan.time}, "
                f"run {plan.run_dir}")
@@ -88,7 +95,7 @@ def render(site: str, job: str, output: str | None) -> None:
     """
     from .render import render_sbatch
 
-    script = render_sbatch(_load_plan(site, job))
+    script = render_sbatch(_load_plan(site, job, for_sbatch=True))
     if output is None:
         sys.stdout.write(script)
         return

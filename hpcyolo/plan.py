@@ -7,6 +7,7 @@ functions of the plan (plan, then render, then submit).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,24 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         preflight_argv=_preflight_argv(site, job),
         train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal),
     )
+
+
+def check_logs_folder(plan: JobPlan) -> None:
+    """storage.logs must be a folder the job can write when it starts: Slurm
+    opens the --output file there before the script's first line runs, so
+    without it the job fails at once, with no output anywhere and no run
+    directory. Checked on this machine (validate, render, submit --via
+    sbatch), which on a cluster sees the same shared folder as the nodes."""
+    logs = plan.site.storage.logs
+    if not logs:
+        return
+    why = "it must exist when the job is submitted: Slurm opens the job's --output file there before the script " \
+          "runs, and without it the job fails at once with no output anywhere"
+    if not os.path.isdir(logs):
+        what = "is not a folder" if os.path.exists(logs) else "does not exist"
+        raise ConfigError(plan.site_file, "storage.logs", f"{logs} {what}; {why} (mkdir -p {logs})")
+    if not os.access(logs, os.W_OK | os.X_OK):
+        raise ConfigError(plan.site_file, "storage.logs", f"{logs} is not writable by you; {why}")
 
 
 def _processes_per_node(site: SiteConfig, job: JobSpec, job_file: str) -> tuple[int, int]:
