@@ -383,9 +383,12 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
 
     Checks the Slurm version against the site's GPU request style; the
     partition, its time limit, node count, CPUs and GPUs (GRES); account and
-    QOS where sacctmgr answers; that storage.runs is writable; the network
-    interface and the scratch room on this node. Each failure names the check
-    and the fix; exits 1 if any check fails.
+    QOS where sacctmgr answers; that storage.runs is writable and
+    storage.logs exists and is writable; the network interface on a compute
+    node (a one-task srun; on this node when none can run, saying so); the
+    scratch room on this node; that environment.venv holds hpcyolo, the
+    container image exists and `module` works where the site uses them.
+    Each failure names the check and the fix; exits 1 if any check fails.
 
         hpcyolo doctor site_configs/testbed.yaml examples/shapes.yaml
         hpcyolo doctor --signal-test site_configs/testbed.yaml
