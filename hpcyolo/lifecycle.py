@@ -170,7 +170,7 @@ def status(run: Path) -> str:
         took = f" for {state['elapsed']} of {state['limit']}" if state["elapsed"] != "?" else ""
         lines.append(f"state     {state['state']}{reason}{took}{where}{restarts}{exit_code}  [{state['source']}]")
     lines.append(f"progress  {progress(run)}")
-    log = log_path(latest, 0, state)
+    log = log_path(latest, 0, state or {})  # {}: Slurm was asked already
     if log:
         lines.append(f"log       {log}")
     else:
