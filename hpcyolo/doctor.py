@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import JobSpec, SiteConfig, parse_time
+from .config import JobSpec, SiteConfig, limit_seconds
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -42,10 +42,6 @@ def _run(argv: list[str]) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         return 124, f"{argv[0]}: no answer in 30 s"
     return r.returncode, (r.stdout if r.returncode == 0 else (r.stderr.strip() or r.stdout.strip()))
-
-
-def _seconds(limit: str) -> float:
-    return float("inf") if limit.lower() in ("infinite", "unlimited") else parse_time(limit)
 
 
 def _gres_gpus(gres: str) -> int:
@@ -102,10 +98,10 @@ def check_partition(site: SiteConfig, job: JobSpec | None) -> list[Check]:
     name = mine[0]["name"]
     checks = [Check("partition", "PASS", f"{name}: {sum(r['nodes'] for r in mine)} node(s), "
                     f"time limit {mine[0]['limit']}")]
-    limit = _seconds(mine[0]["limit"])
+    limit = limit_seconds(mine[0]["limit"])
     for key, value in (("slurm.max_time", site.slurm.max_time), ("job resources.time",
                                                                   job.resources.time if job else None)):
-        if value and parse_time(value) > limit:
+        if value and limit_seconds(value) > limit:
             checks.append(Check("time limit", "FAIL", f"{key} {value} is above partition {name}'s limit "
                                 f"{mine[0]['limit']}", f"lower {key} to at most {mine[0]['limit']}"))
     if job and job.resources.nodes > sum(r["nodes"] for r in mine):

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import JobSpec, SiteConfig, format_time, parse_time
+from .config import JobSpec, SiteConfig, format_time, limit_seconds, parse_time
 from .errors import ConfigError
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from .shell import Expand, Raw, Var
@@ -159,7 +159,7 @@ def _cpus_per_task(site: SiteConfig, job_file: str, gpus: int, procs: int, tasks
 
 def _check_limits(site: SiteConfig, job: JobSpec, job_file: str, world: int) -> None:
     seconds = parse_time(job.resources.time)
-    if site.slurm.max_time and seconds > parse_time(site.slurm.max_time):
+    if seconds > limit_seconds(site.slurm.max_time):
         raise ConfigError(job_file, "resources.time", f"{job.resources.time} is longer than site '{site.name}' "
                                                       f"allows ({site.slurm.max_time})")
     if site.preemption.grace and seconds <= site.preemption.grace:

@@ -131,3 +131,14 @@ def test_cli_validate_ok(tmp_path):
     r = cli("validate", s, j)
     assert r.returncode == 0, r.stderr
     assert "world size 8" in r.stdout and "8 images per rank" in r.stdout
+
+
+@pytest.mark.parametrize("spelling", ["INFINITE", "infinite", "UNLIMITED"])
+def test_max_time_of_a_partition_without_a_limit(tmp_path, spelling):
+    # sinfo prints a partition without a time limit as "infinite".
+    site = GPU_SITE.replace('max_time: "2-00:00:00"', f"max_time: {spelling}")
+    plan = plan_of(tmp_path, site=site, job=JOB.replace('time: "04:00:00"', 'time: "30-00:00:00"'))
+    assert plan.time == "30-00:00:00"
+    msg = error_of(tmp_path, site=GPU_SITE.replace('max_time: "2-00:00:00"', "max_time: forever"))
+    assert msg.endswith("site.yaml: slurm.max_time: 'forever' is not a Slurm time such as 90 (minutes), 04:00:00 or "
+                        "2-00:00:00, or INFINITE for a partition without a limit")

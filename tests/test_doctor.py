@@ -149,3 +149,12 @@ def test_doctor_reports_what_would_kill_a_job_silently(tmp_path, fake_bin):
                  f"FAIL  container.image    {tmp_path / 'hpcyolo.sif'} does not exist"):
         assert line in r.stdout, r.stdout
     assert "3 failed" in r.stdout
+
+
+def test_a_partition_without_a_time_limit(tmp_path, fake_bin):
+    fake_bin("sinfo", 'echo "long*|infinite|2|64|480000|gpu:4"\n')
+    checks = doctor.check_partition(site_of(tmp_path, slurm={"partition": "long", "max_time": "INFINITE"}), None)
+    assert [c.status for c in checks] == ["PASS", "PASS"], checks
+    fake_bin("sinfo", 'echo "long*|7-00:00:00|2|64|480000|gpu:4"\n')
+    checks = doctor.check_partition(site_of(tmp_path, slurm={"partition": "long", "max_time": "INFINITE"}), None)
+    assert checks[1].status == "FAIL" and checks[1].fix == "lower slurm.max_time to at most 7-00:00:00"
