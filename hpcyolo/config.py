@@ -274,6 +274,9 @@ class Resources:
                                      check=check_positive)
     tasks_per_node: int | None = spec(None, doc="CPU sites only: training processes per node (default 1).",
                                       check=check_positive)
+    cpus_per_task: int | None = spec(None, doc="CPUs per task (--cpus-per-task), to use part of a node; empty: "
+                                               "the node's share (node.cpus over the tasks, or per GPU).",
+                                     check=check_positive)
     time: str = spec("01:00:00", doc="Walltime (--time): 90, 04:00:00, 1-12:00:00.", check=check_time)
     launcher: Literal["srun", "torchrun"] | None = spec(None, doc="Override the site's launcher.")
 

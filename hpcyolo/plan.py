@@ -68,7 +68,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
     world = job.resources.nodes * procs
     _check_limits(site, job, job_file, world)
 
-    cpus_per_task = _cpus_per_task(site, job_file, gpus, procs, tasks)
+    cpus_per_task = _cpus_per_task(site, job, job_file, gpus, procs, tasks)
     # One OpenMP thread per physical core of the process's share.
     omp = max(1, cpus_per_task // (procs // tasks) // site.node.threads_per_core) if cpus_per_task else 1
 
@@ -142,11 +142,21 @@ def _processes_per_node(site: SiteConfig, job: JobSpec, job_file: str) -> tuple[
     return gpus, gpus
 
 
-def _cpus_per_task(site: SiteConfig, job_file: str, gpus: int, procs: int, tasks: int) -> int | None:
-    """A GPU's share of the node's CPUs for each GPU of the task (so a job on
+def _cpus_per_task(site: SiteConfig, job: JobSpec, job_file: str, gpus: int, procs: int,
+                   tasks: int) -> int | None:
+    """The job's resources.cpus_per_task, checked against the node; else a
+    GPU's share of the node's CPUs for each GPU of the task (so a job on
     part of a shared node asks for its part), or the node's CPUs split over
     the tasks on a CPU site."""
-    cpus = site.node.cpus
+    cpus, asked = site.node.cpus, job.resources.cpus_per_task
+    if asked is not None:
+        if asked < procs // tasks:
+            raise ConfigError(job_file, "resources.cpus_per_task", f"{asked} is fewer than the {procs // tasks} "
+                                                                   "training processes of each task")
+        if cpus is not None and asked * tasks > cpus:
+            raise ConfigError(job_file, "resources.cpus_per_task", f"{asked} x {tasks} task(s) per node is more "
+                                                                   f"than site '{site.name}' nodes have ({cpus})")
+        return asked
     if cpus is None:
         return None
     if cpus < procs:
