@@ -237,7 +237,7 @@ def check_venv(site: SiteConfig) -> Check:
     venv = _expand(site.environment.venv)
     if venv is None:
         return Check("environment.venv", "SKIP", f"{site.environment.venv}: a variable in it is not set here")
-    install = f"python3 -m venv {venv} && {venv}/bin/pip install hpcyolo"
+    install = f"python3 -m venv {venv} && {venv}/bin/pip install /path/to/hpcyolo"
     if not os.path.isfile(os.path.join(venv, "bin", "activate")):
         what = "is not a virtual environment (no bin/activate)" if os.path.isdir(venv) else "does not exist"
         return Check("environment.venv", "FAIL", f"{venv} {what}; the script sources {venv}/bin/activate",
@@ -247,7 +247,7 @@ def check_venv(site: SiteConfig) -> Check:
     exe = os.path.join(venv, "bin", "hpcyolo")
     if not os.access(exe, os.X_OK):
         return Check("environment.venv", "FAIL", f"{venv} holds no hpcyolo ({exe}), which every step runs",
-                     f"install it there: {venv}/bin/pip install hpcyolo")
+                     f"install it there: {venv}/bin/pip install /path/to/hpcyolo (a checkout or a wheel)")
     return Check("environment.venv", "PASS", f"{venv} holds hpcyolo")
 
 

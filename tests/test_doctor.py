@@ -91,7 +91,7 @@ def test_venv_must_exist_and_hold_hpcyolo(tmp_path):
     check = doctor.check_venv(site_of(tmp_path, environment={"venv": str(venv)}))
     assert check.status == "FAIL" and check.detail == (f"{venv} does not exist; the script sources "
                                                        f"{venv}/bin/activate")
-    assert check.fix.startswith(f"create it (python3 -m venv {venv} && {venv}/bin/pip install hpcyolo)")
+    assert check.fix.startswith(f"create it (python3 -m venv {venv} && {venv}/bin/pip install /path/to/hpcyolo)")
     write(venv / "bin" / "activate", "")
     check = doctor.check_venv(site_of(tmp_path, environment={"venv": str(venv)}))
     assert check.status == "FAIL" and check.detail == (f"{venv} holds no hpcyolo ({venv}/bin/hpcyolo), which "
