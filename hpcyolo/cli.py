@@ -33,13 +33,15 @@ class _Group(click.Group):
 def main() -> None:
     """Train YOLO-family object detectors on Slurm clusters.
 
-    A site config (facts about one cluster, see site_configs/example.yaml) and
-    a job spec (one training run, see examples/coco8.yaml) become an sbatch
-    script:
+    A site config (facts about one cluster, see site_configs/example.yaml, or
+    example_cpu.yaml for a cluster without GPUs) and a job spec (one training
+    run, see examples/shapes.yaml) become an sbatch script. From a checkout
+    of hpcyolo, with a small generated dataset:
 
-        hpcyolo validate site_configs/testbed.yaml examples/coco8.yaml
-
-        hpcyolo render site_configs/testbed.yaml examples/coco8.yaml | sbatch
+    \b
+        hpcyolo make-dataset shapes data/shapes
+        hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
+        hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
 
     Inside the job, the script calls `hpcyolo stage` (once per node) and
     `hpcyolo train` (once per GPU).
@@ -91,7 +93,7 @@ def render(site: str, job: str, output: str | None) -> None:
     The script is complete and readable: pipe it to sbatch, or save it with -o
     and read it first. Messages go to stderr, the script alone to stdout.
 
-        hpcyolo render site_configs/testbed.yaml examples/coco8.yaml | sbatch
+        hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
     """
     from .render import render_sbatch
 
