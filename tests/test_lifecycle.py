@@ -18,7 +18,8 @@ from hpcyolo.lifecycle import Start, jobs, starts
 SCONTROL_FORGOT = 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1'
 SACCT_OFF = 'echo "Slurm accounting storage is disabled" >&2; exit 1'
 SCANCEL_FORGOT = 'echo "scancel: error: Kill job error on job id $1: Invalid job id specified" >&2; exit 1'
-SCANCEL_DONE = 'echo "scancel: error: Kill job error on job id $1: Job/step already completing or completed" >&2; exit 1'
+SCANCEL_DONE = ('echo "scancel: error: Kill job error on job id $1: Job/step already completing or completed" >&2; '
+                'exit 1')
 
 
 def scontrol_says(state: str, exit_code: str = "0:0", stdout: str = "/home/u/shapes-4242.out") -> str:
@@ -162,7 +163,8 @@ def test_cancel_of_a_job_that_ends_meanwhile_says_it_had_finished(tmp_path, slur
 def test_cancel_errors_are_one_line(tmp_path, slurm):
     run = run_dir(tmp_path, "job 4242 restart 0 on node1")
     r = hpcyolo(slurm, "cancel", run)  # no Slurm commands at all
-    assert r.returncode == 1 and r.stderr == "hpcyolo: error: scancel: command not found (is this a Slurm login node?)\n"
+    assert r.returncode == 1
+    assert r.stderr == "hpcyolo: error: scancel: command not found (is this a Slurm login node?)\n"
     slurm("scontrol", scontrol_says("RUNNING"))
     slurm("scancel", 'echo "scancel: error: Kill job error on job id 4242: Access/permission denied" >&2; exit 1')
     r = hpcyolo(slurm, "cancel", run)
