@@ -230,7 +230,7 @@ def cancel(run: Path) -> str:
         if state["state"] != "RUNNING":
             return f"job {job} of {run} had already finished ({state['state']}); nothing to cancel"
         raise HpcyoloError(f"job {job} of {run} is process {job} on this machine, not a Slurm job: stop it with "
-                           f"kill -TERM {job} (it checkpoints first)")
+                           f"kill -TERM {job}")
     state = slurm_state(job)
     if state and state["state"] in FINAL:
         return _finished(job, run, state)

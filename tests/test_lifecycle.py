@@ -170,3 +170,16 @@ def test_cancel_errors_are_one_line(tmp_path, slurm):
     r = hpcyolo(slurm, "cancel", run)
     assert r.returncode == 1 and r.stderr == ("hpcyolo: error: scancel 4242: scancel: error: Kill job error on job "
                                               "id 4242: Access/permission denied\n")
+
+
+def test_cancel_of_a_finished_local_run_says_so_without_scancel(tmp_path, slurm):
+    slurm("scancel", "exit 0")
+    done = subprocess.Popen(["/bin/true"])
+    done.wait()  # a process that has ended: the local site's job id is its pid
+    run = tmp_path / "runs" / "loc"
+    write(run / "hpcyolo-jobs", f'{{"job": "{done.pid}", "via": "local", "logs": "{run}/submitit/x_0_log.out"}}\n')
+    write(run / "submitit" / "x_0_log.out", "Job completed successfully\n")
+    r = hpcyolo(slurm, "cancel", run)
+    assert r.returncode == 0
+    assert r.stderr == f"job {done.pid} of {run} had already finished (COMPLETED); nothing to cancel\n"
+    assert not (slurm.calls / "scancel").exists()
