@@ -33,13 +33,15 @@ class _Group(click.Group):
 def main() -> None:
     """Train YOLO-family object detectors on Slurm clusters.
 
-    A site config (facts about one cluster, see site_configs/example.yaml) and
-    a job spec (one training run, see examples/coco8.yaml) become an sbatch
-    script:
+    A site config (facts about one cluster, see site_configs/example.yaml, or
+    example_cpu.yaml for a cluster without GPUs) and a job spec (one training
+    run, see examples/shapes.yaml) become an sbatch script. From a checkout
+    of hpcyolo, with a small generated dataset:
 
-        hpcyolo validate site_configs/testbed.yaml examples/coco8.yaml
-
-        hpcyolo render site_configs/testbed.yaml examples/coco8.yaml | sbatch
+    \b
+        hpcyolo make-dataset shapes data/shapes
+        hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
+        hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
 
     Inside the job, the script calls `hpcyolo stage` (once per node) and
     `hpcyolo train` (once per GPU).
@@ -50,13 +52,18 @@ _site_arg = click.argument("site", type=click.Path(dir_okay=False))
 _job_arg = click.argument("job", type=click.Path(dir_okay=False))
 
 
-def _load_plan(site_path: str, job_path: str):
+def _load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
+    """The plan of SITE and JOB; `for_sbatch`: also check what the rendered
+    script needs on this machine before it is submitted (storage.logs)."""
     from .config import load_job, load_site
-    from .plan import make_plan
+    from .plan import check_logs_folder, make_plan
 
     site, job = load_site(site_path), load_job(job_path)
     command = shlex.join(["hpcyolo", *sys.argv[1:]])
-    return make_plan(site, job, site_file=site_path, job_file=job_path, command=command)
+    plan = make_plan(site, job, site_file=site_path, job_file=job_path, command=command)
+    if for_sbatch:
+        check_logs_folder(plan)
+    return plan
 
 
 @main.command()
@@ -65,9 +72,11 @@ def _load_plan(site_path: str, job_path: str):
 def validate(site: str, job: str) -> None:
     """Check SITE and JOB, alone and together, and print what the job asks for.
 
+    Also checks, on this machine, what the rendered script needs before it
+    is submitted: the data YAML and the storage.logs folder.
     Exits 2 with one line naming the file and key of the first problem.
     """
-    plan = _load_plan(site, job)
+    plan = _load_plan(site, job, for_sbatch=True)
     click.echo(f"ok: {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world size {plan.world_size}, "
                f"{plan.batch_per_rank} images per rank, launcher {plan.launcher}, time {plan.time}, "
                f"run {plan.run_dir}")
@@ -84,11 +93,11 @@ def render(site: str, job: str, output: str | None) -> None:
     The script is complete and readable: pipe it to sbatch, or save it with -o
     and read it first. Messages go to stderr, the script alone to stdout.
 
-        hpcyolo render site_configs/testbed.yaml examples/coco8.yaml | sbatch
+        hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
     """
     from .render import render_sbatch
 
-    script = render_sbatch(_load_plan(site, job))
+    script = render_sbatch(_load_plan(site, job, for_sbatch=True))
     if output is None:
         sys.stdout.write(script)
         return
@@ -385,9 +394,12 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
 
     Checks the Slurm version against the site's GPU request style; the
     partition, its time limit, node count, CPUs and GPUs (GRES); account and
-    QOS where sacctmgr answers; that storage.runs is writable; the network
-    interface and the scratch room on this node. Each failure names the check
-    and the fix; exits 1 if any check fails.
+    QOS where sacctmgr answers; that storage.runs is writable and
+    storage.logs exists and is writable; the network interface on a compute
+    node (a one-task srun; on this node when none can run, saying so); the
+    scratch room on this node; that environment.venv holds hpcyolo, the
+    container image exists and `module` works where the site uses them.
+    Each failure names the check and the fix; exits 1 if any check fails.
 
         hpcyolo doctor site_configs/testbed.yaml examples/shapes.yaml
         hpcyolo doctor --signal-test site_configs/testbed.yaml

@@ -131,6 +131,25 @@ def parse_time(value: str) -> int:
     return seconds
 
 
+# How sinfo and scontrol print a partition without a time limit.
+UNLIMITED = ("infinite", "unlimited")
+
+
+def check_max_time(value: str) -> None:
+    try:
+        limit_seconds(value)
+    except ValueError as e:
+        raise ValueError(f"{e}, or INFINITE for a partition without a limit") from None
+
+
+def limit_seconds(value: str | None) -> float:
+    """A time limit in seconds; infinite when there is none (empty, or
+    INFINITE / UNLIMITED as sinfo prints it)."""
+    if not value or value.strip().lower() in UNLIMITED:
+        return float("inf")
+    return parse_time(value)
+
+
 def format_time(seconds: int) -> str:
     days, rest = divmod(seconds, 86400)
     hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
@@ -149,8 +168,8 @@ class SlurmSite:
     constraint: str | None = spec(None, doc="Node features (--constraint), e.g. gpu or gpu&hbm80g.",
                                   check=check_constraint)
     reservation: str | None = spec(None, doc="Reservation (--reservation).", check=check_slurm_word)
-    max_time: str | None = spec(None, doc="Longest walltime the partition allows; jobs asking more are refused.",
-                                check=check_time)
+    max_time: str | None = spec(None, doc="Longest walltime the partition allows, as sinfo shows it (INFINITE: no "
+                                          "limit); jobs asking more are refused.", check=check_max_time)
     gpu_request: Literal["gres", "gpus-per-node", "gpus-per-task", "none"] = spec(
         "gres", doc="How the site asks for GPUs: gres (--gres=gpu:N), gpus-per-node, gpus-per-task, none (CPU site).")
     gres_name: str = spec("gpu", doc="The GRES name, with a type if the site wants one (gpu:a100).",
@@ -258,6 +277,9 @@ class Resources:
                                      check=check_positive)
     tasks_per_node: int | None = spec(None, doc="CPU sites only: training processes per node (default 1).",
                                       check=check_positive)
+    cpus_per_task: int | None = spec(None, doc="CPUs per task (--cpus-per-task), to use part of a node; empty: "
+                                               "the node's share (node.cpus over the tasks, or per GPU).",
+                                     check=check_positive)
     time: str = spec("01:00:00", doc="Walltime (--time): 90, 04:00:00, 1-12:00:00.", check=check_time)
     launcher: Literal["srun", "torchrun"] | None = spec(None, doc="Override the site's launcher.")
 
@@ -356,5 +378,5 @@ def _check_site(site: SiteConfig, file: str) -> None:
         raise ConfigError(file, "container.image", f"is required with container.runtime: {site.container.runtime}")
     if site.network.ib_hca and not site.network.infiniband:
         raise ConfigError(file, "network.ib_hca", "is set, but network.infiniband is false")
-    if site.slurm.max_time and site.preemption.grace >= parse_time(site.slurm.max_time):
+    if site.preemption.grace >= limit_seconds(site.slurm.max_time):
         raise ConfigError(file, "preemption.grace", "must be shorter than slurm.max_time")

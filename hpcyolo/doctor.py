@@ -2,9 +2,11 @@
 from a login node, before a job wastes an allocation.
 
 Each check says PASS, FAIL (with the fix) or SKIP (with why it could not be
-checked). What only a compute node can tell (its interface, its scratch, the
-master's port) is checked here on this node where that means something, and
-on every node by the preflight step.
+checked). The network interface is looked up on a compute node of the
+partition (a one-task srun), or on this node when no task can run, saying so.
+What else only a compute node can tell (its scratch, the master's port) is
+checked here on this node where that means something, and on every node by
+the preflight step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import JobSpec, SiteConfig, parse_time
+from .config import JobSpec, SiteConfig, limit_seconds
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -40,10 +42,6 @@ def _run(argv: list[str]) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         return 124, f"{argv[0]}: no answer in 30 s"
     return r.returncode, (r.stdout if r.returncode == 0 else (r.stderr.strip() or r.stdout.strip()))
-
-
-def _seconds(limit: str) -> float:
-    return float("inf") if limit.lower() in ("infinite", "unlimited") else parse_time(limit)
 
 
 def _gres_gpus(gres: str) -> int:
@@ -100,10 +98,10 @@ def check_partition(site: SiteConfig, job: JobSpec | None) -> list[Check]:
     name = mine[0]["name"]
     checks = [Check("partition", "PASS", f"{name}: {sum(r['nodes'] for r in mine)} node(s), "
                     f"time limit {mine[0]['limit']}")]
-    limit = _seconds(mine[0]["limit"])
+    limit = limit_seconds(mine[0]["limit"])
     for key, value in (("slurm.max_time", site.slurm.max_time), ("job resources.time",
                                                                   job.resources.time if job else None)):
-        if value and parse_time(value) > limit:
+        if value and limit_seconds(value) > limit:
             checks.append(Check("time limit", "FAIL", f"{key} {value} is above partition {name}'s limit "
                                 f"{mine[0]['limit']}", f"lower {key} to at most {mine[0]['limit']}"))
     if job and job.resources.nodes > sum(r["nodes"] for r in mine):
@@ -162,17 +160,138 @@ def check_runs_writable(site: SiteConfig) -> Check:
     return Check("storage.runs", "PASS", f"{root} is writable")
 
 
-def check_interface(site: SiteConfig) -> Check:
-    name = site.network.interface
-    if not name:
+# How long the interface probe's srun waits for a node (srun --immediate):
+# doctor should answer in a minute, not queue behind a busy partition.
+PROBE_WAIT_S = 30
+
+
+def compute_node_interfaces(site: SiteConfig) -> tuple[str, list[str]] | str:
+    """(host, interface names) of a compute node of the site's partition, from
+    a one-task srun; or why no task ran."""
+    s = site.slurm
+    argv = ["srun", "--nodes=1", "--ntasks=1", f"--immediate={PROBE_WAIT_S}", "--time=00:01:00",
+            "--job-name=hpcyolo-doctor", "--quiet"]
+    argv += [f"--{flag}={value}" for flag, value in (("partition", s.partition), ("account", s.account),
+                                                      ("qos", s.qos), ("constraint", s.constraint),
+                                                      ("reservation", s.reservation)) if value]
+    # One GPU where the site has them: GPU partitions often refuse a job
+    # without, and the node probed is then one a training job gets.
+    argv += {"gres": [f"--gres={s.gres_name}:1"], "gpus-per-node": ["--gpus-per-node=1"],
+             "gpus-per-task": ["--gpus-per-task=1"], "none": []}[s.gpu_request]
+    argv += ["sh", "-c", "hostname; ls /sys/class/net"]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_WAIT_S + 60)
+    except FileNotFoundError:
+        return "srun is not here"
+    except subprocess.TimeoutExpired:
+        return f"srun got no answer in {PROBE_WAIT_S + 60} s"
+    lines = r.stdout.split()
+    if r.returncode != 0 or len(lines) < 2:
+        said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}, no output"])[-1]
+        return f"srun could not run a task on a compute node ({said[:160]})"
+    return lines[0], lines[1:]
+
+
+def check_interface(site: SiteConfig, use_srun: bool = True) -> Check:
+    """The interface on a compute node of the partition (a one-task srun),
+    else on this node, saying so."""
+    if not site.network.interface:
         return Check("network.interface", "SKIP", "the site names no interface (NCCL/Gloo choose one)")
-    names = [n for _, n in socket.if_nameindex()]
-    if name not in names:
-        return Check("network.interface", "FAIL", f"{name} does not exist on {socket.gethostname()} "
-                     f"(interfaces: {', '.join(names)})",
-                     "list a compute node's interfaces (srun -N1 ip -br addr) and set network.interface to the "
-                     "fast one")
-    return Check("network.interface", "PASS", f"{name} exists on {socket.gethostname()}")
+    wanted = site.network.interface.split(",")  # NCCL and Gloo take a comma list
+    probe = compute_node_interfaces(site) if use_srun else "no Slurm answers here"
+    if isinstance(probe, tuple):
+        host, names = probe
+        where, note = f"compute node {host}", ""
+    else:
+        host, names = socket.gethostname(), [n for _, n in socket.if_nameindex()]
+        where, note = host, f" (checked on this node only: {probe})"
+    missing = [n for n in wanted if n not in names]
+    if missing:
+        return Check("network.interface", "FAIL", f"{', '.join(missing)} does not exist on {where} "
+                     f"(interfaces: {', '.join(names)}){note}",
+                     "list a compute node's interfaces (srun -N1 ip -brief addr) and set network.interface to "
+                     "the fast one (InfiniBand ib0, Slingshot hsn0, ...)")
+    return Check("network.interface", "PASS", f"{site.network.interface} exists on {where}{note}")
+
+
+def check_logs(site: SiteConfig) -> Check:
+    """Slurm opens the output file in storage.logs before the script runs:
+    without the folder a job dies at once, with no output anywhere."""
+    logs = site.storage.logs
+    if not logs:
+        return Check("storage.logs", "SKIP", "empty: Slurm writes the job's output in the folder you submit from")
+    if not os.path.isdir(logs):
+        return Check("storage.logs", "FAIL", f"{logs} does not exist: Slurm opens the job's output file there "
+                     "before the script runs, so every job would fail at once with no output",
+                     f"create it (mkdir -p {logs}) or set storage.logs to an existing shared folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=logs, prefix=".hpcyolo-doctor-"):
+            pass
+    except OSError as e:
+        return Check("storage.logs", "FAIL", f"cannot write in {logs}: {e.strerror}",
+                     "set storage.logs to a shared folder you can write, or fix its permissions")
+    return Check("storage.logs", "PASS", f"{logs} exists and is writable")
+
+
+def check_venv(site: SiteConfig) -> Check:
+    venv = _expand(site.environment.venv)
+    if venv is None:
+        return Check("environment.venv", "SKIP", f"{site.environment.venv}: a variable in it is not set here")
+    install = f"python3 -m venv {venv} && {venv}/bin/pip install /path/to/hpcyolo"
+    if not os.path.isfile(os.path.join(venv, "bin", "activate")):
+        what = "is not a virtual environment (no bin/activate)" if os.path.isdir(venv) else "does not exist"
+        return Check("environment.venv", "FAIL", f"{venv} {what}; the script sources {venv}/bin/activate",
+                     f"create it ({install}), or set environment.venv to the venv that holds hpcyolo")
+    if site.container.runtime != "none":  # the steps run the image's hpcyolo
+        return Check("environment.venv", "PASS", f"{venv} exists (the steps run hpcyolo in the container)")
+    exe = os.path.join(venv, "bin", "hpcyolo")
+    if not os.access(exe, os.X_OK):
+        return Check("environment.venv", "FAIL", f"{venv} holds no hpcyolo ({exe}), which every step runs",
+                     f"install it there: {venv}/bin/pip install /path/to/hpcyolo (a checkout or a wheel)")
+    return Check("environment.venv", "PASS", f"{venv} holds hpcyolo")
+
+
+# Image references, not files: apptainer/singularity URIs, and pyxis's
+# enroot references (anything that is not a path: [USER@][REGISTRY#]IMAGE[:TAG]).
+_IMAGE_URI = re.compile(r"[a-z]+://")
+
+
+def check_container_image(site: SiteConfig) -> Check:
+    c = site.container
+    image = _expand(c.image or "")
+    if image is None:
+        return Check("container.image", "SKIP", f"{c.image}: a variable in it is not set here")
+    if _IMAGE_URI.match(image) or not image.startswith(("/", ".")):
+        return Check("container.image", "SKIP", f"{image} is a registry reference: {c.runtime} pulls it when the "
+                     "job starts")
+    if not os.path.exists(image):  # a file, or an apptainer sandbox folder
+        pull = (f"apptainer pull {image} docker://IMAGE" if c.runtime != "pyxis"
+                else f"enroot import -o {image} docker://IMAGE")
+        return Check("container.image", "FAIL", f"{image} does not exist ({c.runtime} would fail on every step)",
+                     f"build or copy the image there ({pull}), or set container.image to the image file")
+    if not os.access(image, os.R_OK):
+        return Check("container.image", "FAIL", f"{image} is not readable by you",
+                     "fix its permissions, or set container.image to an image you can read")
+    return Check("container.image", "PASS", f"{image} exists")
+
+
+# What the batch shell runs `module ...` with: a function the login shell
+# defines (Lmod, Environment Modules), passed to the job by sbatch's default
+# --export=ALL.
+MODULE_PROBE = ("bash", "-lc", "type -t module")
+
+
+def check_modules(site: SiteConfig) -> Check:
+    env = site.environment
+    keys = [k for k, v in (("module_purge", env.module_purge), ("module_use", env.module_use),
+                           ("modules", env.modules)) if v]
+    code, out = _run(list(MODULE_PROBE))
+    if code != 0 or not out.strip():
+        return Check("module command", "FAIL", f"no `module` command here, but environment."
+                     f"{', environment.'.join(keys)} use it: the script's module lines would fail",
+                     "submit from a shell where `module` works (source the site's /etc/profile.d/lmod.sh "
+                     "or modules.sh), or empty environment.modules and module_use and set module_purge: false")
+    return Check("module command", "PASS", f"`module` is a shell {out.split()[-1]} here")
 
 
 def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Check:
@@ -199,10 +318,19 @@ def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None) -> li
     """Every check; `data`: the job's data YAML, resolved (plan.data)."""
     slurm, _ = check_slurm(site)
     checks = [slurm]
+    partition_ok = False
     if slurm.status == "PASS":
-        checks += check_partition(site, job)
-        checks.append(check_account(site))
-    checks += [check_runs_writable(site), check_interface(site), check_scratch(site, job, data)]
+        partition = check_partition(site, job)
+        partition_ok = partition[0].status == "PASS"
+        checks += [*partition, check_account(site)]
+    checks += [check_runs_writable(site), check_logs(site), check_interface(site, use_srun=partition_ok),
+               check_scratch(site, job, data)]
+    if site.environment.venv:
+        checks.append(check_venv(site))
+    if site.container.runtime != "none":
+        checks.append(check_container_image(site))
+    if site.environment.module_purge or site.environment.module_use or site.environment.modules:
+        checks.append(check_modules(site))
     return checks
 
 

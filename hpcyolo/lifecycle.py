@@ -3,9 +3,10 @@
 A run directory records its jobs: RUN/hpcyolo-jobs (one JSON line per
 `hpcyolo submit`: job id, how, where the logs go) and RUN/hpcyolo-run (one
 line per start of the job, requeues included, written by the batch script or
-the submitted task). The job's state comes from Slurm: `scontrol show job`
-while slurmctld remembers it, then `sacct` where accounting runs; where
-neither answers, the run directory alone tells what happened.
+the submitted task; the batch script's lines also name the job's log). The
+job's state comes from Slurm: `scontrol show job` while slurmctld remembers
+it, then `sacct` where accounting runs; where neither answers, the run
+directory alone tells what happened.
 """
 
 from __future__ import annotations
@@ -30,11 +31,41 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 class JobRecord:
     job: str
     via: str
-    logs: str | None  # a path, with {rank} for per-rank logs
+    logs: str | None  # a path; submitit's has {rank} for per-rank logs
+
+
+@dataclass
+class Start:
+    """One line of RUN/hpcyolo-run: a start of a job (its first, or a requeue)."""
+
+    job: str
+    restart: str
+    host: str
+    log: str | None  # the job's output file, as the batch script saw it
+
+
+# `job ID restart N on HOST[ log PATH]` from the batch script (the path is
+# the rest of the line and may hold spaces; older scripts wrote no log),
+# `job ID restart N on HOST via submitit` from a submitit task.
+_START = re.compile(r"job (\S+) restart (\S+) on (\S*)(.*)")
+
+
+def starts(run: Path) -> list[Start]:
+    """The starts recorded in RUN/hpcyolo-run, oldest first."""
+    record = run / "hpcyolo-run"
+    out = []
+    for line in (record.read_text(errors="replace").splitlines() if record.exists() else []):
+        m = _START.fullmatch(line)
+        if m:
+            rest = m[4]
+            out.append(Start(m[1], m[2], m[3], rest[len(" log "):] if rest.startswith(" log ") else None))
+    return out
 
 
 def jobs(run: Path) -> list[JobRecord]:
-    """The run's jobs, oldest first."""
+    """The run's jobs, oldest first. The log path a batch script recorded
+    for its job wins over the one guessed at submission: it is what Slurm
+    used, and it outlives Slurm's memory of the job."""
     if not run.is_dir():
         raise HpcyoloError(f"{run}: no such run directory")
     out: list[JobRecord] = []
@@ -46,13 +77,13 @@ def jobs(run: Path) -> list[JobRecord]:
             except ValueError:
                 continue
             out.append(JobRecord(str(entry["job"]), entry.get("via", "?"), entry.get("logs")))
-    known = {r.job for r in out}
-    started = run / "hpcyolo-run"
-    if started.exists():  # a job submitted by `hpcyolo render | sbatch`
-        for m in re.finditer(r"^job (\S+) restart", started.read_text(), flags=re.MULTILINE):
-            if m[1] not in known:
-                known.add(m[1])
-                out.append(JobRecord(m[1], "sbatch", None))
+    known = {r.job: r for r in out}
+    for start in starts(run):
+        if start.job not in known:  # a job submitted by `hpcyolo render | sbatch`
+            known[start.job] = JobRecord(start.job, "sbatch", None)
+            out.append(known[start.job])
+        if start.log and known[start.job].via == "sbatch":
+            known[start.job].logs = start.log  # the newest start's
     if not out:
         raise HpcyoloError(f"{run}: no job recorded here (not a run directory of hpcyolo?)")
     return out
@@ -139,15 +170,21 @@ def status(run: Path) -> str:
         took = f" for {state['elapsed']} of {state['limit']}" if state["elapsed"] != "?" else ""
         lines.append(f"state     {state['state']}{reason}{took}{where}{restarts}{exit_code}  [{state['source']}]")
     lines.append(f"progress  {progress(run)}")
-    log = log_path(latest, 0, state)
+    log = log_path(latest, 0, state or {})  # {}: Slurm was asked already
     if log:
         lines.append(f"log       {log}")
+    else:
+        lines.append(f"log       unknown: {NO_LOG_PATH}")
     return "\n".join(lines)
+
+
+NO_LOG_PATH = ("Slurm no longer knows the job, and RUN/hpcyolo-run records no log path (a script rendered by an "
+               "older hpcyolo); by default it is NAME-JOBID.out in the folder the job was submitted from")
 
 
 def log_path(record: JobRecord, rank: int | None, state: dict | None = None) -> Path | None:
     if record.logs:
-        return Path(record.logs.replace("{rank}", str(rank or 0)))
+        return Path(record.logs.replace("{rank}", str(rank or 0)) if record.via == "submitit" else record.logs)
     if state is None:
         state = slurm_state(record.job)
     return Path(state["stdout"]) if state and state.get("stdout") else None
@@ -155,14 +192,17 @@ def log_path(record: JobRecord, rank: int | None, state: dict | None = None) -> 
 
 def logs(run: Path, rank: int | None, follow: bool, out=sys.stdout) -> None:
     latest = jobs(run)[-1]
-    if rank is not None and not (latest.logs and "{rank}" in latest.logs):
+    if rank is not None and not (latest.via == "submitit" and latest.logs and "{rank}" in latest.logs):
         raise HpcyoloError(f"{run}: job {latest.job} writes one log for all ranks (submitted with {latest.via}); "
                            "drop --rank")
     path = log_path(latest, rank)
     if path is None:
-        raise HpcyoloError(f"{run}: cannot tell where job {latest.job}'s log is (Slurm no longer knows the job)")
+        raise HpcyoloError(f"{run}: cannot tell where job {latest.job}'s log is: {NO_LOG_PATH}")
     while not path.exists():
         if not follow:
+            if any(s.job == latest.job for s in starts(run)):
+                raise HpcyoloError(f"{path}: no such file, though job {latest.job} started (removed, or not on a "
+                                   "folder this machine shares with the job's first node?)")
             raise HpcyoloError(f"{path}: no log yet (job {latest.job} has not started?)")
         time.sleep(1)
     with open(path, errors="replace") as f:
@@ -181,8 +221,39 @@ def logs(run: Path, rank: int | None, follow: bool, out=sys.stdout) -> None:
 
 
 def cancel(run: Path) -> str:
+    """scancel the run's newest job; a job that has already ended is said to
+    have, with its final state where Slurm or accounting still knows it."""
     latest = jobs(run)[-1]
-    r = subprocess.run(["scancel", latest.job], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise HpcyoloError(f"scancel {latest.job}: {r.stderr.strip() or 'failed'}")
-    return f"cancelled job {latest.job} of {run}"
+    job = latest.job
+    if latest.via == "local":
+        state = local_state(latest)
+        if state["state"] != "RUNNING":
+            return f"job {job} of {run} had already finished ({state['state']}); nothing to cancel"
+        raise HpcyoloError(f"job {job} of {run} is process {job} on this machine, not a Slurm job: stop it with "
+                           f"kill -TERM {job}")
+    state = slurm_state(job)
+    if state and state["state"] in FINAL:
+        return _finished(job, run, state)
+    try:
+        r = subprocess.run(["scancel", job], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise HpcyoloError("scancel: command not found (is this a Slurm login node?)") from None
+    said = r.stderr.strip() or r.stdout.strip()
+    ended = "already completing or completed" in said or "Invalid job id" in said
+    if r.returncode == 0 and not ended:
+        return f"cancelled job {job} of {run}"
+    if not ended:
+        raise HpcyoloError(f"scancel {job}: {said or 'failed'}")
+    # It ended between the two calls, or long ago: Slurm forgets a finished
+    # job after MinJobAge (slurm.conf), and scancel then says only "Invalid
+    # job id specified".
+    state = slurm_state(job)
+    if state and state["state"] in FINAL:
+        return _finished(job, run, state)
+    return (f"job {job} of {run} is not running: Slurm no longer knows it (it forgets finished jobs) and "
+            "accounting (sacct) has no record of it, so its final state is unknown; nothing to cancel")
+
+
+def _finished(job: str, run: Path, state: dict[str, str]) -> str:
+    return (f"job {job} of {run} had already finished: {state['state']}, exit {state['exit']} "
+            f"[{state['source']}]; nothing to cancel")

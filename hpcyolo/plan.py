@@ -7,10 +7,11 @@ functions of the plan (plan, then render, then submit).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import JobSpec, SiteConfig, format_time, parse_time
+from .config import JobSpec, SiteConfig, format_time, limit_seconds, parse_time
 from .errors import ConfigError
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from .preemption import PEER_LOST_EXIT_CODE
@@ -69,7 +70,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
     world = job.resources.nodes * procs
     _check_limits(site, job, job_file, world)
 
-    cpus_per_task = _cpus_per_task(site, job_file, gpus, procs, tasks)
+    cpus_per_task = _cpus_per_task(site, job, job_file, gpus, procs, tasks)
     # One OpenMP thread per physical core of the process's share.
     omp = max(1, cpus_per_task // (procs // tasks) // site.node.threads_per_core) if cpus_per_task else 1
 
@@ -106,6 +107,24 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
     )
 
 
+def check_logs_folder(plan: JobPlan) -> None:
+    """storage.logs must be a folder the job can write when it starts: Slurm
+    opens the --output file there before the script's first line runs, so
+    without it the job fails at once, with no output anywhere and no run
+    directory. Checked on this machine (validate, render, submit --via
+    sbatch), which on a cluster sees the same shared folder as the nodes."""
+    logs = plan.site.storage.logs
+    if not logs:
+        return
+    why = "it must exist when the job is submitted: Slurm opens the job's --output file there before the script " \
+          "runs, and without it the job fails at once with no output anywhere"
+    if not os.path.isdir(logs):
+        what = "is not a folder" if os.path.exists(logs) else "does not exist"
+        raise ConfigError(plan.site_file, "storage.logs", f"{logs} {what}; {why} (mkdir -p {logs})")
+    if not os.access(logs, os.W_OK | os.X_OK):
+        raise ConfigError(plan.site_file, "storage.logs", f"{logs} is not writable by you; {why}")
+
+
 def _processes_per_node(site: SiteConfig, job: JobSpec, job_file: str) -> tuple[int, int]:
     """(GPUs per node, training processes per node)."""
     res = job.resources
@@ -125,11 +144,21 @@ def _processes_per_node(site: SiteConfig, job: JobSpec, job_file: str) -> tuple[
     return gpus, gpus
 
 
-def _cpus_per_task(site: SiteConfig, job_file: str, gpus: int, procs: int, tasks: int) -> int | None:
-    """A GPU's share of the node's CPUs for each GPU of the task (so a job on
+def _cpus_per_task(site: SiteConfig, job: JobSpec, job_file: str, gpus: int, procs: int,
+                   tasks: int) -> int | None:
+    """The job's resources.cpus_per_task, checked against the node; else a
+    GPU's share of the node's CPUs for each GPU of the task (so a job on
     part of a shared node asks for its part), or the node's CPUs split over
     the tasks on a CPU site."""
-    cpus = site.node.cpus
+    cpus, asked = site.node.cpus, job.resources.cpus_per_task
+    if asked is not None:
+        if asked < procs // tasks:
+            raise ConfigError(job_file, "resources.cpus_per_task", f"{asked} is fewer than the {procs // tasks} "
+                                                                   "training processes of each task")
+        if cpus is not None and asked * tasks > cpus:
+            raise ConfigError(job_file, "resources.cpus_per_task", f"{asked} x {tasks} task(s) per node is more "
+                                                                   f"than site '{site.name}' nodes have ({cpus})")
+        return asked
     if cpus is None:
         return None
     if cpus < procs:
@@ -142,7 +171,7 @@ def _cpus_per_task(site: SiteConfig, job_file: str, gpus: int, procs: int, tasks
 
 def _check_limits(site: SiteConfig, job: JobSpec, job_file: str, world: int) -> None:
     seconds = parse_time(job.resources.time)
-    if site.slurm.max_time and seconds > parse_time(site.slurm.max_time):
+    if seconds > limit_seconds(site.slurm.max_time):
         raise ConfigError(job_file, "resources.time", f"{job.resources.time} is longer than site '{site.name}' "
                                                       f"allows ({site.slurm.max_time})")
     if site.preemption.grace and seconds <= site.preemption.grace:

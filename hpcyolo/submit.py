@@ -299,8 +299,10 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
 
 def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     from . import slurm
+    from .plan import check_logs_folder
     from .render import render_sbatch
 
+    check_logs_folder(plan)
     script = render_sbatch(plan)
     if dry_run:
         print(script, end="")

@@ -143,3 +143,44 @@ def test_the_console_entry_leaves_other_commands_to_click():
     assert r.returncode == 0 and r.stdout.startswith("ok: ")
     r = hpcyolo("stage")
     assert r.returncode == 2 and "give --data and --dest" in r.stderr
+
+
+def _site_with_logs(tmp_path, logs):
+    import yaml
+
+    spec = yaml.safe_load(SITE.read_text())
+    spec["storage"]["logs"] = str(logs)
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(spec))
+    return site
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_a_missing_logs_folder_is_refused_before_submitting(tmp_path, command):
+    # Slurm opens --output before the script runs: a job whose folder is
+    # missing dies in 0 s without a word, so validate and render refuse it.
+    site = _site_with_logs(tmp_path, tmp_path / "logs")
+    r = hpcyolo(command, site, JOB)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"hpcyolo: error: {site}: storage.logs: {tmp_path / 'logs'} does not exist; ")
+    assert "before the script runs" in r.stderr and f"mkdir -p {tmp_path / 'logs'}" in r.stderr
+    (tmp_path / "logs").mkdir()
+    r = hpcyolo(command, site, JOB)
+    assert r.returncode == 0, r.stderr
+    if command == "render":
+        assert f"#SBATCH --output={tmp_path / 'logs'}/%x-%j.out\n" in r.stdout
+
+
+def test_a_logs_path_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "logs").write_text("")
+    site = _site_with_logs(tmp_path, tmp_path / "logs")
+    r = hpcyolo("validate", site, JOB)
+    assert r.returncode == 2 and f"storage.logs: {tmp_path / 'logs'} is not a folder; " in r.stderr
+
+
+def test_submit_via_sbatch_refuses_a_missing_logs_folder_before_sbatch(tmp_path):
+    site = _site_with_logs(tmp_path, tmp_path / "logs")
+    r = hpcyolo("submit", site, JOB, "--via", "sbatch", env={**os.environ, "PATH": os.path.dirname(sys.executable)})
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.startswith(f"hpcyolo: error: {site}: storage.logs: {tmp_path / 'logs'} does not exist; ")

@@ -131,3 +131,38 @@ def test_cli_validate_ok(tmp_path):
     r = cli("validate", s, j)
     assert r.returncode == 0, r.stderr
     assert "world size 8" in r.stdout and "8 images per rank" in r.stdout
+
+
+@pytest.mark.parametrize("spelling", ["INFINITE", "infinite", "UNLIMITED"])
+def test_max_time_of_a_partition_without_a_limit(tmp_path, spelling):
+    # sinfo prints a partition without a time limit as "infinite".
+    site = GPU_SITE.replace('max_time: "2-00:00:00"', f"max_time: {spelling}")
+    plan = plan_of(tmp_path, site=site, job=JOB.replace('time: "04:00:00"', 'time: "30-00:00:00"'))
+    assert plan.time == "30-00:00:00"
+    msg = error_of(tmp_path, site=GPU_SITE.replace('max_time: "2-00:00:00"', "max_time: forever"))
+    assert msg.endswith("site.yaml: slurm.max_time: 'forever' is not a Slurm time such as 90 (minutes), 04:00:00 or "
+                        "2-00:00:00, or INFINITE for a partition without a limit")
+
+
+CPU_SITE = GPU_SITE.replace("gpu_request: gres", "gpu_request: none").replace("gpus: 4", "gpus: 0")
+
+
+def test_a_job_may_ask_for_part_of_a_node(tmp_path):
+    job = JOB.replace("nodes: 2,", "nodes: 2, tasks_per_node: 2, cpus_per_task: 4,")
+    plan = plan_of(tmp_path, site=CPU_SITE, job=job)
+    assert (plan.tasks_per_node, plan.cpus_per_task, plan.omp_threads) == (2, 4, 4)
+    assert ("cpus_per_task", 4) in plan.sbatch and "--cpus-per-task=4" in plan.train_srun
+    assert "--cpus-per-task=8" in plan.stage_srun  # the job's CPUs on the node
+    plan = plan_of(tmp_path, job=JOB.replace("nodes: 2,", "nodes: 2, gpus_per_node: 1, cpus_per_task: 6,"))
+    assert (plan.cpus_per_task, plan.omp_threads) == (6, 6)
+
+
+@pytest.mark.parametrize("site, resources, words", [
+    (CPU_SITE, "tasks_per_node: 2, cpus_per_task: 25", "25 x 2 task(s) per node is more than site 'gpusite' nodes "
+                                                        "have (48)"),
+    (GPU_SITE, "cpus_per_task: 13", "13 x 4 task(s) per node is more than site 'gpusite' nodes have (48)"),
+    (GPU_SITE, "launcher: torchrun, cpus_per_task: 3", "3 is fewer than the 4 training processes of each task"),
+], ids=["cpu-site", "gpu-site", "torchrun"])
+def test_cpus_per_task_is_checked_against_the_node(tmp_path, site, resources, words):
+    msg = error_of(tmp_path, site=site, job=JOB.replace("nodes: 2,", f"nodes: 2, {resources},"))
+    assert msg.endswith(f"job.yaml: resources.cpus_per_task: {words}")

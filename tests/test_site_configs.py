@@ -26,9 +26,9 @@ JOB = REPO / "examples" / "coco8.yaml"
 
 def test_site_configs_are_shipped():
     names = {p.name for p in SITE_FILES}
-    assert "example.yaml" in names
-    # The template, the local configs and at least four real centres.
-    assert len(names - {"example.yaml", "local.yaml", "testbed.yaml"}) >= 4
+    assert {"example.yaml", "example_cpu.yaml"} <= names
+    # The templates, the local configs and at least four real centres.
+    assert len(names - {"example.yaml", "example_cpu.yaml", "local.yaml", "testbed.yaml"}) >= 4
 
 
 @pytest.fixture(scope="module")
