@@ -91,3 +91,34 @@ def job_log(cwd: Path, name: str, job_id: int) -> str:
     """The job's Slurm output file (--output=%x-%j.out in the submit folder)."""
     path = cwd / f"{name}-{job_id}.out"
     return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory):
+    """The Slurm tests' dataset: 48 training images of 64 px, 3 classes."""
+    from hpcyolo.shapes import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory, shapes, testbed):
+    """The Slurm tests' reference run: test_slurm_train's job as a user
+    submits it (`hpcyolo render | sbatch`), run to the end. Every stopped and
+    resumed run of the same job spec must end identical to it."""
+    import shutil
+    import uuid
+
+    from test_slurm_train import job_file, leftovers, site_file
+
+    from hpcyolo import slurm
+
+    tmp = tmp_path_factory.mktemp("a")
+    scratch = Path("/dev/shm") / f"hpcyolo-test-{uuid.uuid4().hex[:8]}"
+    testbed.revive()
+    env = {**os.environ, **testbed.env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    job_id = submit(site_file(tmp, scratch), job_file(tmp, "train-a", shapes), env, tmp)
+    info = slurm.wait(job_id, timeout=900, env=env)
+    left = leftovers(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return tmp, job_id, info, left

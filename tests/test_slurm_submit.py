@@ -11,21 +11,16 @@ from pathlib import Path
 
 import pytest
 from conftest import VENV_BIN, write
-from test_slurm_train import EPOCHS, site_file, wait_for
+from test_slurm_train import EPOCHS, assert_identical, site_file, wait_for
+from test_slurm_train import job_file as train_job_file
 from test_submit import resources
 
 from hpcyolo import slurm
 from hpcyolo.config import load_job, load_site
 from hpcyolo.plan import make_plan
 from hpcyolo.render import render_sbatch
-from hpcyolo.shapes import make_shapes
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
 
 
 def job_file(tmp_path: Path, name: str, data: Path, nodes: int = 2, epochs: int = EPOCHS) -> Path:
@@ -42,18 +37,19 @@ def hpcyolo(*args, env: dict, cwd: Path) -> subprocess.CompletedProcess:
     return r
 
 
-def test_submit_trains_is_requeued_by_submitit_and_resumes(tmp_path, shapes, slurm_env):
-    site, job = site_file(tmp_path), job_file(tmp_path, "sub-a", shapes)
+def test_submit_trains_is_requeued_by_submitit_and_resumes_exactly(uninterrupted, tmp_path, shapes, slurm_env):
+    # The same job spec as the sbatch tests' (2 nodes x 2 tasks, 2 loader workers).
+    site, job = site_file(tmp_path), train_job_file(tmp_path, "sub-a", shapes)
     submitted = hpcyolo("submit", site, job, env=slurm_env, cwd=tmp_path)
     job_id = submitted.stdout.strip()
     run = tmp_path / "runs" / "sub-a"
     assert f"job {job_id}, run directory {run}" in submitted.stderr
     log0 = run / "submitit" / f"{job_id}_0_log.out"
-    wait_for(lambda: log0.exists() and "epoch 1/3: loss" in log0.read_text(), 300, "the first epoch")
+    wait_for(lambda: log0.exists() and f"epoch 1/{EPOCHS}: loss" in log0.read_text(), 600, "the first epoch")
 
     running = hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout
     assert f"job       {job_id} (via submitit)" in running and "RUNNING" in running, running
-    assert "hpcyolo stage:" in hpcyolo("logs", run, "--rank", "1", env=slurm_env, cwd=tmp_path).stdout
+    assert "hpcyolo stage:" in hpcyolo("logs", run, "--rank", "2", env=slurm_env, cwd=tmp_path).stdout
 
     slurm.cancel(int(job_id), "--signal=USR2", env=slurm_env)
     info = slurm.wait(int(job_id), timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
@@ -62,6 +58,7 @@ def test_submit_trains_is_requeued_by_submitit_and_resumes(tmp_path, shapes, slu
     assert "stopping for preemption (SIGUSR2)" in log and "requeueing through submitit" in log
     assert "Requeued job" in log and "resumed from ckpt-" in log
     assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
+    assert_identical(uninterrupted[0] / "runs" / "train-a", run)
     assert [line.split()[3] for line in (run / "hpcyolo-run").read_text().splitlines()] == ["0", "1"]
 
     finished = hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout

@@ -26,7 +26,6 @@ from conftest import REPO, VENV_BIN, job_log, submit, write
 
 from hpcyolo import slurm
 from hpcyolo.distenv import default_port
-from hpcyolo.shapes import make_shapes
 from hpcyolo_trainer import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
@@ -35,11 +34,6 @@ EPOCHS = 2
 # checkpoint every 4 steps; the drill stops after step 7 (epoch 2, batch 1):
 # neither an epoch boundary nor a checkpoint interval.
 STOP_STEP = 7
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
 
 
 @pytest.fixture
@@ -55,10 +49,14 @@ def leftovers(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
 
 
-def site_file(tmp_path: Path, scratch: Path, env: dict | None = None, **preemption) -> Path:
+def site_file(tmp_path: Path, scratch: Path | None = None, env: dict | None = None, **preemption) -> Path:
     spec = yaml.safe_load((REPO / "site_configs" / "testbed.yaml").read_text())
     spec["storage"]["runs"] = str(tmp_path / "runs")
-    spec["storage"]["scratch"] = str(scratch)
+    spec["storage"]["scratch"] = str(scratch or tmp_path / "scratch")
+    # One CPU per task (4 tasks, OMP_NUM_THREADS=1): the testbed's nodes share
+    # this machine's 2 cores, and more threads than cores make a step take
+    # seconds, longer than the KillWait (5 s) a SIGTERM-ed step has to stop.
+    spec["node"]["cpus"] = 2
     spec["preemption"].update(preemption)
     if env:
         spec.setdefault("environment", {})["env"] = env
@@ -110,20 +108,6 @@ def assert_identical(run_a: Path, run_b: Path) -> None:
     rows = [[{k: v for k, v in r.items() if k != "time"} for r in csv.DictReader((run / "results.csv").open())]
             for run in (run_a, run_b)]
     assert rows[0] == rows[1] and len(rows[0]) == EPOCHS
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, shapes, testbed):
-    """(a): the job as a user submits it, run to the end."""
-    tmp = tmp_path_factory.mktemp("a")
-    scratch = Path("/dev/shm") / f"hpcyolo-test-{uuid.uuid4().hex[:8]}"
-    testbed.revive()
-    env = {**os.environ, **testbed.env, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
-    job_id = submit(site_file(tmp, scratch), job_file(tmp, "train-a", shapes), env, tmp)
-    info = slurm.wait(job_id, timeout=900, env=env)
-    left = leftovers(scratch)
-    shutil.rmtree(scratch, ignore_errors=True)
-    return tmp, job_id, info, left
 
 
 def test_a_trains_on_two_nodes_with_staging(uninterrupted):
@@ -198,6 +182,31 @@ def test_d_cancel_stops_without_requeue_and_cleans_scratch(tmp_path, shapes, slu
     assert "stopping for preemption" not in log and "requeueing" not in log
     assert not list(run.glob(".preempted-*"))
     assert leftovers(scratch_root) == []
+
+
+def task_pid(job_id: int, rank: int) -> int:
+    """The PID of the training process of `rank` in job `job_id`: the one
+    whose parent is not itself a training process (that would be a
+    data-loader worker, forked with the same environment), and not srun."""
+    matches = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        argv = cmdline.split(b"\0")
+        if (f"SLURM_JOB_ID={job_id}".encode() in environ and f"SLURM_PROCID={rank}".encode() in environ
+                and not argv[0].endswith(b"srun")  # the batch script's srun is "task 0" of the batch step
+                and b"hpcyolo" in cmdline and b"train" in argv):
+            matches[int(proc.name)] = ppid
+    mains = [pid for pid, ppid in matches.items() if ppid not in matches]
+    if len(mains) != 1:
+        raise LookupError(f"expected one training process of rank {rank} in job {job_id}, found {mains}")
+    return mains[0]
 
 
 def test_e_killed_rank_ends_the_job_named_in_one_line(tmp_path, shapes, slurm_env, scratch_root):

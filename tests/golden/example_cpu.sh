@@ -30,10 +30,10 @@ export OMP_NUM_THREADS=128
 # ---- rendezvous: rank 0 lives on the first host of the allocation ----
 nodelist=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 MASTER_ADDR=${nodelist%%$'\n'*}
-# A port from the job id (an array task: array job id + task id), so jobs
-# sharing a node do not collide. Set HPCYOLO_MASTER_PORT to choose one.
-port_key=$(( ${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} + ${SLURM_ARRAY_TASK_ID:-0} ))
-MASTER_PORT=${HPCYOLO_MASTER_PORT:-$(( 15000 + port_key % 15000 ))}
+# A port from SLURM_JOB_ID, unique for every job and every array task, so
+# jobs sharing a node do not collide; the rendezvous is keyed by the job too,
+# so ranks refuse another job's store. Set HPCYOLO_MASTER_PORT to choose one.
+MASTER_PORT=${HPCYOLO_MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 15000 ))}
 export MASTER_ADDR MASTER_PORT
 export GLOO_SOCKET_IFNAME=eth0
 
@@ -47,11 +47,17 @@ if [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] && [ -e "$RUN_DIR/hpcyolo-run" ]; then
     exit 2
 fi
 mkdir -p "$RUN_DIR"
-echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $MASTER_ADDR" >> "$RUN_DIR/hpcyolo-run"
-cp "$0" "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
-# Node-local scratch of this run: staged data and image caches, removed when
-# training succeeds (kept for a requeue, which may land on the same nodes).
+# A line per start, with the log's path: `hpcyolo logs` finds it after Slurm forgets the job.
+LOG_FILE=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p') || LOG_FILE=
+echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $MASTER_ADDR${LOG_FILE:+ log $LOG_FILE}" >> "$RUN_DIR/hpcyolo-run"
+# The script that ran, with the umask's mode (cp would keep the spooled copy's 0700).
+cat "$0" > "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
+# Node-local scratch of this run: staged data and image caches. Removed on
+# every ending but a requeue (which may land on the same nodes and reuse it):
+# by this script after the training step, and by each node's first rank when
+# the job is cancelled or timed out (no new step can start then).
 SCRATCH_DIR="/dev/shm/hpcyolo-${SLURM_JOB_USER}/golden"
+export HPCYOLO_SCRATCH_DIR="$SCRATCH_DIR"
 
 # ---- stage the dataset into node-local scratch, once per node ----
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=128 \
@@ -62,26 +68,44 @@ DATA="$SCRATCH_DIR/data/data.yaml"
 # The trainer leaves this file once its checkpoint is written, before it
 # exits 75: srun may report another rank's kill instead of that code.
 export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
+# srun's own errors also go to a file: they name the task that failed first.
+srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcyolo-srun-$SLURM_JOB_ID.XXXXXX")
 set +e
+exec 3>&1
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 --cpus-per-task=128 \
     hpcyolo train --run-dir "$RUN_DIR" --data "$DATA" --signal USR2 --dist-timeout 600 --model s \
     --epochs 50 --batch 64 --imgsz 640 --workers 4 --seed 0 --optimizer sgd --nbs 64 --close-mosaic 10 \
-    --cache none --save-every 500 --keep 2
-status=$?
+    --cache none --save-every 500 --keep 2 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
+status=${PIPESTATUS[0]}
+exec 3>&-
 set -e
 
 # ---- exit: requeue after preemption or time-out, pass anything else through ----
 if [ "$status" -eq 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
     status=75
     restarts=${SLURM_RESTART_COUNT:-0}
+    reason=$(head -n 1 "$HPCYOLO_PREEMPT_MARKER" 2>/dev/null) || reason="exit 75"
     if [ "$restarts" -lt 3 ]; then
-        echo "hpcyolo: checkpointed after SIGUSR2; requeueing job $SLURM_JOB_ID ($((restarts + 1)) of 3)" >&2
+        echo "hpcyolo: checkpointed ($reason); requeueing job $SLURM_JOB_ID ($((restarts + 1)) of 3)" >&2
+        rm -f "$srun_errors"
         scontrol requeue "$SLURM_JOB_ID"
         exit 0
     fi
-    echo "hpcyolo: stopped after 3 requeues; resubmit with run.resume: true to go on" >&2
-elif [ "$status" -eq 0 ]; then
-    srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=128 \
-        hpcyolo stage --remove "$SCRATCH_DIR"
+    echo "hpcyolo: checkpointed ($reason), but stopped after 3 requeues; resubmit with run.resume: true to go on" >&2
+elif [ "$status" -ne 0 ]; then
+    # srun names each task that ended badly ("srun: error: NODE: task N: Killed"):
+    # the first one that did not just lose its peers (exit 76) died first.
+    failed=$(sed -n -E 's/^srun: error: ([^:]+): tasks? ([0-9,-]+): (.*)$/\2|\1|\3/p' "$srun_errors" |
+        grep -v '|Exited with exit code 76$' | head -n 1) || failed=
+    if [ -n "$failed" ]; then
+        IFS='|' read -r task node how <<< "$failed"
+        echo "hpcyolo: rank $task on $node failed first ($how); the training step ended with exit $status" >&2
+    else
+        echo "hpcyolo: the training step ended with exit $status" >&2
+    fi
 fi
+rm -f "$srun_errors"
+# Every ending but a requeue: remove the node-local scratch on every node.
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=128 \
+    hpcyolo stage --remove "$SCRATCH_DIR" || echo "hpcyolo: could not remove $SCRATCH_DIR on every node" >&2
 exit "$status"
