@@ -23,6 +23,24 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def max_abs_diff(a, b, where: str = "") -> float:
+    """The largest difference between two nested states (tensors compared
+    element-wise, anything else must be equal)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert a.shape == b.shape and a.dtype == b.dtype, where
+        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        return max((max_abs_diff(a[k], b[k], f"{where}.{k}") for k in a), default=0.0)
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        return max((max_abs_diff(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b))), default=0.0)
+    assert a == b, where
+    return 0.0
+
+
 @pytest.fixture
 def one_thread():
     """Run on one intra-op thread: these tensors are tiny, and on a busy 2-core

@@ -156,7 +156,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
             mine = stop.decide(global_step) if stop.requested or stop.drill else NO_STOP
             agreed = max_over_ranks(d, stop_code(mine))
             if agreed:
-                reason = mine.reason if stop_code(mine) == agreed else "another rank was signalled"
+                # The reason of a rank that asked for it (the signal may reach the ranks one by one).
+                reason = next(r for r in gather_objects(d, mine.reason if stop_code(mine) == agreed else "") if r)
                 where = f"at epoch {epoch + 1}, batch {i + 1}"
                 if agreed == stop_code(Decision(STOP)):
                     print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be "

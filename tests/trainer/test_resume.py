@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from conftest import max_abs_diff
+
 from hpcyolo.local import launch
 from hpcyolo.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo.shapes import make_shapes
@@ -27,22 +29,6 @@ def train(run: Path, data: Path, extra_env=None) -> int:
     env = {k: v for k, v in os.environ.items() if k != DRILL_ENV}
     env.update(extra_env or {}, OMP_NUM_THREADS="1")
     return launch(argv, 4, env=env)
-
-
-def max_abs_diff(a, b, where: str = "") -> float:
-    """The largest difference between two nested states (tensors compared
-    element-wise, anything else must be equal)."""
-    if isinstance(a, torch.Tensor):
-        assert a.shape == b.shape and a.dtype == b.dtype, where
-        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        return max((max_abs_diff(a[k], b[k], f"{where}.{k}") for k in a), default=0.0)
-    if isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        return max((max_abs_diff(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b))), default=0.0)
-    assert a == b, where
-    return 0.0
 
 
 def test_four_ranks_stopped_mid_epoch_resume_bit_identical(tmp_path):
