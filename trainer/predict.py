@@ -1,6 +1,7 @@
 """Predict with trained weights: boxes as YOLO txt or JSON, and drawn images.
 
     hpcyolo predict RUN/weights/best.pt images/ --out predictions
+    hpcyolo predict yolov8n.pt images/          # an ultralytics checkpoint, read safely
 """
 
 from __future__ import annotations
@@ -17,20 +18,18 @@ from hpcyolo.fsutil import write_atomic
 from .augment import letterbox, resized_shape
 from .boxes import non_max_suppression
 from .data import IMG_EXTS, decode_resized, probe_image
-from .model import build_model
 from .plots import draw_detections, save_image
+from .weights import build_from, read_weights
+
+DEFAULT_IMGSZ = 640  # where the weights do not say their training size
 
 
 def load_weights(path: str | Path, device: torch.device):
-    """(model in eval mode, class names, training image size)."""
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        model = build_model(saved["scale"], len(saved["names"]))
-        model.load_state_dict(saved["model"])
-    except Exception as e:  # not a torch file, or a checkpoint of something else: unpickling raises many kinds
-        raise HpcyoloError(f"{path}: not hpcyolo weights such as RUN/weights/best.pt ({type(e).__name__} "
-                           "while loading)") from None
-    return model.to(device).eval(), list(saved["names"]), int(saved["imgsz"])
+    """(model in eval mode, class names, training image size): hpcyolo's
+    weights or checkpoints, or an ultralytics checkpoint."""
+    weights = read_weights(path)
+    model = build_from(weights)
+    return model.to(device).eval(), weights.names, weights.imgsz or DEFAULT_IMGSZ
 
 
 def image_files(inputs: list[str]) -> list[Path]:
