@@ -41,6 +41,7 @@ ULTRALYTICS_LAYERS = {
     "yolo11": _STAGES8 + ("backbone.stage5.3", None, None, "neck.td4", None, None, "neck.td3", "neck.down3", None,
                           "neck.bu4", "neck.down4", None, "neck.bu5", "head"),
 }
+_NOT_WEIGHTS = "not hpcyolo weights such as RUN/weights/best.pt, nor an ultralytics checkpoint"
 _ULTRALYTICS_NAME = re.compile(r"(yolov8|yolo11)([nsmlx])?")
 
 
@@ -70,7 +71,7 @@ def read_weights(path: str | Path) -> Weights:
     except FileNotFoundError:
         raise HpcyoloError(f"{path}: no such file") from None
     except Exception as e:  # not a torch file at all: many kinds
-        raise HpcyoloError(f"{path}: not a weights file ({type(e).__name__} while loading)") from None
+        raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} ({type(e).__name__} while loading)") from None
     return _ours(saved, path)
 
 
@@ -84,7 +85,7 @@ def _ours(saved, path: str) -> Weights:
         nc = _head_classes(state, path)
         return Weights(_canonical(config.get("model") or "n", path), [str(i) for i in range(nc)],
                        config.get("imgsz"), state, "hpcyolo checkpoint", path)
-    raise HpcyoloError(f"{path}: not hpcyolo or ultralytics weights (a torch file of something else)")
+    raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} (a torch file of something else)")
 
 
 def _canonical(name: str, path: str) -> str:
@@ -110,7 +111,7 @@ def _read_ultralytics(path: str) -> Weights:
     except HpcyoloError:
         raise
     except (zipfile.BadZipFile, ValueError, pickle.UnpicklingError, EOFError, TypeError, AttributeError) as e:
-        raise HpcyoloError(f"{path}: not a weights file ({type(e).__name__}: {e})") from None
+        raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} ({type(e).__name__}: {e})") from None
     if not isinstance(ckpt, dict):
         raise HpcyoloError(f"{path}: not an ultralytics checkpoint (no dict at its top)")
     model = ckpt.get("ema") if ckpt.get("ema") is not None else ckpt.get("model")

@@ -248,7 +248,8 @@ def test_not_weights_is_one_line(tmp_path, content):
         torch.save({"something": torch.zeros(2)}, path)
     else:
         path.write_bytes(content)
-    with pytest.raises(HpcyoloError, match=r"x\.pt: not (a weights file|hpcyolo or ultralytics weights) \("):
+    with pytest.raises(HpcyoloError, match=r"x\.pt: not hpcyolo weights such as RUN/weights/best\.pt, "
+                                          r"nor an ultralytics checkpoint \("):
         read_weights(path)
 
 
