@@ -12,6 +12,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -292,3 +293,18 @@ def test_predict_finds_ultralytics_boxes(arch, tmp_path):
     print(f"{arch}: {checked} boxes matched, worst IoU {worst:.4f}")
     assert checked >= 40
     assert sum(len(d) for d in ours.values()) == sum(len(p["conf"]) for p in theirs.values())
+
+
+@pytest.mark.parametrize("shape, canvas, gain, offset", [
+    ((160, 160), (160, 160), 1.0, (0, 0)),
+    ((100, 160), (128, 160), 1.0, (0, 14)),  # pad to a multiple of 32 only, centred
+    ((300, 200), (160, 128), 160 / 300, (10, 0)),  # 107 px wide: 21 px of padding, the odd one right
+    ((50, 80), (128, 160), 2.0, (0, 14)),  # enlarged to the size, as ultralytics' predict does
+])
+def test_predict_letterbox_is_ultralytics_rectangle(shape, canvas, gain, offset):
+    from hpcyolo_trainer.predict import rect_letterbox
+
+    img = np.zeros((*shape, 3), dtype=np.uint8)
+    out, g, (left, top) = rect_letterbox(img, 160)
+    assert out.shape[:2] == canvas and g == pytest.approx(gain) and (left, top) == offset
+    assert (out[:top] == 114).all() and (out[top + round(shape[0] * g):] == 114).all()
