@@ -26,7 +26,7 @@ import torch
 from hpcyolo.errors import HpcyoloError
 
 from . import safe_pickle
-from .model import ALIASES, REG_MAX, DetectionModel, build_model, resolve_model
+from .model import REG_MAX, DetectionModel, build_model, resolve_model
 
 # Our module for each layer index of ultralytics' published tables (None:
 # upsample and concat layers, which hold no tensors).
@@ -214,8 +214,3 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
             v.copy_(weights.state[k].to(v.dtype))
     return (f"weights: {len(target)}/{len(target)} tensors from {Path(path).name} ({weights.origin}, "
             f"{weights.nc} classes)")
-
-
-def model_alias(name: str) -> str:
-    """The full model name of a CLI/job-spec name (n -> yolov8n)."""
-    return ALIASES.get(name, name)
