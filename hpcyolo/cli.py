@@ -17,6 +17,7 @@ import click
 
 from . import __version__
 from .errors import HpcyoloError
+from .models import CHOICES
 
 
 class _Group(click.Group):
@@ -221,7 +222,12 @@ def _with_run_options(fn):
 
 @main.command()
 @_with_run_options
-@click.option("--model", type=click.Choice(["n", "s", "m"]), default="n", show_default=True)
+@click.option("--model", type=click.Choice(CHOICES), default=None,
+              help="Detector: yolov8n-x or yolo11n-x (n, s, m: the YOLOv8 sizes).  [default: n, or the architecture "
+                   "of --weights]")
+@click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Start from these weights when the run has no checkpoint to resume: an ultralytics checkpoint "
+                   "(yolov8n.pt, a best.pt; read without running its pickle) or hpcyolo weights or a checkpoint.")
 @click.option("--epochs", default=100, show_default=True)
 @click.option("--batch", default=64, show_default=True, help="Global batch size.")
 @click.option("--imgsz", default=640, show_default=True)

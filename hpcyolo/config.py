@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from . import models
 from .errors import ConfigError
 from .loader import build, read_yaml, spec
 
@@ -293,7 +294,12 @@ class Data:
 
 @dataclass(frozen=True, kw_only=True)
 class Train:
-    model: Literal["n", "s", "m"] = spec("n", doc="Model scale (YOLOv8-style n, s, m).")
+    model: Literal[models.CHOICES] | None = spec(  # type: ignore[valid-type]
+        None, doc="Detector: yolov8n, yolov8s, yolov8m, yolov8l, yolov8x, yolo11n ... yolo11x (n, s, m: the YOLOv8 "
+                  "sizes); empty: n, or the architecture of train.weights.")
+    weights: str | None = spec(None, doc="Start from these weights: an ultralytics checkpoint (read without running "
+                                         "its pickle) or hpcyolo weights/checkpoint; relative to this file. A run's "
+                                         "own checkpoint, when it resumes, wins.")
     epochs: int = spec(100, doc="Epochs to train.", check=check_positive)
     batch: int = spec(64, doc="Global batch size, split evenly over all ranks.", check=check_positive)
     imgsz: int = spec(640, doc="Training image size (pixels, a multiple of 32).", check=check_positive)

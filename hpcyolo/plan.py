@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .config import JobSpec, SiteConfig, format_time, limit_seconds, parse_time
 from .errors import ConfigError
+from .models import DEFAULT as DEFAULT_MODEL
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from .preemption import PEER_LOST_EXIT_CODE
 from .shell import Expand, Raw, Var
@@ -79,6 +80,8 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
     if check_paths and not data.is_file():
         raise ConfigError(job_file, "data.yaml", f"file not found: {data}")
 
+    weights = _weights_path(job, job_file, check_paths)
+
     signal = site.preemption.signal
     if launcher == "torchrun" and signal not in TORCHRUN_SIGNALS:
         signal = "TERM"
@@ -103,7 +106,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", "/data")),
         unstage_argv=("hpcyolo", "stage", "--remove", Var("SCRATCH_DIR")),
         preflight_argv=_preflight_argv(site, job),
-        train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal),
+        train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal, weights),
     )
 
 
@@ -280,14 +283,28 @@ def _launch_argv(launcher: str, nodes: int, procs: int) -> tuple[str, ...]:
             Raw('--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"'), Raw('--rdzv-id="$SLURM_JOB_ID"'), "--no-python")
 
 
-def _train_argv(site: SiteConfig, job: JobSpec, signal: str) -> tuple[str, ...]:
+def _weights_path(job: JobSpec, job_file: str, check_paths: bool) -> str | None:
+    """train.weights as an absolute path (relative ones are to the job file); it must be a file."""
+    if not job.train.weights:
+        return None
+    path = Path(job.train.weights)
+    path = path if path.is_absolute() else (Path(job_file).parent / path).resolve()
+    if check_paths and not path.is_file():
+        what = "is not a file" if path.exists() else "file not found"
+        raise ConfigError(job_file, "train.weights", f"{what}: {path}")
+    return str(path)
+
+
+def _train_argv(site: SiteConfig, job: JobSpec, signal: str, weights: str | None) -> tuple[str, ...]:
     common = ("--run-dir", Var("RUN_DIR"), "--data", Var("DATA"), "--signal", signal,
               "--dist-timeout", str(job.run.dist_timeout))
     if job.entrypoint:
         return ("hpcyolo", "exec", *common, "--", *job.entrypoint)
     t = job.train
-    argv = ["hpcyolo", "train", *common,
-            "--model", t.model, "--epochs", str(t.epochs), "--batch", str(t.batch), "--imgsz", str(t.imgsz),
+    # Without a model name, weights bring their own architecture.
+    model = ("--model", t.model or DEFAULT_MODEL) if t.model or not weights else ()
+    argv = ["hpcyolo", "train", *common, *model,
+            "--epochs", str(t.epochs), "--batch", str(t.batch), "--imgsz", str(t.imgsz),
             "--workers", str(t.workers), "--seed", str(t.seed), "--optimizer", t.optimizer, "--nbs", str(t.nbs),
             "--close-mosaic", str(t.close_mosaic),
             "--cache", job.data.cache,
@@ -296,4 +313,6 @@ def _train_argv(site: SiteConfig, job: JobSpec, signal: str) -> tuple[str, ...]:
         argv += ["--cache-dir", Var("SCRATCH_DIR", "/cache")]
     if t.lr0 is not None:
         argv += ["--lr0", repr(t.lr0)]
+    if weights:
+        argv += ["--weights", weights]
     return tuple(argv)

@@ -166,3 +166,48 @@ def test_a_job_may_ask_for_part_of_a_node(tmp_path):
 def test_cpus_per_task_is_checked_against_the_node(tmp_path, site, resources, words):
     msg = error_of(tmp_path, site=site, job=JOB.replace("nodes: 2,", f"nodes: 2, {resources},"))
     assert msg.endswith(f"job.yaml: resources.cpus_per_task: {words}")
+
+
+def _argv_value(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+@pytest.mark.parametrize("model", ["yolov8l", "yolo11x", "n", "m"])
+def test_every_model_name_is_accepted(tmp_path, model):
+    plan = plan_of(tmp_path, job=JOB.replace("train: {batch: 64}", f"train: {{batch: 64, model: {model}}}"))
+    assert _argv_value(plan.train_argv, "--model") == model
+
+
+def test_an_unknown_model_lists_the_choices(tmp_path):
+    msg = error_of(tmp_path, job=JOB.replace("train: {batch: 64}", "train: {batch: 64, model: yolo12n}"))
+    assert "job.yaml: train.model: must be one of yolov8n, yolov8s, yolov8m, yolov8l, yolov8x, yolo11n" in msg
+    assert "(got 'yolo12n')" in msg
+
+
+def test_the_default_model_is_n(tmp_path):
+    assert _argv_value(plan_of(tmp_path).train_argv, "--model") == "n"
+
+
+def test_weights_relative_to_the_job_file(tmp_path):
+    write(tmp_path / "w" / "yolo11n.pt", "x")
+    plan = plan_of(tmp_path, job=JOB.replace("train: {batch: 64}", "train: {batch: 64, weights: w/yolo11n.pt}"))
+    assert _argv_value(plan.train_argv, "--weights") == str(tmp_path / "w" / "yolo11n.pt")
+    assert "--model" not in plan.train_argv  # the weights bring their architecture
+    plan = plan_of(tmp_path, job=JOB.replace("train: {batch: 64}",
+                                             f"train: {{batch: 64, model: yolo11n, weights: {tmp_path}/w/yolo11n.pt}}"))
+    assert _argv_value(plan.train_argv, "--model") == "yolo11n"
+    assert _argv_value(plan.train_argv, "--weights") == str(tmp_path / "w" / "yolo11n.pt")
+
+
+@pytest.mark.parametrize("where, words", [("nowhere.pt", "file not found"), (".", "is not a file")])
+def test_weights_must_be_a_file(tmp_path, where, words):
+    msg = error_of(tmp_path, job=JOB.replace("train: {batch: 64}", f"train: {{batch: 64, weights: {where}}}"))
+    assert msg.endswith(f"job.yaml: train.weights: {words}: {(tmp_path / where).resolve()}")
+
+
+def test_cli_validate_missing_weights_is_one_line(tmp_path):
+    s = write(tmp_path / "site.yaml", GPU_SITE)
+    j = write(tmp_path / "job.yaml", JOB.replace("train: {batch: 64}", "train: {batch: 64, weights: gone.pt}"))
+    r = cli("validate", s, j)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"hpcyolo: error: {j}: train.weights: file not found: {tmp_path / 'gone.pt'}"]

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 class TrainConfig:
     run_dir: str
     data: str
-    model: str = "n"
+    model: str | None = None  # None: n, or the architecture of `weights`
+    weights: str | None = None  # start from these (ultralytics or hpcyolo) when there is no checkpoint
     epochs: int = 100
     batch: int = 64  # global: split evenly over the ranks
     imgsz: int = 640

@@ -1,6 +1,7 @@
 """Predict with trained weights: boxes as YOLO txt or JSON, and drawn images.
 
     hpcyolo predict RUN/weights/best.pt images/ --out predictions
+    hpcyolo predict yolov8n.pt images/          # an ultralytics checkpoint, read safely
 """
 
 from __future__ import annotations
@@ -8,29 +9,28 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
 
-from .augment import letterbox, resized_shape
+from .augment import PAD_VALUE
 from .boxes import non_max_suppression
 from .data import IMG_EXTS, decode_resized, probe_image
-from .model import build_model
 from .plots import draw_detections, save_image
+from .weights import build_from, read_weights
+
+DEFAULT_IMGSZ = 640  # where the weights do not say their training size
 
 
 def load_weights(path: str | Path, device: torch.device):
-    """(model in eval mode, class names, training image size)."""
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        model = build_model(saved["scale"], len(saved["names"]))
-        model.load_state_dict(saved["model"])
-    except Exception as e:  # not a torch file, or a checkpoint of something else: unpickling raises many kinds
-        raise HpcyoloError(f"{path}: not hpcyolo weights such as RUN/weights/best.pt ({type(e).__name__} "
-                           "while loading)") from None
-    return model.to(device).eval(), list(saved["names"]), int(saved["imgsz"])
+    """(model in eval mode, class names, training image size): hpcyolo's
+    weights or checkpoints, or an ultralytics checkpoint."""
+    weights = read_weights(path)
+    model = build_from(weights)
+    return model.to(device).eval(), weights.names, weights.imgsz or DEFAULT_IMGSZ
 
 
 def image_files(inputs: list[str]) -> list[Path]:
@@ -47,6 +47,26 @@ def image_files(inputs: list[str]) -> list[Path]:
     return files
 
 
+STRIDE = 32  # the largest stride: input sides must be multiples of it
+
+
+def rect_letterbox(img: np.ndarray, imgsz: int, stride: int = STRIDE) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """Resize so the long side is `imgsz` (bilinear), then pad each side to the
+    next multiple of `stride` only, centred, grey: ultralytics' inference
+    letterbox (LetterBox with auto=True), so boxes match its predict. Returns
+    (canvas, gain, (left, top))."""
+    h, w = img.shape[:2]
+    gain = min(imgsz / h, imgsz / w)
+    new_h, new_w = round(h * gain), round(w * gain)
+    if (new_h, new_w) != (h, w):
+        img = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    dh, dw = (imgsz - new_h) % stride / 2, (imgsz - new_w) % stride / 2
+    # -0.1 / +0.1: an odd padding puts its extra pixel at the bottom/right.
+    top, bottom, left, right = round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1)
+    canvas = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
+    return canvas, gain, (left, top)
+
+
 @torch.no_grad()
 def detect(model, path: Path, imgsz: int, conf: float, iou: float, device: torch.device):
     """(original RGB image, detections [n, 6] in original pixels: x1 y1 x2 y2 conf cls)."""
@@ -57,12 +77,10 @@ def detect(model, path: Path, imgsz: int, conf: float, iou: float, device: torch
     original = decode_resized(path, (h, w))
     if original is None:
         raise HpcyoloError(f"{path}: cannot decode image")
-    small = decode_resized(path, resized_shape((h, w), imgsz))
-    canvas, (left, top) = letterbox(small, imgsz)
-    x = torch.from_numpy(canvas).permute(2, 0, 1)[None].to(device).float() / 255
+    canvas, gain, (left, top) = rect_letterbox(original, imgsz)
+    x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
     det = non_max_suppression(model.predict(x), conf_thres=conf, iou_thres=iou)[0].cpu().numpy()
-    scale = np.array([small.shape[1] / w, small.shape[0] / h] * 2, dtype=np.float32)
-    det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / scale
+    det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / gain
     det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
     det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
     return original, det

@@ -25,6 +25,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
+from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
 from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from hpcyolo.preemption import (CHECKPOINT, NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision, StopFlag,
@@ -38,10 +39,11 @@ from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_rank
 from .ema import ModelEMA
 from .loss import DetectionLoss
 from .metrics import DetStats
-from .model import build_model
+from .model import ALIASES, build_model
 from .progress import Progress
 from .sampler import EvenShardSampler, steps_per_epoch
 from .schedule import Schedule, build_optimizer
+from .weights import Weights, load_into, read_weights
 
 NO_STOP = Decision(NONE)
 CSV_FIELDS = ["epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
@@ -73,9 +75,20 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     sampler = EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
 
+    # -- the newest valid checkpoint, if any: it wins over --weights
+    if d.is_main:
+        for partial in ckpt.remove_partials(run / "checkpoints"):
+            warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
+    state = ckpt.load_latest(run / "checkpoints", lambda m: warn0(d, m))
+    weights = read_weights(cfg.weights) if cfg.weights and state is None else None
+    arch = state.get("arch", resolve_name(state["config"].get("model"))) if state else choose_arch(cfg, weights)
+
     # -- model, EMA, optimizer, loss
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    model = build_model(cfg.model, nc).to(d.device)
+    model = build_model(arch, nc)
+    if weights is not None:  # every rank reads the same file: identical weights everywhere
+        print0(d, load_into(model, weights))
+    model = model.to(d.device)
     if d.distributed and d.device.type == "cuda":
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ema = ModelEMA(model)
@@ -96,10 +109,6 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     # -- resume from the newest valid checkpoint, if any
     start_epoch, start_batch, global_step, best, seconds_before = 0, 0, 0, -1.0, 0.0
     loss_sum = torch.zeros(3, device=d.device)
-    if d.is_main:
-        for partial in ckpt.remove_partials(run / "checkpoints"):
-            warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
-    state = ckpt.load_latest(run / "checkpoints", lambda m: warn0(d, m))
     if state is not None:
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
@@ -115,7 +124,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         settle_buckets(net, model, loss_fn, cfg.imgsz, d.device, amp, amp_dtype)
     writer = ckpt.Writer()
 
-    print0(d, f"training {cfg.model} on {len(train_set)} images ({nc} classes), {d.world_size} rank(s) x "
+    print0(d, f"training {arch} on {len(train_set)} images ({nc} classes), {d.world_size} rank(s) x "
               f"{batch_per_rank} images, {batches} batches per epoch, accumulate {accumulate}, device {d.device}")
     for epoch in range(start_epoch, cfg.epochs):
         # -- train one epoch
@@ -201,6 +210,22 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
             marker.unlink(missing_ok=True)
     print0(d, f"done: results in {run}")
     return finish(d, 0, keep_scratch=True)  # the batch script removes scratch after a success
+
+
+def resolve_name(name: str | None) -> str:
+    """The full model name of --model (n -> yolov8n); n when none is given."""
+    name = name or "n"
+    return ALIASES.get(name, name)
+
+
+def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
+    """--model, or the weights' architecture; both given, they must agree."""
+    if weights is None:
+        return resolve_name(cfg.model)
+    if cfg.model and resolve_name(cfg.model) != weights.arch:
+        raise HpcyoloError(f"{weights.path}: holds {weights.arch}, but --model asks for {resolve_name(cfg.model)} "
+                           "(leave --model out to train the weights' own architecture)")
+    return weights.arch
 
 
 def stop_code(decision: Decision) -> int:
@@ -295,7 +320,7 @@ def save_state(d: Dist, cfg: TrainConfig, writer: ckpt.Writer, model, ema, optim
     if d.is_main:
         state = {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "rng": [r for r, _ in ranks], "loss_sums": [s for _, s in ranks],
-                 "config": cfg.to_dict(), **position}
+                 "config": cfg.to_dict(), "arch": model.arch, **position}
         writer.save(state, Path(cfg.run_dir) / "checkpoints", cfg.keep, wait=bool(preempted))
         if preempted:
             mark_preempted(preempted)
@@ -375,7 +400,7 @@ def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: 
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:
     """Inference weights: the EMA model and what is needed to rebuild it."""
-    ckpt.save({"model": model.state_dict(), "scale": cfg.model, "names": list(names), "imgsz": cfg.imgsz}, path)
+    ckpt.save({"model": model.state_dict(), "scale": model.arch, "names": list(names), "imgsz": cfg.imgsz}, path)
 
 
 def cli_main(cfg: TrainConfig) -> None:

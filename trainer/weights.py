@@ -1,0 +1,216 @@
+"""Weights from a file: hpcyolo's own (weights/*.pt, checkpoints) or ultralytics'.
+
+hpcyolo's files are plain dicts of tensors: torch.load(weights_only=True)
+reads them. An ultralytics checkpoint pickles its model object; it is read
+with `safe_pickle` (nothing in it runs), and its tensors are renamed from
+ultralytics' layer indices (`model.N.…`) to this package's module names:
+
+- `model.N` -> the module holding layer N of the published table (ULTRALYTICS_LAYERS);
+- ultralytics' Conv keeps `conv`/`bn` attributes, ours is a Sequential: `0`/`1`;
+- the Detect head's `cv2`/`cv3` are our `box`/`cls`; its DFL weights are the
+  fixed bins 0..15, which ours computes rather than stores.
+
+Every tensor must find its place with the same shape, or nothing is loaded.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hpcyolo.errors import HpcyoloError
+
+from . import safe_pickle
+from .model import REG_MAX, DetectionModel, build_model, resolve_model
+
+# Our module for each layer index of ultralytics' published tables (None:
+# upsample and concat layers, which hold no tensors).
+_STAGES8 = ("backbone.stem.0", "backbone.stem.1", "backbone.stem.2", "backbone.stage3.0", "backbone.stage3.1",
+            "backbone.stage4.0", "backbone.stage4.1", "backbone.stage5.0", "backbone.stage5.1", "backbone.stage5.2")
+ULTRALYTICS_LAYERS = {
+    # yolov8.yaml: 0-9 backbone, 10 upsample, 11 concat, 12 C2f, 13 upsample,
+    # 14 concat, 15 C2f, 16 Conv, 17 concat, 18 C2f, 19 Conv, 20 concat, 21 C2f, 22 Detect.
+    "yolov8": _STAGES8 + (None, None, "neck.td4", None, None, "neck.td3", "neck.down3", None, "neck.bu4",
+                          "neck.down4", None, "neck.bu5", "head"),
+    # yolo11.yaml: as YOLOv8 with C3k2 for C2f, plus 10 C2PSA at the end of the backbone.
+    "yolo11": _STAGES8 + ("backbone.stage5.3", None, None, "neck.td4", None, None, "neck.td3", "neck.down3", None,
+                          "neck.bu4", "neck.down4", None, "neck.bu5", "head"),
+}
+_NOT_WEIGHTS = "not hpcyolo weights such as RUN/weights/best.pt, nor an ultralytics checkpoint"
+_ULTRALYTICS_NAME = re.compile(r"(yolov8|yolo11)([nsmlx])?")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A detector's tensors under our names, and what is known about them."""
+
+    arch: str  # yolov8n ... yolo11x
+    names: list[str]  # class names
+    imgsz: int | None  # the training image size, where the file says
+    state: dict[str, torch.Tensor]
+    origin: str  # "ultralytics yolov8n", "hpcyolo weights", "hpcyolo checkpoint"
+    path: str
+
+    @property
+    def nc(self) -> int:
+        return len(self.names)
+
+
+def read_weights(path: str | Path) -> Weights:
+    """The weights in `path`; HpcyoloError (one line naming the file) if it holds none we can use."""
+    path = str(path)
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights-only refuses its globals: maybe an ultralytics object pickle
+        return _read_ultralytics(path)
+    except FileNotFoundError:
+        raise HpcyoloError(f"{path}: no such file") from None
+    except Exception as e:  # not a torch file at all: many kinds
+        raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} ({type(e).__name__} while loading)") from None
+    return _ours(saved, path)
+
+
+def _ours(saved, path: str) -> Weights:
+    """hpcyolo's weights/*.pt ({model, scale, names, imgsz}) or a checkpoint ({model, ema, config, ...})."""
+    if isinstance(saved, dict) and isinstance(saved.get("model"), dict) and "scale" in saved and "names" in saved:
+        return Weights(_canonical(saved["scale"], path), [str(n) for n in saved["names"]], int(saved["imgsz"]),
+                       saved["model"], "hpcyolo weights", path)
+    if isinstance(saved, dict) and isinstance(saved.get("ema"), dict) and isinstance(saved.get("config"), dict):
+        config, state = saved["config"], saved["ema"]["module"]  # the EMA, as weights/*.pt holds
+        nc = _head_classes(state, path)
+        return Weights(_canonical(config.get("model") or "n", path), [str(i) for i in range(nc)],
+                       config.get("imgsz"), state, "hpcyolo checkpoint", path)
+    raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} (a torch file of something else)")
+
+
+def _canonical(name: str, path: str) -> str:
+    try:
+        family, scale = resolve_model(str(name))
+    except ValueError as e:
+        raise HpcyoloError(f"{path}: {e}") from None
+    return family + scale
+
+
+def _head_classes(state: dict, path: str) -> int:
+    bias = state.get("head.cls.0.2.bias")
+    if bias is None:
+        raise HpcyoloError(f"{path}: a checkpoint without a detection head (head.cls.0.2.bias)")
+    return int(bias.shape[0])
+
+
+# ---------------------------------------------------------------- ultralytics
+
+def _read_ultralytics(path: str) -> Weights:
+    try:
+        ckpt = safe_pickle.load(path)
+    except HpcyoloError:
+        raise
+    except (zipfile.BadZipFile, ValueError, pickle.UnpicklingError, EOFError, TypeError, AttributeError) as e:
+        raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict):
+        raise HpcyoloError(f"{path}: not an ultralytics checkpoint (no dict at its top)")
+    model = ckpt.get("ema") if ckpt.get("ema") is not None else ckpt.get("model")
+    if not isinstance(model, safe_pickle.Inert) or not isinstance(model.state, dict):
+        raise HpcyoloError(f"{path}: not an ultralytics checkpoint (no model or ema object)")
+    info = model.state
+    if model.kind != "DetectionModel":
+        raise HpcyoloError(f"{path}: holds an ultralytics {model.kind}; only detection models (DetectionModel) load")
+    arch = _ultralytics_arch(info.get("yaml"), path)
+    names = info.get("names")
+    names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names or []]
+    tensors = dict(_module_tensors(model, ""))
+    state = _rename(tensors, arch, path)
+    args = info.get("args") if isinstance(info.get("args"), dict) else ckpt.get("train_args") or {}
+    imgsz = args.get("imgsz") if isinstance(args, dict) else None
+    return Weights(arch, names, imgsz if isinstance(imgsz, int) else None, state, f"ultralytics {arch}", path)
+
+
+def _ultralytics_arch(yaml, path: str) -> str:
+    """yolov8n ... yolo11x from the model's recorded yaml (yaml_file 'yolov8n.yaml', scale 'n')."""
+    if not isinstance(yaml, dict):
+        raise HpcyoloError(f"{path}: the model records no architecture (yaml)")
+    stem = Path(str(yaml.get("yaml_file") or "")).stem
+    m = _ULTRALYTICS_NAME.fullmatch(stem)
+    scale = yaml.get("scale") or (m.group(2) if m else None)
+    if not m or scale not in ("n", "s", "m", "l", "x"):
+        raise HpcyoloError(f"{path}: ultralytics architecture {yaml.get('yaml_file')!r} is not one hpcyolo builds "
+                           "(yolov8n-x, yolo11n-x)")
+    return m.group(1) + scale
+
+
+def _module_tensors(module: safe_pickle.Inert, prefix: str):
+    """(state-dict name, tensor) of a pickled nn.Module tree, as module.state_dict() would list them."""
+    state = module.state if isinstance(module.state, dict) else {}
+    skip = state.get("_non_persistent_buffers_set") or set()
+    for group in ("_parameters", "_buffers"):
+        for name, value in (state.get(group) or {}).items():
+            if isinstance(value, torch.Tensor) and name not in skip:
+                yield prefix + name, value
+    for name, child in (state.get("_modules") or {}).items():
+        if isinstance(child, safe_pickle.Inert):
+            yield from _module_tensors(child, f"{prefix}{name}.")
+
+
+def _rename(tensors: dict[str, torch.Tensor], arch: str, path: str) -> dict[str, torch.Tensor]:
+    """Ultralytics' names -> ours, checking each tensor against a model of `arch`."""
+    layers = ULTRALYTICS_LAYERS[arch[:-1]]
+    ours: dict[str, torch.Tensor] = {}
+    for name, value in tensors.items():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[0] != "model" or not parts[1].isdigit() or int(parts[1]) >= len(layers) \
+                or layers[int(parts[1])] is None:
+            raise HpcyoloError(f"{path}: tensor {name} has no place in {arch}")
+        target, rest = layers[int(parts[1])], parts[2:]
+        if target == "head":
+            if rest[0] == "dfl":
+                _check_dfl(value, name, path)
+                continue
+            rest = [{"cv2": "box", "cv3": "cls"}.get(rest[0], rest[0]), *rest[1:]]
+        # Ultralytics' Conv names its layers conv, bn, act; ours is a Sequential.
+        rest = [{"conv": "0", "bn": "1"}.get(p, p) for p in rest]
+        ours[".".join([target, *rest])] = value
+    return ours
+
+
+def _check_dfl(value: torch.Tensor, name: str, path: str) -> None:
+    """The DFL's 1x1 conv holds the fixed bins 0..reg_max-1; ours computes them."""
+    if value.numel() != REG_MAX or not torch.equal(value.float().flatten(), torch.arange(REG_MAX).float()):
+        raise HpcyoloError(f"{path}: {name} is not the fixed DFL bins 0..{REG_MAX - 1}")
+
+
+# ---------------------------------------------------------------- onto a model
+
+def build_from(weights: Weights) -> DetectionModel:
+    """A model of the weights' architecture and class count, with the weights loaded."""
+    model = build_model(weights.arch, weights.nc)
+    load_into(model, weights)
+    return model
+
+
+def load_into(model: DetectionModel, weights: Weights) -> str:
+    """Copy the weights into `model` (same architecture and classes); the one-line report."""
+    path = weights.path
+    if model.arch != weights.arch:
+        raise HpcyoloError(f"{path}: holds {weights.arch}, not {model.arch}")
+    target = model.state_dict()
+    if model.nc != weights.nc:
+        raise HpcyoloError(f"{path}: has {weights.nc} classes, the dataset {model.nc}; training onto other "
+                           "classes from these weights is not supported yet")
+    missing = [k for k in target if k not in weights.state]
+    extra = [k for k in weights.state if k not in target]
+    wrong = [k for k in target if k in weights.state and weights.state[k].shape != target[k].shape]
+    if missing or extra or wrong:
+        first = (f"{wrong[0]} has shape {tuple(weights.state[wrong[0]].shape)}, not {tuple(target[wrong[0]].shape)}"
+                 if wrong else f"{missing[0]} is missing" if missing else f"{extra[0]} has no place")
+        raise HpcyoloError(f"{path}: does not fit {model.arch} ({len(missing)} missing, {len(extra)} extra, "
+                           f"{len(wrong)} of another shape; {first})")
+    with torch.no_grad():
+        for k, v in target.items():
+            v.copy_(weights.state[k].to(v.dtype))
+    return (f"weights: {len(target)}/{len(target)} tensors from {Path(path).name} ({weights.origin}, "
+            f"{weights.nc} classes)")
