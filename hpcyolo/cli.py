@@ -357,6 +357,36 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     click.echo(table(result))
 
 
+@main.command(name="export")
+@click.argument("weights", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["onnx"]), default="onnx", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="The file to write (atomically).  [default: WEIGHTS with the suffix .onnx]")
+@click.option("--imgsz", type=click.IntRange(min=32), default=None, help="Input size, a multiple of 32 (default: the "
+              "training size, or 640).")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Batch size of the fixed "
+              "input shape.")
+@click.option("--dynamic", is_flag=True, help="Batch size, height and width free at run time.")
+@click.option("--opset", default=17, show_default=True, type=click.IntRange(min=11))
+def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch: int, dynamic: bool,
+           opset: int) -> None:
+    """Write WEIGHTS (hpcyolo's or an ultralytics checkpoint) as an ONNX model.
+
+    Input `images` [B, 3, H, W] float in [0, 1]; output `output0` [B, 4 + nc,
+    anchors]: boxes (cx, cy, w, h) in input pixels and class scores, before
+    NMS. Checked with onnxruntime against torch before it is written. Needs
+    the extra `pip install 'hpcyolo[export]'`.
+
+        hpcyolo export RUN/weights/best.pt --imgsz 640 --dynamic -o best.onnx
+    """
+    from hpcyolo_trainer.export import export_onnx
+
+    r = export_onnx(weights, output, imgsz=imgsz, batch=batch, dynamic=dynamic, opset=opset)
+    shape = "dynamic batch and size" if dynamic else f"input {r['batch']}x3x{r['imgsz']}x{r['imgsz']}"
+    click.echo(f"wrote {r['path']} ({r['arch']}, {r['nc']} classes, {shape}, opset {opset}, "
+               f"{r['bytes'] / 1e6:.1f} MB); onnxruntime matches torch within {r['parity']:.1e} (relative)", err=True)
+
+
 @main.command()
 @_site_arg
 @_job_arg
