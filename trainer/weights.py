@@ -204,12 +204,18 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
     Weights of other classes than the model's (fine-tuning to another
     dataset) give everything but the class convs, which keep the model's own
     fresh initialisation (seed the RNG before building the model for the
-    same initialisation on every rank)."""
+    same initialisation on every rank). Where the class count also sets the
+    class branches' width (more than 64 classes at n: COCO's 80 onto a
+    dataset of 3), the whole class branches start fresh, as in ultralytics."""
     path = weights.path
     if model.arch != weights.arch:
         raise HpcyoloError(f"{path}: holds {weights.arch}, not {model.arch}")
     target = model.state_dict()
     fresh = class_convs(model) if model.nc != weights.nc else []
+    branches = [k for k in target if k.startswith("head.cls.")]
+    if fresh and any(k in weights.state and weights.state[k].shape != target[k].shape
+                     for k in branches if k not in fresh):
+        fresh = branches
     wanted = [k for k in target if k not in fresh]
     missing = [k for k in wanted if k not in weights.state]
     extra = [k for k in weights.state if k not in target]
@@ -225,4 +231,5 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
             target[k].copy_(weights.state[k].to(target[k].dtype))
     line = (f"weights: {len(wanted)}/{len(target)} tensors from {Path(path).name} ({weights.origin}, "
             f"{weights.nc} classes)")
-    return line + (f"; class convs new for {model.nc} classes" if fresh else "")
+    what = "class branches" if len(fresh) > len(class_convs(model)) else "class convs"
+    return line + (f"; {what} new for {model.nc} classes" if fresh else "")

@@ -22,7 +22,7 @@ from conftest import SHARED
 from hpcyolo.errors import HpcyoloError
 from hpcyolo_trainer import safe_pickle
 from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.weights import build_from, load_into, read_weights
+from hpcyolo_trainer.weights import Weights, build_from, load_into, read_weights
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 FAMILIES = ["yolov8n", "yolo11n"]
@@ -235,10 +235,6 @@ def test_mismatches_are_one_line(tmp_path):
     weights = read_weights(tmp_path / "w.pt")
     with pytest.raises(HpcyoloError, match=r"w\.pt: holds yolov8n, not yolo11n$"):
         load_into(build_model("yolo11n", 3), weights)
-    # Other classes, and more than the class convs differ (200 classes widen the class branch): nothing loads.
-    with pytest.raises(HpcyoloError, match=r"w\.pt: does not fit yolov8n with 200 classes instead of 2 \(0 missing, "
-                                           r"0 extra, \d+ of another shape; head\.cls\.0\.0\.0\.weight has shape"):
-        load_into(build_model("yolov8n", 200), weights)
     with pytest.raises(HpcyoloError, match=r"w\.pt: holds yolov8n, not yolo11n$"):
         load_into(build_model("yolo11n", 2), weights)
     # Right names, wrong tensors: nothing loads.
@@ -342,3 +338,23 @@ def test_weights_of_other_classes_give_all_but_the_class_convs(tmp_path, arch):
             assert torch.equal(v, source.state_dict()[k]), k
     assert model.state_dict()["head.cls.0.2.bias"].shape == (3,)
     assert model.head.cls[0][2].bias[0].item() == pytest.approx(math.log(5 / 3 / (640 / 8) ** 2))
+
+
+def test_weights_whose_classes_widen_the_class_branches_give_all_but_those():
+    """COCO's 80 classes make the n model's class branches 80 wide, 3 classes
+    64: the whole class branches start fresh (as ultralytics), the rest loads."""
+    torch.manual_seed(0)
+    source = build_model("yolov8n", 80)
+    weights = Weights("yolov8n", [str(i) for i in range(80)], 640, source.state_dict(), "ultralytics yolov8n", "y.pt")
+    torch.manual_seed(1)
+    fresh = build_model("yolov8n", 3)
+    torch.manual_seed(1)
+    model = build_model("yolov8n", 3)
+    line = load_into(model, weights)
+    branch = [k for k in model.state_dict() if k.startswith("head.cls.")]
+    total = len(model.state_dict())
+    assert len(branch) == 42
+    assert line == (f"weights: {total - 42}/{total} tensors from y.pt (ultralytics yolov8n, 80 classes); class "
+                    "branches new for 3 classes")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, (fresh if k in branch else source).state_dict()[k]), k
