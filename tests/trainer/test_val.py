@@ -120,3 +120,21 @@ def test_ultralytics_ap_interpolates_to_recall_one():
     assert coco["ap"][0, 0] == pytest.approx(51 / 101)  # COCO: recall points 0..0.5 count, the rest 0
     none = ap_per_class(np.zeros((0, 1), bool), np.zeros(0), np.zeros(0), np.array([0]), 1, "ultralytics")
     assert none["ap"][0, 0] == 0.0
+
+
+def test_val_takes_hpcyolo_weights(tmp_path):
+    """Our own weights/*.pt (here: the fixture's tensors saved as hpcyolo
+    weights) measure exactly as the ultralytics file they came from."""
+    folder = FIXTURES / "yolo11n-shapes"
+    if not (folder / "model.pt").is_file():
+        pytest.skip(f"no reference fixture {folder}")
+    from hpcyolo_trainer.weights import read_weights
+
+    w = read_weights(folder / "model.pt")
+    torch.save({"model": w.state, "scale": w.arch, "names": w.names, "imgsz": 160}, tmp_path / "best.pt")
+    args = ["--data", str(folder / "data.yaml"), "--batch", "16", "--json"]
+    ours, theirs = val(str(tmp_path / "best.pt"), *args), val(str(folder / "model.pt"), *args)
+    assert ours.returncode == 0, ours.stderr
+    a, b = json.loads(ours.stdout), json.loads(theirs.stdout)
+    assert a["imgsz"] == b["imgsz"] == 160  # both files say their training size
+    assert {k: v for k, v in a.items() if k != "weights"} == {k: v for k, v in b.items() if k != "weights"}
