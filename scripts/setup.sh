@@ -6,7 +6,8 @@
 #
 # System packages: Slurm and munge (the local test cluster, tests/testbed) and
 # shellcheck (the rendered scripts are linted in the tests). Python: a venv in
-# .venv with PyTorch's CPU build and hpcyolo in editable mode.
+# .venv with PyTorch's CPU build and hpcyolo in editable mode, with the dev and
+# export extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,8 @@ python=${PYTHON:-python3}
 # torch==2.13.0 exactly: these machines carry its CPU build locally, while a
 # bare "torch" requirement would pull gigabytes of CUDA wheels.
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+# The export extra (onnx, onnxruntime) too: the test suite checks `hpcyolo export`.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,export]'
 # Bytecode for the editable sources, as a wheel install would have it (some
 # environments set PYTHONDONTWRITEBYTECODE, which makes every start recompile).
 .venv/bin/python -m compileall -q hpcyolo trainer >/dev/null

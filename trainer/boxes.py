@@ -266,20 +266,28 @@ def non_max_suppression(
     max_det: int = 300,
     max_nms: int = 30000,
     agnostic: bool = False,
+    multi_label: bool = False,
 ) -> list[Tensor]:
     """Decoded predictions [B, 4+nc, A] (cx, cy, w, h px; class probs) -> per image [n,6] (x1, y1, x2, y2, conf, cls).
 
-    Each anchor contributes one box, for its best class (no multi-label
-    output); NMS runs per class via the class-offset trick unless agnostic.
+    Each anchor contributes one box, for its best class, or with
+    `multi_label` one box per class scoring above conf_thres (as ultralytics
+    validates); NMS runs per class via the class-offset trick unless agnostic.
     """
-    return [_nms_image(p.transpose(0, 1), conf_thres, iou_thres, max_det, max_nms, agnostic) for p in preds]
+    return [_nms_image(p.transpose(0, 1), conf_thres, iou_thres, max_det, max_nms, agnostic, multi_label)
+            for p in preds]
 
 
-def _nms_image(x: Tensor, conf_thres: float, iou_thres: float, max_det: int, max_nms: int, agnostic: bool) -> Tensor:
+def _nms_image(x: Tensor, conf_thres: float, iou_thres: float, max_det: int, max_nms: int, agnostic: bool,
+               multi_label: bool = False) -> Tensor:
     """NMS for one image's predictions [A, 4+nc]."""
-    conf, cls = x[:, 4:].max(1)
-    ok = conf > conf_thres
-    x, conf, cls = x[ok], conf[ok], cls[ok]
+    if multi_label:
+        anchor, cls = (x[:, 4:] > conf_thres).nonzero(as_tuple=True)
+        x, conf = x[anchor], x[anchor, 4 + cls]
+    else:
+        conf, cls = x[:, 4:].max(1)
+        ok = conf > conf_thres
+        x, conf, cls = x[ok], conf[ok], cls[ok]
     if len(conf) > max_nms:  # bound NMS cost: keep only the most confident
         top = conf.topk(max_nms).indices
         x, conf, cls = x[top], conf[top], cls[top]

@@ -17,6 +17,16 @@ Conventions (deliberate, so numbers can be checked by hand):
 - Precision and recall are reported at one confidence threshold shared by all
   classes: the one that maximises the mean F1 (at IoU 0.5) over classes with
   ground truth; a deployed model also uses one threshold for all classes.
+
+`method="ultralytics"` (what `hpcyolo val` reports, to compare with
+ultralytics' `model.val()`) differs in two places, both as ultralytics does:
+- matching: each prediction keeps its highest-IoU ground truth, then each
+  ground truth keeps the first of its predictions in input order (after NMS:
+  the most confident), not the greedy walk by IoU;
+- AP: the precision envelope over (0, 1), the curve's points and (1, 0) is
+  linearly interpolated at the 101 recall points and integrated with the
+  trapezoid rule, so recall beyond the highest reached still counts, falling
+  linearly to precision 0 at recall 1.
 """
 
 from __future__ import annotations
@@ -55,7 +65,7 @@ def _greedy_one_to_one(gi: np.ndarray, pi: np.ndarray, n: int) -> np.ndarray:
     return matched
 
 
-def match_predictions(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor) -> Tensor:
+def match_predictions(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor, method: str = "coco") -> Tensor:
     """Which predictions are true positives at each IoU threshold.
 
     pred [n,6] (x1,y1,x2,y2,conf,cls), gt_boxes [m,4] xyxy, gt_cls [m] ->
@@ -72,6 +82,8 @@ def match_predictions(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor) -> Tensor:
     # whatever the box scale (normalised boxes would feel an epsilon). Two
     # zero-area boxes give 0/0 = NaN, which fails every `>=`: no match.
     iou = (box_iou(gt_boxes.float(), pred[:, :4].float(), eps=0.0) * same_cls).cpu().numpy()
+    if method == "ultralytics":
+        return torch.from_numpy(_match_ultralytics(iou, thresholds, n)).to(pred.device)
     conf = pred[:, 4].float().cpu().numpy()
     gi, pi, v = _candidate_pairs(iou, conf, float(thresholds.min()))
     for j, t in enumerate(thresholds):
@@ -80,6 +92,21 @@ def match_predictions(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor) -> Tensor:
         k = int(np.searchsorted(-v, -t, side="right"))
         correct[:, j] = _greedy_one_to_one(gi[:k], pi[:k], n)
     return torch.from_numpy(correct).to(pred.device)
+
+
+def _match_ultralytics(iou: np.ndarray, thresholds: np.ndarray, n: int) -> np.ndarray:
+    """Ultralytics' matching: per threshold, the (gt, pred) pairs by IoU
+    descending; per prediction the first pair (its best gt), then per gt the
+    first of those in prediction order. [n, T] bool."""
+    correct = np.zeros((n, len(thresholds)), dtype=bool)
+    for j, t in enumerate(thresholds):
+        pairs = np.stack(np.nonzero(iou >= t), axis=1)
+        if len(pairs) > 1:
+            pairs = pairs[iou[pairs[:, 0], pairs[:, 1]].argsort(kind="stable")[::-1]]
+            pairs = pairs[np.unique(pairs[:, 1], return_index=True)[1]]
+            pairs = pairs[np.unique(pairs[:, 0], return_index=True)[1]]
+        correct[pairs[:, 1], j] = True
+    return correct
 
 
 # --------------------------------------------------------------------------- AP
@@ -103,6 +130,26 @@ def _interpolated_ap(tp_sorted: np.ndarray, n_gt: int) -> np.ndarray:
         idx = np.searchsorted(recall[:, j], RECALL_POINTS, side="left")
         sampled = np.where(idx < k, envelope[np.minimum(idx, k - 1), j], 0.0)
         ap[j] = sampled.mean()
+    return ap
+
+
+def _trapezoid_ap(tp_sorted: np.ndarray, n_gt: int) -> np.ndarray:
+    """Ultralytics' AP per IoU threshold of one class: the envelope of the
+    curve extended by (0, 1) and (1, 0), interpolated at 101 recall points,
+    integrated by the trapezoid rule. tp_sorted [k,T] bool -> [T]."""
+    k, t = tp_sorted.shape
+    if k == 0:  # no predictions of the class: 0, not the area under the (0, 1)-(1, 0) line
+        return np.zeros(t)
+    tpc = np.cumsum(tp_sorted, axis=0)
+    recall = tpc / (n_gt + 1e-16)
+    precision = tpc / np.arange(1, k + 1)[:, None]
+    ap = np.empty(t)
+    for j in range(t):
+        mrec = np.concatenate(([0.0], recall[:, j], [1.0]))
+        mpre = np.concatenate(([1.0], precision[:, j], [0.0]))
+        mpre = np.maximum.accumulate(mpre[::-1])[::-1]
+        y = np.interp(RECALL_POINTS, mrec, mpre)
+        ap[j] = float(((y[1:] + y[:-1]) / 2 * np.diff(RECALL_POINTS)).sum())
     return ap
 
 
@@ -151,7 +198,8 @@ def _split_by_class(pred_cls: np.ndarray, conf: np.ndarray, nc: int):
     return order, bounds
 
 
-def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_cls: np.ndarray, nc: int) -> dict:
+def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_cls: np.ndarray, nc: int,
+                 method: str = "coco") -> dict:
     """Per-class AP (COCO 101-point) and P/R at the max-mean-F1 confidence.
 
     tp [N,T] bool, conf [N], pred_cls [N], target_cls [M] -> dict of
@@ -172,7 +220,7 @@ def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_
     p_curves, r_curves = np.zeros((nc, len(taus))), np.zeros((nc, len(taus)))
     for c in np.flatnonzero(present):
         idx = order[bounds[c] : bounds[c + 1]]
-        ap[c] = _interpolated_ap(tp[idx], n_gt[c])
+        ap[c] = (_trapezoid_ap if method == "ultralytics" else _interpolated_ap)(tp[idx], n_gt[c])
         p_curves[c], r_curves[c] = _pr_at_thresholds(tp[idx, 0], conf[idx], n_gt[c], taus)
     best = _best_f1_index(p_curves[present], r_curves[present])
     precision, recall = np.full(nc, np.nan), np.full(nc, np.nan)
@@ -201,7 +249,10 @@ def _mean_or_zero(x: np.ndarray) -> float:
 class DetStats:
     """Per-image matching results of one rank's shard of the validation set."""
 
-    def __init__(self) -> None:
+    def __init__(self, method: str = "coco") -> None:
+        if method not in ("coco", "ultralytics"):
+            raise ValueError(f"method must be coco or ultralytics, got {method!r}")
+        self.method = method
         self._tp: list[np.ndarray] = []
         self._conf: list[np.ndarray] = []
         self._pred_cls: list[np.ndarray] = []
@@ -212,7 +263,7 @@ class DetStats:
         """Add one image: pred [n,6] (x1,y1,x2,y2,conf,cls), gt_boxes [m,4] xyxy, gt_cls [m]."""
         pred = pred.detach().reshape(-1, 6)
         gt_boxes, gt_cls = gt_boxes.detach().reshape(-1, 4), gt_cls.detach().reshape(-1)
-        self._tp.append(match_predictions(pred, gt_boxes, gt_cls).cpu().numpy())
+        self._tp.append(match_predictions(pred, gt_boxes, gt_cls, self.method).cpu().numpy())
         self._conf.append(pred[:, 4].float().cpu().numpy())
         self._pred_cls.append(pred[:, 5].long().cpu().numpy().astype(np.int32))
         self._target_cls.append(gt_cls.long().cpu().numpy().astype(np.int32))
@@ -233,11 +284,13 @@ class DetStats:
         return {key: np.concatenate([s[key] for s in states]) for key in ("tp", "conf", "pred_cls", "target_cls")}
 
     @staticmethod
-    def summary(state: dict, nc: int) -> dict:
+    def summary(state: dict, nc: int, method: str = "coco") -> dict:
         """precision, recall, map50, map50_95 (means over classes with ground
         truth), per_class_ap50 (list of nc floats, NaN where a class has no
-        ground truth), conf_threshold (where precision/recall were taken)."""
-        r = ap_per_class(state["tp"], state["conf"], state["pred_cls"], state["target_cls"], nc)
+        ground truth), conf_threshold (where precision/recall were taken), and
+        per class: per_class_ap50_95, per_class_precision, per_class_recall,
+        per_class_instances."""
+        r = ap_per_class(state["tp"], state["conf"], state["pred_cls"], state["target_cls"], nc, method)
         ap, present = r["ap"], r["present"]
         return {
             "precision": _mean_or_zero(r["precision"][present]),
@@ -245,5 +298,9 @@ class DetStats:
             "map50": _mean_or_zero(ap[present, 0]),
             "map50_95": _mean_or_zero(ap[present].mean(axis=1)),
             "per_class_ap50": [float(x) for x in ap[:, 0]],
+            "per_class_ap50_95": [float(x) for x in ap.mean(axis=1)],
+            "per_class_precision": [float(x) for x in r["precision"]],
+            "per_class_recall": [float(x) for x in r["recall"]],
+            "per_class_instances": [int(x) for x in r["n_gt"]],
             "conf_threshold": r["conf_threshold"],
         }

@@ -84,10 +84,9 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     arch = state.get("arch", resolve_name(state["config"].get("model"))) if state else choose_arch(cfg, weights)
 
     # -- model, EMA, optimizer, loss
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    model = build_model(arch, nc)
-    if weights is not None:  # every rank reads the same file: identical weights everywhere
-        print0(d, load_into(model, weights))
+    model, report = initial_model(arch, nc, cfg.seed, weights)
+    if report:
+        print0(d, report)
     model = model.to(d.device)
     if d.distributed and d.device.type == "cuda":
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -216,6 +215,16 @@ def resolve_name(name: str | None) -> str:
     """The full model name of --model (n -> yolov8n); n when none is given."""
     name = name or "n"
     return ALIASES.get(name, name)
+
+
+def initial_model(arch: str, nc: int, seed: int, weights: Weights | None):
+    """(model, report line or None): a fresh model, seeded, with the weights
+    loaded where given. Identical on every rank without any broadcast: every
+    rank seeds the same and reads the same file, so class convs that the
+    weights cannot give (other classes: fine-tuning) start the same everywhere."""
+    torch.manual_seed(seed)
+    model = build_model(arch, nc)
+    return model, load_into(model, weights) if weights is not None else None
 
 
 def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:

@@ -192,25 +192,44 @@ def build_from(weights: Weights) -> DetectionModel:
     return model
 
 
+def class_convs(model: DetectionModel) -> list[str]:
+    """The tensors whose shape follows the class count: the last conv (weight
+    and bias) of each level's class branch."""
+    return [f"head.cls.{i}.{len(b) - 1}.{p}" for i, b in enumerate(model.head.cls) for p in ("weight", "bias")]
+
+
 def load_into(model: DetectionModel, weights: Weights) -> str:
-    """Copy the weights into `model` (same architecture and classes); the one-line report."""
+    """Copy the weights into `model` (same architecture); the one-line report.
+
+    Weights of other classes than the model's (fine-tuning to another
+    dataset) give everything but the class convs, which keep the model's own
+    fresh initialisation (seed the RNG before building the model for the
+    same initialisation on every rank). Where the class count also sets the
+    class branches' width (more than 64 classes at n: COCO's 80 onto a
+    dataset of 3), the whole class branches start fresh, as in ultralytics."""
     path = weights.path
     if model.arch != weights.arch:
         raise HpcyoloError(f"{path}: holds {weights.arch}, not {model.arch}")
     target = model.state_dict()
-    if model.nc != weights.nc:
-        raise HpcyoloError(f"{path}: has {weights.nc} classes, the dataset {model.nc}; training onto other "
-                           "classes from these weights is not supported yet")
-    missing = [k for k in target if k not in weights.state]
+    fresh = class_convs(model) if model.nc != weights.nc else []
+    branches = [k for k in target if k.startswith("head.cls.")]
+    if fresh and any(k in weights.state and weights.state[k].shape != target[k].shape
+                     for k in branches if k not in fresh):
+        fresh = branches
+    wanted = [k for k in target if k not in fresh]
+    missing = [k for k in wanted if k not in weights.state]
     extra = [k for k in weights.state if k not in target]
-    wrong = [k for k in target if k in weights.state and weights.state[k].shape != target[k].shape]
+    wrong = [k for k in wanted if k in weights.state and weights.state[k].shape != target[k].shape]
     if missing or extra or wrong:
         first = (f"{wrong[0]} has shape {tuple(weights.state[wrong[0]].shape)}, not {tuple(target[wrong[0]].shape)}"
                  if wrong else f"{missing[0]} is missing" if missing else f"{extra[0]} has no place")
-        raise HpcyoloError(f"{path}: does not fit {model.arch} ({len(missing)} missing, {len(extra)} extra, "
+        other = f" with {model.nc} classes instead of {weights.nc}" if fresh else ""
+        raise HpcyoloError(f"{path}: does not fit {model.arch}{other} ({len(missing)} missing, {len(extra)} extra, "
                            f"{len(wrong)} of another shape; {first})")
     with torch.no_grad():
-        for k, v in target.items():
-            v.copy_(weights.state[k].to(v.dtype))
-    return (f"weights: {len(target)}/{len(target)} tensors from {Path(path).name} ({weights.origin}, "
+        for k in wanted:
+            target[k].copy_(weights.state[k].to(target[k].dtype))
+    line = (f"weights: {len(wanted)}/{len(target)} tensors from {Path(path).name} ({weights.origin}, "
             f"{weights.nc} classes)")
+    what = "class branches" if len(fresh) > len(class_convs(model)) else "class convs"
+    return line + (f"; {what} new for {model.nc} classes" if fresh else "")

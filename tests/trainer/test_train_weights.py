@@ -13,8 +13,11 @@ import torch
 
 from conftest import SHARED
 from hpcyolo.local import launch
+from hpcyolo.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo.shapes import make_shapes
+from hpcyolo_trainer import checkpoint as ckpt
 from hpcyolo_trainer.weights import read_weights
+from test_resume import max_abs_diff
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 V8 = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes" / "model.pt"
@@ -56,12 +59,87 @@ def test_two_ranks_start_from_ultralytics_weights_and_resume_wins(tmp_path, shap
     assert "resumed from" in r.stdout and "weights:" not in r.stdout
 
 
-def test_weights_and_data_of_other_classes_is_one_line(tmp_path):
-    data = make_shapes(tmp_path / "shapes", n_train=4, n_val=2, imgsz=64, classes=3, seed=0)
-    r = run1(argv(tmp_path / "run", data, "--weights", str(V8)))
-    assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == [f"hpcyolo: error: {V8}: has 4 classes, the dataset 3; training onto "
-                                             "other classes from these weights is not supported yet"]
+@pytest.fixture(scope="module")
+def shapes3(tmp_path_factory):
+    return make_shapes(tmp_path_factory.mktemp("d3") / "shapes", n_train=8, n_val=4, imgsz=64, classes=3, seed=7)
+
+
+def class_conv(key: str) -> bool:
+    return key.startswith("head.cls.") and key.split(".")[3] == "2"
+
+
+def test_two_ranks_fine_tune_ultralytics_weights_to_other_classes(tmp_path, shapes3, capfd):
+    # lr0 0: nothing moves, so last.pt shows what every run started from.
+    code = launch(argv(tmp_path / "run", shapes3, "--weights", str(V8), "--lr0", "0")[3:], 2,
+                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = capfd.readouterr().out
+    assert code == 0, out
+    assert out.count("weights: 348/354 tensors from model.pt (ultralytics yolov8n, 4 classes); class convs new for "
+                     "3 classes") == 1
+    assert "training yolov8n on 8 images (3 classes)" in out
+    saved = torch.load(tmp_path / "run" / "weights" / "last.pt", weights_only=True)
+    assert saved["names"] == ["circle", "square", "triangle"]
+    source = read_weights(V8).state
+    convs = [k for k in source if k.endswith(".weight") and source[k].dim() == 4 and not class_conv(k)]
+    worst = max((saved["model"][k] - source[k].float()).abs().max().item() for k in convs)
+    assert worst < 1e-5, worst
+    for i in range(3):
+        assert saved["model"][f"head.cls.{i}.2.weight"].shape[0] == 3
+        assert saved["model"][f"head.cls.{i}.2.bias"].shape == (3,)
+
+
+FRESH_INIT = """
+import hashlib, sys, torch
+from hpcyolo_trainer.train import initial_model
+from hpcyolo_trainer.weights import read_weights
+rank, seed = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(seed + rank)  # as the trainer seeds each rank's data RNG: different per rank
+torch.rand(100 + rank)
+model, line = initial_model("yolov8n", 3, seed, read_weights(sys.argv[3]))
+h = hashlib.sha256()
+for k, v in model.state_dict().items():
+    h.update(k.encode()); h.update(v.numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_new_class_convs_are_the_same_on_every_rank_without_a_broadcast():
+    """initial_model is what each rank runs before DDP exists (DDP's initial
+    broadcast would hide a difference): per-rank RNG state must not matter."""
+    def digest(rank: int, seed: int) -> str:
+        r = subprocess.run(["nice", "-n", "19", sys.executable, "-c", FRESH_INIT, str(rank), str(seed), str(V8)],
+                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert digest(0, 0) == digest(1, 0)
+    assert digest(0, 1) != digest(0, 0)  # the seed does set the new convs
+
+
+def test_preempted_fine_tuning_resumes_from_its_checkpoint_bit_identical(tmp_path, shapes3, capfd):
+    """Fine-tuning stopped mid-epoch by the preemption path and resumed: the
+    run continues from its checkpoint (the weights file is not read again)
+    and ends exactly where an uninterrupted fine-tuning run ends."""
+    env = {k: v for k, v in os.environ.items() if k != DRILL_ENV}
+    env["OMP_NUM_THREADS"] = "1"
+    args = ["--weights", str(V8), "--epochs", "2", "--batch", "4", "--nbs", "4", "--close-mosaic", "1"]
+    assert launch(argv(tmp_path / "a", shapes3, *args)[3:], 2, env=env) == 0
+    # 8 images, 2 ranks x 2: 2 steps per epoch; the drill stops after step 3, inside epoch 2.
+    assert launch(argv(tmp_path / "b", shapes3, *args)[3:], 2, env={**env, DRILL_ENV: "3"}) == EXIT_CODE
+    stopped = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
+    assert (stopped["epoch"], stopped["global_step"]) == (1, 3)
+    capfd.readouterr()
+    assert launch(argv(tmp_path / "b", shapes3, *args)[3:], 2, env=env) == 0
+    out = capfd.readouterr().out
+    assert "resumed from" in out and "weights:" not in out
+    a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
+    b = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
+    assert a["global_step"] == b["global_step"] == 4
+    for part in ("model", "ema", "optimizer"):
+        assert max_abs_diff(a[part], b[part], part) == 0.0, part
+    # And the run did move away from the pretrained file.
+    source = read_weights(V8).state
+    assert not torch.equal(b["model"]["backbone.stem.0.0.weight"], source["backbone.stem.0.0.weight"].float())
 
 
 def test_model_that_contradicts_the_weights_is_one_line(tmp_path, shapes4):

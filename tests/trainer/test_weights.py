@@ -3,6 +3,8 @@ onto our models layer for layer; our own weights and checkpoints; refusals."""
 
 from __future__ import annotations
 
+import math
+
 import io
 import json
 import os
@@ -20,7 +22,7 @@ from conftest import SHARED
 from hpcyolo.errors import HpcyoloError
 from hpcyolo_trainer import safe_pickle
 from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.weights import build_from, load_into, read_weights
+from hpcyolo_trainer.weights import Weights, build_from, load_into, read_weights
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 FAMILIES = ["yolov8n", "yolo11n"]
@@ -231,8 +233,8 @@ def test_mismatches_are_one_line(tmp_path):
     torch.save({"model": build_model("yolov8n", 2).state_dict(), "scale": "yolov8n", "names": ["a", "b"],
                 "imgsz": 64}, tmp_path / "w.pt")
     weights = read_weights(tmp_path / "w.pt")
-    with pytest.raises(HpcyoloError, match=r"w\.pt: has 2 classes, the dataset 3; .* not supported yet$"):
-        load_into(build_model("yolov8n", 3), weights)
+    with pytest.raises(HpcyoloError, match=r"w\.pt: holds yolov8n, not yolo11n$"):
+        load_into(build_model("yolo11n", 3), weights)
     with pytest.raises(HpcyoloError, match=r"w\.pt: holds yolov8n, not yolo11n$"):
         load_into(build_model("yolo11n", 2), weights)
     # Right names, wrong tensors: nothing loads.
@@ -308,3 +310,51 @@ def test_predict_letterbox_is_ultralytics_rectangle(shape, canvas, gain, offset)
     out, g, (left, top) = rect_letterbox(img, 160)
     assert out.shape[:2] == canvas and g == pytest.approx(gain) and (left, top) == offset
     assert (out[:top] == 114).all() and (out[top + round(shape[0] * g):] == 114).all()
+
+
+@pytest.mark.parametrize("arch", ["yolov8n", "yolo11n"])
+def test_weights_of_other_classes_give_all_but_the_class_convs(tmp_path, arch):
+    """Fine-tuning to other classes: every tensor but the last conv of each
+    class branch comes from the file; those keep the fresh model's init."""
+    source = build_model(arch, 4)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(1.0)  # unlike any fresh initialisation
+    torch.save({"model": source.state_dict(), "scale": arch, "names": list("abcd"), "imgsz": 64}, tmp_path / "w.pt")
+    weights = read_weights(tmp_path / "w.pt")
+    torch.manual_seed(5)
+    fresh = build_model(arch, 3)
+    torch.manual_seed(5)
+    model = build_model(arch, 3)
+    line = load_into(model, weights)
+    total = len(model.state_dict())
+    assert line == (f"weights: {total - 6}/{total} tensors from w.pt (hpcyolo weights, 4 classes); "
+                    "class convs new for 3 classes")
+    new = {f"head.cls.{i}.2.{p}" for i in range(3) for p in ("weight", "bias")}
+    for k, v in model.state_dict().items():
+        if k in new:
+            assert torch.equal(v, fresh.state_dict()[k]), k  # the model's own init, bias prior included
+        else:
+            assert torch.equal(v, source.state_dict()[k]), k
+    assert model.state_dict()["head.cls.0.2.bias"].shape == (3,)
+    assert model.head.cls[0][2].bias[0].item() == pytest.approx(math.log(5 / 3 / (640 / 8) ** 2))
+
+
+def test_weights_whose_classes_widen_the_class_branches_give_all_but_those():
+    """COCO's 80 classes make the n model's class branches 80 wide, 3 classes
+    64: the whole class branches start fresh (as ultralytics), the rest loads."""
+    torch.manual_seed(0)
+    source = build_model("yolov8n", 80)
+    weights = Weights("yolov8n", [str(i) for i in range(80)], 640, source.state_dict(), "ultralytics yolov8n", "y.pt")
+    torch.manual_seed(1)
+    fresh = build_model("yolov8n", 3)
+    torch.manual_seed(1)
+    model = build_model("yolov8n", 3)
+    line = load_into(model, weights)
+    branch = [k for k in model.state_dict() if k.startswith("head.cls.")]
+    total = len(model.state_dict())
+    assert len(branch) == 42
+    assert line == (f"weights: {total - 42}/{total} tensors from y.pt (ultralytics yolov8n, 80 classes); class "
+                    "branches new for 3 classes")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, (fresh if k in branch else source).state_dict()[k]), k

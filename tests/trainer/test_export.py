@@ -1,0 +1,110 @@
+"""`hpcyolo export --format onnx`: onnxruntime's output equals the torch
+model's (and ultralytics' reference output), fixed and dynamic shapes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import SHARED
+from hpcyolo.errors import HpcyoloError
+
+pytest.importorskip("onnxruntime", reason="the export extra (pip install hpcyolo[export]) is not installed")
+
+from hpcyolo_trainer.export import HINT, export_onnx, relative_diff, run_onnx  # noqa: E402
+from hpcyolo_trainer.weights import build_from, read_weights  # noqa: E402
+
+HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+FIXTURES = SHARED / "fixtures" / "ultralytics"
+NAMES = ["yolov8n-shapes", "yolo11n-shapes"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def fixture(name: str) -> Path:
+    folder = FIXTURES / name
+    if not (folder / "model.pt").is_file():
+        pytest.skip(f"no reference fixture {folder}")
+    return folder
+
+
+def torch_output(model, x: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return model.predict(x).numpy()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_onnx_matches_torch_fixed_and_dynamic(tmp_path, name):
+    folder = fixture(name)
+    model = build_from(read_weights(folder / "model.pt")).eval()
+    gen = torch.Generator().manual_seed(1)
+
+    fixed = export_onnx(str(folder / "model.pt"), str(tmp_path / "fixed.onnx"), imgsz=160)
+    assert fixed["path"] == str(tmp_path / "fixed.onnx") and not fixed["dynamic"]
+    x = torch.rand(1, 3, 160, 160, generator=gen)
+    diff = relative_diff(run_onnx(str(tmp_path / "fixed.onnx"), x.numpy()), torch_output(model, x))
+    print(f"{name} fixed batch 1: relative max diff {diff:.2e}")
+    assert diff <= 1e-4
+    with pytest.raises(Exception):  # the fixed file takes its one shape only
+        run_onnx(str(tmp_path / "fixed.onnx"), torch.rand(3, 3, 160, 160).numpy())
+
+    export_onnx(str(folder / "model.pt"), str(tmp_path / "dynamic.onnx"), imgsz=160, dynamic=True)
+    for shape in [(1, 3, 160, 160), (3, 3, 160, 160), (2, 3, 224, 160)]:
+        x = torch.rand(*shape, generator=gen)
+        out = run_onnx(str(tmp_path / "dynamic.onnx"), x.numpy())
+        diff = relative_diff(out, torch_output(model, x))
+        print(f"{name} dynamic {shape}: relative max diff {diff:.2e}")
+        assert out.shape == (shape[0], 8, (shape[2] * shape[3]) // 64 * 21 // 16) and diff <= 1e-4
+    # And ultralytics' own output for its fixed input.
+    x = torch.load(folder / "input.pt", weights_only=True)
+    ref = torch.load(folder / "output.pt", weights_only=True).numpy()
+    diff = relative_diff(run_onnx(str(tmp_path / "dynamic.onnx"), x.numpy()), ref)
+    print(f"{name} vs ultralytics output.pt: relative max diff {diff:.2e}")
+    assert diff <= 1e-4
+
+
+def test_export_command_is_fast_and_atomic(tmp_path):
+    folder = fixture("yolov8n-shapes")
+    start = time.monotonic()
+    r = subprocess.run(["nice", "-n", "19", HPCYOLO, "export", str(folder / "model.pt"), "--format", "onnx", "-o",
+                        str(tmp_path / "m.onnx"), "--imgsz", "160"], capture_output=True, text=True, env=ENV)
+    seconds = time.monotonic() - start
+    print(f"hpcyolo export of {folder.name}: {seconds:.1f} s")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(f"wrote {tmp_path / 'm.onnx'} (yolov8n, 4 classes, input 1x3x160x160, opset 17, ")
+    assert seconds < 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # no temporary file left
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(tmp_path / "m.onnx").metadata_props}
+    assert meta["arch"] == "yolov8n" and meta["imgsz"] == "[160, 160]" and "circle" in meta["names"]
+
+
+def test_bad_size_and_missing_folder_are_one_line(tmp_path):
+    folder = fixture("yolov8n-shapes")
+    r = subprocess.run([HPCYOLO, "export", str(folder / "model.pt"), "--imgsz", "100", "-o", str(tmp_path / "m.onnx")],
+                       capture_output=True, text=True, env=ENV)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == ["hpcyolo: error: --imgsz 100: must be a multiple of 32 (the model's "
+                                             "largest stride)"]
+    with pytest.raises(HpcyoloError, match="no such folder"):
+        export_onnx(str(folder / "model.pt"), str(tmp_path / "nope" / "m.onnx"), imgsz=64)
+
+
+def test_without_onnx_a_one_line_hint(tmp_path):
+    folder = fixture("yolov8n-shapes")
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "onnx.py").write_text("raise ImportError('onnx is not installed')\n")
+    r = subprocess.run([HPCYOLO, "export", str(folder / "model.pt"), "-o", str(tmp_path / "m.onnx")],
+                       capture_output=True, text=True, env={**ENV, "PYTHONPATH": str(blocker)})
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [f"hpcyolo: error: {HINT}"]
+    assert "pip install 'hpcyolo[export]'" in HINT
+    assert not (tmp_path / "m.onnx").exists()

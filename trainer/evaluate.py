@@ -1,0 +1,178 @@
+"""`hpcyolo val`: the metrics of trained weights on a dataset split, as
+ultralytics' `model.val()` computes them, in one process or distributed.
+
+Ultralytics' validation protocol, followed here so that the numbers compare:
+- rectangular batches: images sorted by aspect ratio (h/w), batched in that
+  order, each batch letterboxed (centred, grey) to one shape, its sides
+  ceil(imgsz * ratio / 32 + 0.5) * 32, the ratio (h, w) of the batch's
+  flattest or tallest image; a square 160 px image at imgsz 160 sits on a
+  192 x 192 canvas;
+- images resized so their long side is imgsz (never padded up in scale);
+- NMS with conf 0.001, IoU 0.7, one box per class above conf per anchor
+  (multi-label), at most 300 per image;
+- boxes mapped back to the original image and clipped to it; matching and
+  AP as `metrics.DetStats(method="ultralytics")`.
+
+Distributed: every rank computes the same batch layout over the whole split
+and validates every world_size-th batch; rank 0 gathers the per-batch states
+and merges them in batch order, so any number of ranks reports the numbers
+one process does.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from hpcyolo.errors import HpcyoloError
+
+from .augment import PAD_VALUE
+from .boxes import non_max_suppression, xywh2xyxy
+from .data import check_files, decode_resized, load_data_spec
+from .dist import Dist, gather_objects
+from .metrics import DetStats
+from .weights import build_from, read_weights
+
+STRIDE = 32
+
+
+def rect_batches(shapes: list[tuple[int, int]], batch: int, imgsz: int, stride: int = STRIDE,
+                 pad: float = 0.5) -> list[tuple[list[int], tuple[int, int]]]:
+    """Ultralytics' rectangular validation batches: [(image indices, (H, W))]
+    for images of `shapes` (h, w), sorted by aspect ratio h/w."""
+    ratios = np.array([h / w for h, w in shapes], dtype=np.float64)
+    order = ratios.argsort(kind="stable")
+    out = []
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        lo, hi = ratios[idx].min(), ratios[idx].max()
+        shape = [hi, 1.0] if hi < 1 else [1.0, 1 / lo] if lo > 1 else [1.0, 1.0]
+        h, w = (np.ceil(np.array(shape) * imgsz / stride + pad).astype(int) * stride).tolist()
+        out.append(([int(i) for i in idx], (h, w)))
+    return out
+
+
+def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]:
+    """((h, w), gain) of an image resized so its long side is imgsz, as ultralytics' loader (ceil)."""
+    h0, w0 = shape
+    r = imgsz / max(h0, w0)
+    if r == 1:
+        return (h0, w0), 1.0
+    return (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)), r
+
+
+def letterbox_to(img: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """Pad (and shrink if needed, never enlarge) to `shape` (H, W), centred;
+    an odd padding puts its extra pixel at the bottom/right. (canvas, gain, (left, top))."""
+    h, w = img.shape[:2]
+    gain = min(shape[0] / h, shape[1] / w, 1.0)
+    nh, nw = round(h * gain), round(w * gain)
+    if (nh, nw) != (h, w):
+        img = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    dh, dw = (shape[0] - nh) / 2, (shape[1] - nw) / 2
+    top, bottom, left, right = round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1)
+    canvas = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
+    return canvas, gain, (left, top)
+
+
+class ValBatches:
+    """The rectangular batches of one split; `load(k)` reads batch k."""
+
+    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int):
+        items, self.problems, _ = check_files(list(files), nc)
+        self.paths = [it.path for it in items]
+        self.shapes = [it.shape for it in items]
+        self.labels = [it.labels for it in items]
+        self.imgsz = imgsz
+        self.batches = rect_batches(self.shapes, batch, imgsz)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def load(self, k: int):
+        """(uint8 [B, 3, H, W], per image (gain, (left, top), (h0, w0), labels [n, 5] normalised))."""
+        indices, shape = self.batches[k]
+        canvases, metas = [], []
+        for i in indices:
+            (h, w), r = resized(self.shapes[i], self.imgsz)
+            img = decode_resized(self.paths[i], (h, w))
+            if img is None:  # no longer decodes: a blank image, its labels still count as missed
+                img = np.full((h, w, 3), PAD_VALUE, np.uint8)
+            canvas, gain, offset = letterbox_to(img, shape)
+            canvases.append(canvas)
+            metas.append((r * gain, offset, self.shapes[i], self.labels[i]))
+        x = torch.from_numpy(np.ascontiguousarray(np.stack(canvases).transpose(0, 3, 1, 2)))
+        return x, metas
+
+
+def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float) -> DetStats:
+    """Predict one batch and match it against its labels, in original image pixels."""
+    stats = DetStats(method="ultralytics")
+    preds = non_max_suppression(model.predict(x.to(device).float() / 255), conf_thres=conf, iou_thres=iou,
+                                multi_label=True)
+    for det, (gain, (left, top), (h0, w0), labels) in zip(preds, metas):
+        det = det.float().cpu().clone()
+        det[:, [0, 2]] = ((det[:, [0, 2]] - left) / gain).clamp(0, w0)
+        det[:, [1, 3]] = ((det[:, [1, 3]] - top) / gain).clamp(0, h0)
+        lab = torch.from_numpy(np.asarray(labels, dtype=np.float32)).reshape(-1, 5)
+        gt = xywh2xyxy(lab[:, 1:5]) * torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
+        stats.update(det, gt, lab[:, 0])
+    return stats
+
+
+@torch.no_grad()
+def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
+             conf: float = 0.001, iou: float = 0.7, warn=print) -> dict | None:
+    """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
+    map50, map50_95, precision, recall, images, instances, and `classes`: one
+    row per class (name, images, instances, precision, recall, map50, map50_95)."""
+    if split not in ("train", "val"):
+        raise HpcyoloError(f"--split must be train or val, not {split!r}")
+    w = read_weights(weights)
+    spec = load_data_spec(data)
+    if len(spec.names) != w.nc:
+        raise HpcyoloError(f"{weights}: has {w.nc} classes, {data} names {len(spec.names)}")
+    size = imgsz or w.imgsz or 640
+    model = build_from(w).to(d.device).eval()
+    files = getattr(spec, split)
+    if not files:
+        raise HpcyoloError(f"{data}: split {split!r} has no images")
+    sets = ValBatches(files, w.nc, size, batch)
+    if d.is_main:
+        for problem in sets.problems:
+            warn(f"warning: {problem}")
+    mine = [(k, batch_stats(model, *sets.load(k), d.device, conf, iou).state())
+            for k in range(d.rank, len(sets), d.world_size)]
+    gathered = gather_objects(d, mine)
+    if not d.is_main:
+        return None
+    states = [state for _, state in sorted((pair for rank in gathered for pair in rank), key=lambda p: p[0])]
+    s = DetStats.summary(DetStats.merge(states), w.nc, method="ultralytics")
+    images = np.zeros(w.nc, dtype=int)  # images holding the class
+    for labels in sets.labels:
+        images[np.unique(np.asarray(labels).reshape(-1, 5)[:, 0].astype(int))] += 1
+    classes = [{"class": name, "images": int(images[c]), "instances": s["per_class_instances"][c],
+                "precision": s["per_class_precision"][c], "recall": s["per_class_recall"][c],
+                "map50": s["per_class_ap50"][c], "map50_95": s["per_class_ap50_95"][c]}
+               for c, name in enumerate(spec.names)]
+    return {"weights": str(weights), "data": str(data), "split": split, "imgsz": size, "images": len(sets.paths),
+            "instances": int(sum(s["per_class_instances"])), "precision": s["precision"], "recall": s["recall"],
+            "map50": s["map50"], "map50_95": s["map50_95"], "classes": classes}
+
+
+def table(result: dict) -> str:
+    """The human-readable report: one row for all classes, then one per class."""
+    head = f"{'class':>16} {'images':>7} {'instances':>9} {'P':>7} {'R':>7} {'mAP50':>7} {'mAP50-95':>8}"
+    rows = [head, f"{'all':>16} {result['images']:>7} {result['instances']:>9} {result['precision']:>7.3f} "
+                  f"{result['recall']:>7.3f} {result['map50']:>7.3f} {result['map50_95']:>8.3f}"]
+    for c in result["classes"]:
+        if c["instances"] == 0:
+            rows.append(f"{c['class']:>16} {c['images']:>7} {0:>9} {'-':>7} {'-':>7} {'-':>7} {'-':>8}")
+            continue
+        rows.append(f"{c['class']:>16} {c['images']:>7} {c['instances']:>9} {c['precision']:>7.3f} "
+                    f"{c['recall']:>7.3f} {c['map50']:>7.3f} {c['map50_95']:>8.3f}")
+    return "\n".join(rows)
