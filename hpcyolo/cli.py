@@ -321,6 +321,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     Under a launcher (srun, torchrun, `hpcyolo run`) every rank validates its
     share of the batches and rank 0 prints.
 
+    \b
         hpcyolo val RUN/weights/best.pt --data shapes/data.yaml
         hpcyolo val yolov8n.pt --data coco.yaml --imgsz 640 --json
     """
