@@ -95,7 +95,7 @@ def test_submit_via_sbatch_then_status_and_cancel(tmp_path, shapes, slurm_env):
     job_id = hpcyolo("submit", site, job, "--via", "sbatch", env=slurm_env, cwd=tmp_path).stdout.strip()
     run = tmp_path / "runs" / "sub-c"
     wait_for(lambda: "RUNNING" in hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout, 120, "the job to run")
-    wait_for(lambda: "training n on" in hpcyolo("logs", run, env=slurm_env, cwd=tmp_path).stdout, 300,
+    wait_for(lambda: "training yolov8n on" in hpcyolo("logs", run, env=slurm_env, cwd=tmp_path).stdout, 300,
              "training to start")
     assert "via sbatch" in hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout
     assert "cancelled job" in hpcyolo("cancel", run, env=slurm_env, cwd=tmp_path).stderr
