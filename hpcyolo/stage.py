@@ -604,7 +604,6 @@ def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> 
         claim(dest)
         say(already_staged(data, dest, marker))
         return dest / "data.yaml"
-    remove_stale(dest)
     source = resolve_source(data)
     _check_apart(source, dest)
     lock_path = dest.parent / f".{dest.name}.lock"
@@ -616,6 +615,7 @@ def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> 
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # other tasks on this node wait here
         claim(dest)
+        remove_stale(dest)  # under the lock, our own run folder made: never two sweeps at once
         marker = read_marker(dest)
         if is_current(marker, data, dest):  # another task staged it while we waited
             say(already_staged(data, dest, marker))
@@ -639,9 +639,12 @@ def remove_stale(dest: Path) -> list[Path]:
     removed = []
     for folder in run.parent.iterdir():
         owner = folder / OWNER
-        if folder == run or not owner.is_file() or owner.stat().st_uid != os.getuid():
+        try:
+            if folder == run or owner.stat().st_uid != os.getuid():
+                continue
+            job = owner.read_text().strip()
+        except OSError:  # no record, or another task removed the folder meanwhile
             continue
-        job = owner.read_text().strip()
         try:
             state = slurm.show_job(int(job)).get("JobState", "")
         except ValueError:
