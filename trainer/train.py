@@ -161,23 +161,19 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
             if cfg.save_every and global_step % cfg.save_every == 0:
                 save_state(d, cfg, writer, model, ema, optimizer, scaler, **position)
             # All ranks agree on what to do here, after the optimizer step.
-            mine = stop.decide(global_step) if stop.requested or stop.drill else NO_STOP
-            agreed = max_over_ranks(d, stop_code(mine))
-            if agreed:
-                # The reason of a rank that asked for it (the signal may reach the ranks one by one).
-                reason = next(r for r in gather_objects(d, mine.reason if stop_code(mine) == agreed else "") if r)
-                where = f"at epoch {epoch + 1}, batch {i + 1}"
-                if agreed == stop_code(Decision(STOP)):
-                    print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be "
-                              f"requeued" if reason == "cancelled" else
-                              f"hpcyolo: stopping {where} without a checkpoint ({reason}); it will not be requeued")
-                    return finish(d, TERMINATED_EXIT_CODE, keep_scratch=False)
+            now = agreed_stop(d, stop, global_step)
+            where = f"at epoch {epoch + 1}, batch {i + 1}"
+            if now.action == STOP:
+                print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be "
+                          f"requeued" if now.reason == "cancelled" else
+                          f"hpcyolo: stopping {where} without a checkpoint ({now.reason}); it will not be requeued")
+                return finish(d, TERMINATED_EXIT_CODE, keep_scratch=False)
+            if now.action == CHECKPOINT:
                 # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
-                print0(d, f"stopping for preemption ({reason}) {where}: writing a checkpoint, then exit "
+                print0(d, f"stopping for preemption ({now.reason}) {where}: writing a checkpoint, then exit "
                           f"{PREEMPT_EXIT_CODE}")
-                save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=reason, **position)
-                requeue = agreed == stop_code(Decision(CHECKPOINT, requeue=True))
-                return finish(d, PREEMPT_EXIT_CODE, keep_scratch=requeue)
+                save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=now.reason, **position)
+                return finish(d, PREEMPT_EXIT_CODE, keep_scratch=now.requeue)
         progress.close()
         train_seconds = time.time() - t0  # the training loop alone, for results.csv
         train_loss = reduce_mean(d, loss_sum / batches)
@@ -237,10 +233,18 @@ def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
     return weights.arch
 
 
-def stop_code(decision: Decision) -> int:
-    """One number per decision, larger for the stronger one, so that ranks
-    agree with a MAX all-reduce: none < stop < checkpoint < checkpoint and requeue."""
-    return 0 if decision.action == NONE else 1 if decision.action == STOP else 2 + decision.requeue
+def agreed_stop(d: Dist, stop: StopFlag, step: int) -> Decision:
+    """What every rank does after optimizer step `step`: the strongest of the
+    ranks' decisions (none < stop < checkpoint < checkpoint and requeue, one
+    MAX all-reduce), with the reason of a rank that asked for it (a signal
+    may reach the ranks one by one)."""
+    mine = stop.decide(step) if stop.requested or stop.drill else NO_STOP
+    code = 0 if mine.action == NONE else 1 if mine.action == STOP else 2 + mine.requeue
+    agreed = max_over_ranks(d, code)
+    if not agreed:
+        return NO_STOP
+    reason = next(r for r in gather_objects(d, mine.reason if code == agreed else "") if r)
+    return Decision(STOP if agreed == 1 else CHECKPOINT, reason, requeue=agreed == 3)
 
 
 def finish(d: Dist, code: int, keep_scratch: bool) -> int:
