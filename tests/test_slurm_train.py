@@ -239,7 +239,10 @@ def test_g_time_limit_checkpoints_requeues_and_resumes(tmp_path, shapes, slurm_e
     # has resumed, it is cancelled: what the run shows is the whole path.
     site = site_file(tmp_path, scratch_root, grace=30, max_requeues=10)
     job_id = submit(site, job_file(tmp_path, "train-g", shapes, epochs=50, time_limit="2"), slurm_env, tmp_path)
-    wait_for(lambda: "resumed from ckpt-" in job_log(tmp_path, "train-g", job_id), 600, "the resumed start")
+    # Until the resumed run has finished an epoch: a cancel during its start-up (before the first step)
+    # is killed after KillWait and leaves its scratch to the next stage's sweep.
+    wait_for(lambda: "/50: loss" in job_log(tmp_path, "train-g", job_id).partition("resumed from ckpt-")[2], 600,
+             "an epoch of the resumed start")
     log = job_log(tmp_path, "train-g", job_id)
     assert "stopping for preemption (SIGUSR2)" in log and "checkpointed (SIGUSR2); requeueing job" in log
     assert int(slurm.show_job(job_id, env=slurm_env)["Restarts"]) >= 1
