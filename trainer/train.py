@@ -131,6 +131,9 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic
         train_set.set_epoch(epoch)
         sampler.set_epoch(epoch, start_batch * batch_per_rank)
+        # Never fork loader workers while the checkpoint thread writes: a child
+        # forked amid another thread's lock can hang, and the job with it.
+        writer.wait()
         loader = DataLoader(train_set, batch_size=batch_per_rank, sampler=sampler, num_workers=cfg.workers,
                             collate_fn=collate, pin_memory=d.device.type == "cuda",
                             worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
@@ -182,6 +185,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         # Each rank's EMA averaged its own BatchNorm statistics; all validate
         # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
         broadcast_module(d, ema.module)
+        writer.wait()  # as above: validation forks loader workers
         metrics = validate(d, ema.module, val_set, cfg, spec.names, run)
         fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
         improved = fitness > best
