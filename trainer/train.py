@@ -207,6 +207,11 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     if d.is_main:  # the run is complete: no marker of an earlier preemption stays behind
         for marker in run.glob(".preempted-*"):
             marker.unlink(missing_ok=True)
+        # Plotted once, at the end: drawing it every epoch kept the other
+        # ranks waiting about a second per epoch (and a signal unanswered).
+        from .plots import plot_results
+
+        plot_results(run / "results.csv", run / "results.png")
     print0(d, f"done: results in {run}")
     return finish(d, 0, keep_scratch=True)  # the batch script removes scratch after a success
 
@@ -398,8 +403,6 @@ def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> 
 
 
 def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: float, seconds: float) -> None:
-    from .plots import plot_results
-
     path = run / "results.csv"
     rows = list(csv.DictReader(path.open())) if path.exists() else []
     rows = [r for r in rows if int(r["epoch"]) < epoch + 1]  # a resumed epoch replaces its old row
@@ -412,7 +415,6 @@ def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: 
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(path, text.getvalue().encode())
-    plot_results(path, run / "results.png")
 
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:
