@@ -20,8 +20,9 @@ from .loader import build, read_yaml, spec
 # -- value checks (each raises ValueError with the message the user sees) ----
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# Values that go into `#SBATCH` lines cannot be shell-quoted (sbatch reads
-# those lines itself), so they are restricted to characters Slurm uses there.
+# Values that go into `#SBATCH` lines are read by sbatch, not the shell:
+# names Slurm itself restricts keep to the characters it takes there; free
+# text such as a path is quoted for sbatch (slurm_flags.directive_word).
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:+@%=-]*")
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.,:&|*!\[\]()-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -55,17 +56,74 @@ def check_memory(value: str) -> None:
         raise ValueError(f"{value!r} is not a Slurm memory size such as 480G, 64000 (MB) or 0 (all memory)")
 
 
+# Variables the batch script and hpcyolo's steps set or read themselves, with
+# who owns them; a name ending in `*` stands for every name it starts. A site
+# that exported one (environment.env, network.nccl_env) would change what the
+# script does behind its back: SLURM_RESTART_COUNT=1 switches off the guard
+# that never overwrites a run. tests/test_script_words.py checks that every
+# variable the rendered script assigns or its template reads is here. Not
+# here on purpose: PATH and TMPDIR, which a site may well extend or move.
+RESERVED_ENV: dict[str, str] = {
+    "SLURM*": "Slurm sets it for the job, and the script reads it",
+    "HPCYOLO_*": "hpcyolo's own: the script sets it for its steps, or a user sets it at submission",
+    "MASTER_ADDR": "the script sets it (the first host of the allocation)",
+    "MASTER_PORT": "the script sets it from the job id (HPCYOLO_MASTER_PORT at submission chooses one)",
+    "RANK": "the launcher's rank layout: hpcyolo sets it in each task",
+    "LOCAL_RANK": "the launcher's rank layout: hpcyolo sets it in each task",
+    "WORLD_SIZE": "the launcher's rank layout: hpcyolo sets it in each task",
+    "LOCAL_WORLD_SIZE": "the launcher's rank layout: hpcyolo sets it in each task",
+    "NODE_RANK": "the launcher's rank layout: hpcyolo sets it in each task",
+    "GROUP_RANK": "torchrun sets it; hpcyolo would take the job for a torchrun job",
+    "GROUP_WORLD_SIZE": "torchrun sets it; hpcyolo would take the job for a torchrun job",
+    "TORCHELASTIC_*": "torchrun sets it; hpcyolo would take the job for a torchrun job",
+    "OMPI_COMM_WORLD_*": "OpenMPI sets it; hpcyolo would take the job for an mpirun job",
+    "CUDA_VISIBLE_DEVICES": "Slurm sets it in each task from the GPUs it allocated",
+    "OMP_NUM_THREADS": "the script sets it from the CPUs per task (node.cpus, resources.cpus_per_task)",
+    "PYTHONUNBUFFERED": "the script sets it, so that logs arrive as they are written",
+    "NCCL_SOCKET_IFNAME": "the script sets it from network.interface",
+    "GLOO_SOCKET_IFNAME": "the script sets it from network.interface",
+    "NCCL_IB_DISABLE": "the script sets it from network.infiniband",
+    "NCCL_IB_HCA": "the script sets it from network.ib_hca",
+    "RUN_DIR": "a variable of the script (the run directory)",
+    "DATA": "a variable of the script (the data YAML)",
+    "SCRATCH_DIR": "a variable of the script (the run's node-local scratch)",
+    "LOG_FILE": "a variable of the script (the job's log)",
+    "IFS": "the script's word splitting depends on it",
+    "PIPESTATUS": "bash sets it",
+    "nodelist": "a variable of the script",
+    "srun_errors": "a variable of the script",
+    "status": "a variable of the script",
+    "restarts": "a variable of the script",
+    "reason": "a variable of the script",
+    "failed": "a variable of the script",
+    "task": "a variable of the script",
+    "node": "a variable of the script",
+    "how": "a variable of the script",
+}
+
+
+def reserved_env(name: str) -> str | None:
+    """Why the script keeps `name` to itself (RESERVED_ENV), or None."""
+    for pattern, why in RESERVED_ENV.items():
+        if name == pattern or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+            return why
+    return None
+
+
 def check_env(value: dict) -> None:
     for name in value:
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a valid environment variable name")
+        why = reserved_env(name)
+        if why:
+            raise ValueError(f"{name} cannot be set here: {why}")
 
 
 def check_sbatch_options(value: tuple) -> None:
     for option in value:
         if not _SBATCH_OPTION.fullmatch(option):
             raise ValueError(f"{option!r} is not a single sbatch option such as --hint=nomultithread "
-                             "(no spaces or quotes)")
+                             "(no spaces, quotes or '#': sbatch reads a '#' there as the start of a comment)")
 
 
 def check_path(value: str) -> None:
@@ -76,15 +134,28 @@ def check_path(value: str) -> None:
 
 
 def check_plain_path(value: str) -> None:
-    """Absolute, no variables: Slurm itself reads it (#SBATCH --output)."""
+    """Absolute, no variables: Slurm itself reads it (#SBATCH --output, where
+    it is quoted, so spaces and `#` are fine)."""
     if not value.startswith("/") or "$" in value:
         raise ValueError(f"{value!r} must be an absolute path without variables (Slurm reads it, not the shell)")
-    check_slurm_path_chars(value)
+    check_no_filename_pattern(value)
 
 
-def check_slurm_path_chars(value: str) -> None:
-    if re.search(r"[\s'\"\\`;]", value):
-        raise ValueError(f"{value!r} must not contain spaces, quotes, backslashes or ';' (Slurm reads it)")
+def check_runs_path(value: str) -> None:
+    """storage.runs: a path for the shell, but Slurm reads paths under it too
+    (the --output of submitit's jobs and of `hpcyolo doctor --signal-test`)."""
+    check_path(value)
+    check_no_filename_pattern(value)
+
+
+def check_no_filename_pattern(value: str) -> None:
+    """Slurm reads --output as a filename pattern (man sbatch, filename
+    pattern): `%` starts a replacement (%j: the job id) and a `\\` anywhere
+    turns every replacement off, so the job's log would not be where hpcyolo
+    looks for it."""
+    if re.search(r"[%\\]", value):
+        raise ValueError(f"{value!r} must not contain '%' or '\\': Slurm reads the job's log path under it as a "
+                         "filename pattern, where % starts a replacement (%j: the job id) and \\ turns them all off")
 
 
 def check_host_suffix(value: str) -> None:
@@ -212,7 +283,7 @@ class NetworkSite:
 @dataclass(frozen=True, kw_only=True)
 class StorageSite:
     runs: str = spec(doc="Shared root for run directories and checkpoints ($VAR allowed: $SCRATCH/hpcyolo).",
-                     check=check_path)
+                     check=check_runs_path)
     scratch: str = spec("/dev/shm", doc="Node-local scratch for staged data (tmpfs /dev/shm, or NVMe).",
                         check=check_path)
     logs: str | None = spec(None, doc="Directory for Slurm output files (no $VAR); empty: the submit directory.",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -223,7 +224,7 @@ def check_logs(site: SiteConfig) -> Check:
     if not os.path.isdir(logs):
         return Check("storage.logs", "FAIL", f"{logs} does not exist: Slurm opens the job's output file there "
                      "before the script runs, so every job would fail at once with no output",
-                     f"create it (mkdir -p {logs}) or set storage.logs to an existing shared folder")
+                     f"create it (mkdir -p {shlex.quote(logs)}) or set storage.logs to an existing shared folder")
     try:
         with tempfile.NamedTemporaryFile(dir=logs, prefix=".hpcyolo-doctor-"):
             pass
@@ -416,7 +417,7 @@ def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> lis
                       "set storage.runs to a shared folder you can write")]
     result = folder / "result"
     directives = [sbatch_option(k, v) for k, v in plan.sbatch if k not in ("output", "signal")]
-    directives += [f"--output={folder}/%j.out", *site.slurm.extra_sbatch]
+    directives += [sbatch_option("output", f"{folder}/%j.out"), *site.slurm.extra_sbatch]
     from .render import render_setup
 
     command = [*map(str, plan.step_prefix), "hpcyolo", "doctor", "--signal-wait", plan.signal, str(result)]

@@ -8,6 +8,7 @@ functions of the plan (plan, then render, then submit).
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def check_logs_folder(plan: JobPlan) -> None:
           "runs, and without it the job fails at once with no output anywhere"
     if not os.path.isdir(logs):
         what = "is not a folder" if os.path.exists(logs) else "does not exist"
-        raise ConfigError(plan.site_file, "storage.logs", f"{logs} {what}; {why} (mkdir -p {logs})")
+        raise ConfigError(plan.site_file, "storage.logs", f"{logs} {what}; {why} (mkdir -p {shlex.quote(logs)})")
     if not os.access(logs, os.W_OK | os.X_OK):
         raise ConfigError(plan.site_file, "storage.logs", f"{logs} is not writable by you; {why}")
 

@@ -7,6 +7,8 @@ maps the same generic names to its `slurm_*` parameters.
 
 from __future__ import annotations
 
+import re
+
 SBATCH_FLAGS: dict[str, str] = {
     "job_name": "--job-name",
     "nodes": "--nodes",
@@ -36,4 +38,16 @@ SBATCH_FLAGS: dict[str, str] = {
 def sbatch_option(name: str, value: object) -> str:
     """`--flag=value`, or the bare `--flag` for a switch that is on."""
     flag = SBATCH_FLAGS[name]
-    return flag if value is True else f"{flag}={value}"
+    return flag if value is True else f"{flag}={directive_word(str(value))}"
+
+
+def directive_word(value: str) -> str:
+    """`value` as sbatch reads it whole on an `#SBATCH` line. sbatch splits
+    those lines itself (src/sbatch/opt.c, _get_argument): whitespace ends a
+    word, an unquoted `#` starts a comment (`--output=/tmp/lo#gs` would be
+    read as `/tmp/lo`), and inside "..." or '...' both are kept, a backslash
+    escaping the next character. Plain values stay as they are."""
+    if not re.search(r"[\s#'\"\\]", value):
+        return value
+    return '"' + re.sub(r'(["\\])', r"\\\1", value) + '"'
+
