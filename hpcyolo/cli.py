@@ -9,14 +9,16 @@ runs a plain `hpcyolo stage` without loading click.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from . import __version__
-from .errors import HpcyoloError
+from .errors import ConfigError, HpcyoloError, printable
 from .models import CHOICES
 
 
@@ -25,7 +27,14 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except HpcyoloError as e:
-            click.echo(f"hpcyolo: error: {e}", err=True)
+            click.echo(f"hpcyolo: error: {printable(str(e))}", err=True)
+            ctx.exit(e.exit_code)
+        except click.UsageError as e:
+            if isinstance(e, NoArgsIsHelpError):  # `hpcyolo render` alone: its help, as click shows it
+                raise
+            # A usage mistake is one line too, like every other error.
+            where = e.ctx.command_path if e.ctx else "hpcyolo"
+            click.echo(f"hpcyolo: error: {printable(e.format_message())} (see: {where} --help)", err=True)
             ctx.exit(e.exit_code)
 
 
@@ -47,10 +56,33 @@ def main() -> None:
     Inside the job, the script calls `hpcyolo stage` (once per node) and
     `hpcyolo train` (once per GPU).
     """
+    # Paths are printed as the bytes they are, also where they are not UTF-8
+    # (a file named b'\xff.yaml'), instead of failing on a strict stdout.
+    sys.stdout.reconfigure(errors="surrogateescape")
 
 
-_site_arg = click.argument("site", type=click.Path(dir_okay=False))
-_job_arg = click.argument("job", type=click.Path(dir_okay=False))
+# No click.Path checks: the loader says what is wrong with the file (a
+# folder, unreadable, not YAML) in one line naming it, as for any bad file.
+_site_arg = click.argument("site")
+_job_arg = click.argument("job")
+
+
+def _hint_swapped(command):
+    """SITE and JOB given the wrong way round fail on the first unknown key;
+    say what happened instead (hpcyolo render job.yaml site.yaml)."""
+    @functools.wraps(command)
+    def wrapper(site: str | None, job: str | None, **options):
+        try:
+            return command(site, job, **options)
+        except ConfigError as e:
+            from .config import wrong_order
+
+            instead = wrong_order(site, job) if site and e.file in (site, job) else None
+            if instead is None:
+                raise
+            raise instead from None
+
+    return wrapper
 
 
 def _load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
@@ -70,6 +102,7 @@ def _load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
 @main.command()
 @_site_arg
 @_job_arg
+@_hint_swapped
 def validate(site: str, job: str) -> None:
     """Check SITE and JOB, alone and together, and print what the job asks for.
 
@@ -88,6 +121,7 @@ def validate(site: str, job: str) -> None:
 @_job_arg
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the script to this file (atomically) "
               "instead of stdout.")
+@_hint_swapped
 def render(site: str, job: str, output: str | None) -> None:
     """Print the sbatch script for JOB on SITE.
 
@@ -105,16 +139,17 @@ def render(site: str, job: str, output: str | None) -> None:
     from .fsutil import write_atomic
 
     try:
-        write_atomic(output, script.encode(), mode=0o777)
+        write_atomic(output, script.encode("utf-8", "surrogateescape"), mode=0o777)
     except OSError as e:
         raise HpcyoloError(f"cannot write {output}: {e.strerror}") from None
-    click.echo(f"wrote {output}", err=True)
+    click.echo(printable(f"wrote {output}"), err=True)
 
 
 @main.command(name="run")
 @_site_arg
 @_job_arg
 @click.option("--resume", is_flag=True, help="Continue the run of this name (after a stop or a crash).")
+@_hint_swapped
 def run_(site: str, job: str, resume: bool) -> None:
     """Run JOB on this machine, without Slurm: one process per rank.
 
@@ -400,6 +435,7 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
 @click.option("--parallel", type=click.IntRange(min=1), default=None,
               help="Most sweep elements running at once (--array=0-N%K).  [default: slurm.array_parallelism, "
                    "or all]")
+@_hint_swapped
 def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[str, ...], parallel: int | None) -> None:
     """Submit JOB on SITE through submitit (or sbatch), with the same resources as `render`.
 
@@ -469,8 +505,8 @@ def cancel(run: str) -> None:
 
 
 @main.command()
-@click.argument("site", required=False, type=click.Path(dir_okay=False))
-@click.argument("job", required=False, type=click.Path(dir_okay=False))
+@click.argument("site", required=False)
+@click.argument("job", required=False)
 @click.option("--in-job", is_flag=True, help="The preflight, on every task of a running job (the batch script "
               "runs it when the job spec says preflight: true): interface, master host and port, scratch room, "
               "then the all-reduce bus bandwidth.")
@@ -480,6 +516,7 @@ def cancel(run: str) -> None:
 @click.option("--signal-test", is_flag=True, help="Submit a tiny job that checks that the site's preemption signal "
               "reaches the task through srun (and the container), and that `scontrol requeue` works for you.")
 @click.option("--signal-wait", nargs=2, hidden=True, metavar="SIG FILE", help="(the signal test's task)")
+@_hint_swapped
 def doctor(site: str | None, job: str | None, in_job: bool, interface: str | None, scratch: str | None,
            data: str | None, signal_test: bool, signal_wait: tuple[str, str] | None) -> None:
     """Compare SITE (and JOB) with the live cluster, from a login node.

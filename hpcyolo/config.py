@@ -9,12 +9,12 @@ site_configs/example.yaml is the annotated version of the same schema.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from . import models
-from .errors import ConfigError
+from .errors import ConfigError, HpcyoloError
 from .loader import build, read_yaml, spec
 
 # -- value checks (each raises ValueError with the message the user sees) ----
@@ -457,3 +457,36 @@ def _check_site(site: SiteConfig, file: str) -> None:
         raise ConfigError(file, "network.ib_hca", "is set, but network.infiniband is false")
     if site.preemption.grace >= limit_seconds(site.slurm.max_time):
         raise ConfigError(file, "preemption.grace", "must be shorter than slurm.max_time")
+
+
+def wrong_order(site_path: str, job_path: str | None) -> ConfigError | None:
+    """When SITE or JOB failed to load, the error to show instead if the site
+    file's top-level keys are a job spec's, or the job file's a site
+    config's: the two given the wrong way round. None when neither is."""
+    site_kind, job_kind = _kind(site_path), _kind(job_path) if job_path else None
+    if site_kind == "job" and job_kind == "site":
+        return ConfigError(site_path, "", f"a job spec where SITE should be, and {job_path} a site config: did you "
+                                          "swap SITE and JOB? (SITE comes first)")
+    if site_kind == "job":
+        return ConfigError(site_path, "", "a job spec where SITE should be (SITE comes first, then JOB)")
+    if job_kind == "site":
+        return ConfigError(job_path, "", "a site config where JOB should be (SITE comes first, then JOB)")
+    return None
+
+
+def _kind(path: str) -> str | None:
+    """"site" or "job" when the file's top-level keys are only one schema's."""
+    try:
+        raw = read_yaml(path)
+    except HpcyoloError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    site_only = {f.name for f in fields(SiteConfig)} - {f.name for f in fields(JobSpec)}
+    job_only = {f.name for f in fields(JobSpec)} - {f.name for f in fields(SiteConfig)}
+    keys = set(raw)
+    if keys & job_only and not keys & site_only:
+        return "job"
+    if keys & site_only and not keys & job_only:
+        return "site"
+    return None

@@ -81,13 +81,13 @@ def _plain(data: str, dest: str) -> bool:
 
 def _stage(data: str, dest: str, workers: int | None) -> int:
     """`hpcyolo stage` as the click command runs it (hpcyolo.cli), errors included."""
-    from .errors import HpcyoloError
+    from .errors import HpcyoloError, printable
     from .stage import stage
 
     try:
         stage(data, dest, workers=workers)
     except HpcyoloError as e:
-        print(f"hpcyolo: error: {e}", file=sys.stderr)
+        print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("\nAborted!", file=sys.stderr)

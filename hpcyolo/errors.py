@@ -24,3 +24,9 @@ class ConfigError(HpcyoloError):
 
 class SlurmError(HpcyoloError):
     """A Slurm command failed or is missing."""
+
+
+def printable(text: str) -> str:
+    """`text` with the bytes of a path that is not UTF-8 shown as \\xff, not
+    as Python's surrogate escapes (\\udcff)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

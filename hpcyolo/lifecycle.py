@@ -15,13 +15,13 @@ import csv
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HpcyoloError
+from . import slurm
+from .errors import HpcyoloError, SlurmError
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE"}
@@ -90,21 +90,21 @@ def jobs(run: Path) -> list[JobRecord]:
 
 
 def slurm_state(job: str) -> dict[str, str] | None:
-    """What Slurm says of the job: scontrol, then sacct; None if neither knows."""
-    try:
-        r = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
-    except FileNotFoundError:  # no Slurm here (the local site)
-        return None
+    """What Slurm says of the job: scontrol, then sacct; None if neither
+    knows. Raises SlurmError when Slurm cannot be reached at all (no
+    scontrol here, or no answer from its controller)."""
+    argv = ["scontrol", "show", "job", "-o", job]
+    r = slurm.run(argv)
     if r.returncode == 0 and r.stdout.strip():
         fields = dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
         return {"state": fields.get("JobState", "?"), "elapsed": fields.get("RunTime", "?"),
                 "limit": fields.get("TimeLimit", "?"), "nodes": fields.get("NodeList", "?"),
                 "restarts": fields.get("Restarts", "0"), "exit": fields.get("ExitCode", "?"),
                 "reason": fields.get("Reason", "None"), "stdout": fields.get("StdOut", ""), "source": "scontrol"}
+    slurm.check_reachable(r, argv)
     try:
-        r = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State,Elapsed,Timelimit,NodeList,ExitCode"],
-                           capture_output=True, text=True)
-    except FileNotFoundError:
+        r = slurm.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State,Elapsed,Timelimit,NodeList,ExitCode"])
+    except SlurmError:  # no sacct here: no accounting
         return None
     line = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
     if not line:
@@ -158,10 +158,14 @@ def status(run: Path) -> str:
     lines = [f"run       {run.resolve()}"]
     lines.append(f"job       {latest.job} (via {latest.via})"
                  + (f"; earlier: {', '.join(r.job for r in records[:-1])}" if len(records) > 1 else ""))
-    state = local_state(latest) if latest.via == "local" else slurm_state(latest.job)
+    unreachable = None
+    try:
+        state = local_state(latest) if latest.via == "local" else slurm_state(latest.job)
+    except SlurmError as e:
+        state, unreachable = None, str(e)
     if state is None:
-        lines.append("state     unknown: Slurm no longer knows this job and accounting (sacct) is unavailable; "
-                     "the run directory below tells how far it got")
+        unknown = unreachable or "Slurm no longer knows this job and accounting (sacct) is unavailable"
+        lines.append(f"state     unknown: {unknown}; the run directory below tells how far it got")
     else:
         restarts = f", {state['restarts']} requeue(s)" if state["restarts"] not in ("0", "?") else ""
         where = f" on {state['nodes']}" if state["nodes"] not in ("", "(null)", "None assigned") else ""
@@ -173,6 +177,8 @@ def status(run: Path) -> str:
     log = log_path(latest, 0, state or {})  # {}: Slurm was asked already
     if log:
         lines.append(f"log       {log}")
+    elif unreachable:
+        lines.append(f"log       unknown: {unreachable}, and RUN/hpcyolo-run records no log path")
     else:
         lines.append(f"log       unknown: {NO_LOG_PATH}")
     return "\n".join(lines)
@@ -234,11 +240,10 @@ def cancel(run: Path) -> str:
     state = slurm_state(job)
     if state and state["state"] in FINAL:
         return _finished(job, run, state)
-    try:
-        r = subprocess.run(["scancel", job], capture_output=True, text=True)
-    except FileNotFoundError:
-        raise HpcyoloError("scancel: command not found (is this a Slurm login node?)") from None
-    said = r.stderr.strip() or r.stdout.strip()
+    argv = ["scancel", job]
+    r = slurm.run(argv)
+    slurm.check_reachable(r, argv)
+    said = (r.stderr.strip() or r.stdout.strip()).replace("\n", "; ")
     ended = "already completing or completed" in said or "Invalid job id" in said
     if r.returncode == 0 and not ended:
         return f"cancelled job {job} of {run}"

@@ -327,6 +327,23 @@ def _check(name: str, value: int, lo: int, hi: int | None = None) -> None:
         raise HpcyoloError(f"{name} must be an integer {bound}, not {value!r}")
 
 
+def _partial_folder(dest: Path) -> Path:
+    """A new folder beside `dest` to write the dataset into, renamed into
+    place at the end; a place where none can be made (a file on the way,
+    /proc, no permission) is one line."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        file = next((p for p in dest.parents if p.exists() and not p.is_dir()), dest.parent)
+        raise HpcyoloError(f"cannot create {dest}: {file} is a file, not a folder") from None
+    except OSError as e:
+        raise HpcyoloError(f"cannot create {dest}: cannot make the folder {e.filename} ({e.strerror})") from None
+    try:
+        return Path(tempfile.mkdtemp(dir=dest.parent, prefix=f"{dest.name}.partial-"))
+    except OSError as e:
+        raise HpcyoloError(f"cannot create {dest}: cannot write in {dest.parent} ({e.strerror})") from None
+
+
 def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int = 160, classes: int = 4,
                 seed: int = 0, max_objects: int = 4, progress: bool | None = None) -> Path:
     """Write the shapes dataset into `dest` (which must not exist, or be an
@@ -342,8 +359,7 @@ def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int 
     _check("max_objects", max_objects, 1, 50)
     dest = Path(dest)
     _check_dest(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f"{dest.name}.partial-"))
+    partial = _partial_folder(dest)
     try:
         os.chmod(partial, 0o755)
         for sub in ("images", "labels"):
@@ -386,8 +402,10 @@ def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int 
             os.rename(partial, dest)  # replaces an empty directory, fails on a non-empty one
         except OSError as e:
             raise HpcyoloError(f"{dest}: cannot move the new dataset into place: {e.strerror}") from None
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(e, OSError):  # the disk filled up, say
+            raise HpcyoloError(f"{dest}: cannot write the dataset: {e.strerror}") from None
         raise
     try:
         from .fsutil import fsync_dir

@@ -7,6 +7,7 @@ which command failed and what it printed.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -22,12 +23,28 @@ FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_F
 def run(argv: list[str], *, input: str | None = None, env: Mapping[str, str] | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess:
     try:
+        # surrogateescape: a script holding a path that is not UTF-8 goes to sbatch as the path's bytes.
         return subprocess.run(argv, input=input, env=None if env is None else dict(env), capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, errors="surrogateescape", timeout=timeout)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]}: command not found (is this a Slurm login node?)") from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{shlex.join(argv)}: no answer after {timeout:.0f} s") from None
+
+
+# What Slurm's commands print when slurmctld does not answer, or when they
+# cannot even find the cluster's configuration (slurm_errno.c, fetch_config).
+_UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out on send/recv|Zero Bytes were "
+                          r"transmitted or received|Could not establish a configuration source|Connection refused")
+
+
+def check_reachable(proc: subprocess.CompletedProcess, argv: list[str]) -> None:
+    """A SlurmError saying Slurm cannot be reached, when that is why `argv`
+    failed; anything else (an unknown job, say) is the caller's to read."""
+    said = f"{proc.stderr}\n{proc.stdout}"
+    if proc.returncode != 0 and _UNREACHABLE.search(said):
+        line = next(line for line in said.splitlines() if _UNREACHABLE.search(line))
+        raise SlurmError(f"cannot reach Slurm from here: {argv[0]} says {line.strip()!r}")
 
 
 def _check(proc: subprocess.CompletedProcess, argv: list[str]) -> str:

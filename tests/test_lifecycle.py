@@ -164,7 +164,7 @@ def test_cancel_errors_are_one_line(tmp_path, slurm):
     run = run_dir(tmp_path, "job 4242 restart 0 on node1")
     r = hpcyolo(slurm, "cancel", run)  # no Slurm commands at all
     assert r.returncode == 1
-    assert r.stderr == "hpcyolo: error: scancel: command not found (is this a Slurm login node?)\n"
+    assert r.stderr == "hpcyolo: error: scontrol: command not found (is this a Slurm login node?)\n"
     slurm("scontrol", scontrol_says("RUNNING"))
     slurm("scancel", 'echo "scancel: error: Kill job error on job id 4242: Access/permission denied" >&2; exit 1')
     r = hpcyolo(slurm, "cancel", run)
