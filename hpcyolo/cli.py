@@ -99,7 +99,7 @@ def _load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
     return plan
 
 
-@main.command()
+@main.command(short_help="Check SITE and JOB; print what they ask for.")
 @_site_arg
 @_job_arg
 @_hint_swapped
@@ -109,6 +109,10 @@ def validate(site: str, job: str) -> None:
     Also checks, on this machine, what the rendered script needs before it
     is submitted: the data YAML and the storage.logs folder.
     Exits 2 with one line naming the file and key of the first problem.
+
+    \b
+    Example:
+        hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
     """
     plan = _load_plan(site, job, for_sbatch=True)
     click.echo(f"ok: {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world size {plan.world_size}, "
@@ -116,7 +120,7 @@ def validate(site: str, job: str) -> None:
                f"run {plan.run_dir}")
 
 
-@main.command()
+@main.command(short_help="Print the sbatch script for JOB on SITE.")
 @_site_arg
 @_job_arg
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the script to this file (atomically) "
@@ -128,6 +132,8 @@ def render(site: str, job: str, output: str | None) -> None:
     The script is complete and readable: pipe it to sbatch, or save it with -o
     and read it first. Messages go to stderr, the script alone to stdout.
 
+    \b
+    Example:
         hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
     """
     from .render import render_sbatch
@@ -145,7 +151,7 @@ def render(site: str, job: str, output: str | None) -> None:
     click.echo(printable(f"wrote {output}"), err=True)
 
 
-@main.command(name="run")
+@main.command(name="run", short_help="Run JOB on this machine, without Slurm.")
 @_site_arg
 @_job_arg
 @click.option("--resume", is_flag=True, help="Continue the run of this name (after a stop or a crash).")
@@ -157,6 +163,8 @@ def run_(site: str, job: str, resume: bool) -> None:
     staging into scratch, the ranks with the standard variables, and a
     checkpoint then exit 75 on Ctrl-C/SIGTERM/the site's signal.
 
+    \b
+    Example:
         hpcyolo run site_configs/local.yaml examples/shapes.yaml
     """
     from .run import run_local
@@ -164,7 +172,7 @@ def run_(site: str, job: str, resume: bool) -> None:
     sys.exit(run_local(_load_plan(site, job), resume=resume))
 
 
-@main.command()
+@main.command(short_help="Copy a dataset into node-local scratch.")
 @click.option("--data", type=click.Path(dir_okay=False), help="The dataset: its data YAML (the dataset root, "
               "`path:`, is copied), or a tar archive (.tar, .tar.gz/.tgz, .tar.zst, .tar.xz, .tar.bz2) holding it "
               "with exactly one data YAML at its top level.")
@@ -186,6 +194,8 @@ def stage(data: str | None, dest: str | None, remove: str | None, workers: int |
     source on this node (a requeued job) returns at once, a changed one
     (the data YAML, the root or a split folder modified) copies again.
 
+    \b
+    Example:
         hpcyolo stage --data /lustre/coco/coco.yaml --dest /dev/shm/$USER/coco
 
     Train with DEST/data.yaml. One line on stderr when the copy starts and
@@ -201,7 +211,7 @@ def stage(data: str | None, dest: str | None, remove: str | None, workers: int |
     staging.stage(data, dest, workers=workers)
 
 
-@main.command(name="make-dataset")
+@main.command(name="make-dataset", short_help="Write a small synthetic detection dataset.")
 @click.argument("kind", type=click.Choice(["shapes"]))
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--train", "n_train", default=800, show_default=True, type=click.IntRange(min=1),
@@ -210,7 +220,8 @@ def stage(data: str | None, dest: str | None, remove: str | None, workers: int |
 @click.option("--imgsz", default=160, show_default=True, type=click.IntRange(32, 4096), help="Image side in pixels.")
 @click.option("--classes", default=4, show_default=True, type=click.IntRange(1, 6),
               help="Shape classes: circle, square, triangle, cross, star, ring (the first N).")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Random seed: the same seed writes the same files.")
 @click.option("--max-objects", default=4, show_default=True, type=click.IntRange(1, 50), help="Objects per image, "
               "at most (5% of images have none).")
 def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int, classes: int, seed: int,
@@ -222,6 +233,8 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
     CPU for a few minutes gets a meaningful mAP, which makes it an end-to-end
     test of a training setup. The same seed writes the same files.
 
+    \b
+    Example:
         hpcyolo make-dataset shapes /scratch/$USER/shapes
 
     DIR must not exist or be empty; it appears complete or not at all.
@@ -255,7 +268,7 @@ def _with_run_options(fn):
     return fn
 
 
-@main.command()
+@main.command(short_help="Train the detector (one process per GPU).")
 @_with_run_options
 @click.option("--model", type=click.Choice(CHOICES), default=None,
               help="Detector: yolov8n-x or yolo11n-x (n, s, m: the YOLOv8 sizes).  [default: n, or the architecture "
@@ -263,14 +276,17 @@ def _with_run_options(fn):
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Start from these weights when the run has no checkpoint to resume: an ultralytics checkpoint "
                    "(yolov8n.pt, a best.pt; read without running its pickle) or hpcyolo weights or a checkpoint.")
-@click.option("--epochs", default=100, show_default=True)
+@click.option("--epochs", default=100, show_default=True, help="Epochs to train.")
 @click.option("--batch", default=64, show_default=True, help="Global batch size.")
-@click.option("--imgsz", default=640, show_default=True)
-@click.option("--workers", default=4, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
-@click.option("--lr0", type=float, default=None)
-@click.option("--cache", type=click.Choice(["none", "ram", "disk"]), default="none", show_default=True)
+@click.option("--imgsz", default=640, show_default=True, help="Training image size in pixels (a multiple of 32).")
+@click.option("--workers", default=4, show_default=True, help="Data-loader worker processes per rank.")
+@click.option("--seed", default=0, show_default=True, help="Random seed (each rank derives its own from it).")
+@click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True,
+              help="Optimizer.")
+@click.option("--lr0", type=float, default=None,
+              help="Initial learning rate.  [default: 0.01 for sgd, 0.001 for adamw]")
+@click.option("--cache", type=click.Choice(["none", "ram", "disk"]), default="none", show_default=True,
+              help="Decoded-image cache: none, ram (one per node, in --cache-dir) or disk.")
 @click.option("--save-every", default=0, show_default=True, help="Checkpoint every N steps (0: each epoch).")
 @click.option("--keep", default=3, show_default=True, help="Checkpoints to keep.")
 @click.option("--nbs", default=64, show_default=True, help="Nominal batch: gradients accumulate up to it.")
@@ -289,6 +305,8 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
     checkpoint in --run-dir, and on --signal checkpoints and exits 75 so the
     batch script requeues the job. Without a launcher it trains in one process.
 
+    \b
+    Example:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
     from .distenv import from_environ
@@ -313,7 +331,7 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
     sys.exit(code)
 
 
-@main.command()
+@main.command(short_help="Detect objects in images with trained weights.")
 @click.argument("weights", type=click.Path(exists=True, dir_okay=False))
 @click.argument("images", nargs=-1, required=True)
 @click.option("--out", default="predictions", show_default=True, type=click.Path(file_okay=False),
@@ -328,6 +346,8 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
             device: str) -> None:
     """Detect objects in IMAGES (files or folders) with trained WEIGHTS.
 
+    \b
+    Example:
         hpcyolo predict RUN/weights/best.pt photos/ --out predictions --format json
     """
     from hpcyolo_trainer.predict import predict as run_predict
@@ -337,13 +357,14 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
 
 
-@main.command(name="val")
+@main.command(name="val", short_help="Measure weights on a dataset split (mAP).")
 @click.argument("weights", type=click.Path(exists=True, dir_okay=False))
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False), help="Data YAML.")
 @click.option("--imgsz", type=click.IntRange(min=32), default=None, help="Image size (default: the training size, "
               "or 640).")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(min=1), help="Images per batch.")
-@click.option("--split", type=click.Choice(["val", "train"]), default="val", show_default=True)
+@click.option("--split", type=click.Choice(["val", "train"]), default="val", show_default=True,
+              help="The split of the data YAML to measure.")
 @click.option("--conf", default=0.001, show_default=True, help="Confidence threshold.")
 @click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
@@ -357,6 +378,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     share of the batches and rank 0 prints.
 
     \b
+    Examples:
         hpcyolo val RUN/weights/best.pt --data shapes/data.yaml
         hpcyolo val yolov8n.pt --data coco.yaml --imgsz 640 --json
     """
@@ -393,9 +415,10 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     click.echo(table(result))
 
 
-@main.command(name="export")
+@main.command(name="export", short_help="Write trained weights as an ONNX model.")
 @click.argument("weights", type=click.Path(exists=True, dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["onnx"]), default="onnx", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["onnx"]), default="onnx", show_default=True,
+              help="Model format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="The file to write (atomically).  [default: WEIGHTS with the suffix .onnx]")
 @click.option("--imgsz", type=click.IntRange(min=32), default=None, help="Input size, a multiple of 32 (default: the "
@@ -403,7 +426,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Batch size of the fixed "
               "input shape.")
 @click.option("--dynamic", is_flag=True, help="Batch size, height and width free at run time.")
-@click.option("--opset", default=17, show_default=True, type=click.IntRange(min=11))
+@click.option("--opset", default=17, show_default=True, type=click.IntRange(min=11), help="ONNX opset version.")
 def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch: int, dynamic: bool,
            opset: int) -> None:
     """Write WEIGHTS (hpcyolo's or an ultralytics checkpoint) as an ONNX model.
@@ -413,6 +436,8 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
     NMS. Checked with onnxruntime against torch before it is written. Needs
     the extra `pip install 'hpcyolo[export]'`.
 
+    \b
+    Example:
         hpcyolo export RUN/weights/best.pt --imgsz 640 --dynamic -o best.onnx
     """
     from hpcyolo_trainer.export import export_onnx
@@ -423,7 +448,7 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
                f"{r['bytes'] / 1e6:.1f} MB); onnxruntime matches torch within {r['parity']:.1e} (relative)", err=True)
 
 
-@main.command()
+@main.command(short_help="Submit JOB on SITE (submitit or sbatch).")
 @_site_arg
 @_job_arg
 @click.option("--via", type=click.Choice(["submitit", "sbatch", "local"]), default=None,
@@ -445,6 +470,8 @@ def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[st
     directory. Prints the job id(s) on stdout (`id=$(hpcyolo submit ...)`) and
     each job's run directory on stderr; follow with `hpcyolo status RUN`.
 
+    \b
+    Examples:
         hpcyolo submit site_configs/testbed.yaml examples/shapes.yaml
         hpcyolo submit SITE JOB --sweep train.lr0=0.01,0.02 --sweep train.model=n,s
 
@@ -462,11 +489,13 @@ def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[st
 _run_dir_arg = click.argument("run", metavar="RUN", type=click.Path(file_okay=False))
 
 
-@main.command()
+@main.command(short_help="Where a run stands: job, state, checkpoints.")
 @_run_dir_arg
 def status(run: str) -> None:
     """Where the run in directory RUN stands: its job, Slurm's state, epochs and checkpoints.
 
+    \b
+    Example:
         hpcyolo status /shared/runs/shapes
     """
     from pathlib import Path
@@ -476,7 +505,7 @@ def status(run: str) -> None:
     click.echo(run_status(Path(run)))
 
 
-@main.command()
+@main.command(short_help="Print the log of the run's newest job.")
 @_run_dir_arg
 @click.option("--rank", type=click.IntRange(min=0), default=None, help="One rank's log (runs submitted through "
               "submitit keep one per rank).  [default: rank 0, or the job's one log]")
@@ -484,6 +513,8 @@ def status(run: str) -> None:
 def logs(run: str, rank: int | None, follow: bool) -> None:
     """Print the log of the newest job of the run in directory RUN.
 
+    \b
+    Example:
         hpcyolo logs /shared/runs/shapes --follow
     """
     from pathlib import Path
@@ -493,10 +524,17 @@ def logs(run: str, rank: int | None, follow: bool) -> None:
     run_logs(Path(run), rank, follow)
 
 
-@main.command()
+@main.command(short_help="Cancel the run's newest job (scancel).")
 @_run_dir_arg
 def cancel(run: str) -> None:
-    """Cancel the newest job of the run in directory RUN (scancel)."""
+    """Cancel the newest job of the run in directory RUN (scancel).
+
+    A job that has already ended is said to have, with its final state.
+
+    \b
+    Example:
+        hpcyolo cancel /shared/runs/shapes
+    """
     from pathlib import Path
 
     from .lifecycle import cancel as run_cancel
@@ -504,7 +542,7 @@ def cancel(run: str) -> None:
     click.echo(run_cancel(Path(run)), err=True)
 
 
-@main.command()
+@main.command(short_help="Compare SITE (and JOB) with the live cluster.")
 @click.argument("site", required=False)
 @click.argument("job", required=False)
 @click.option("--in-job", is_flag=True, help="The preflight, on every task of a running job (the batch script "
@@ -530,6 +568,8 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
     container image exists and `module` works where the site uses them.
     Each failure names the check and the fix; exits 1 if any check fails.
 
+    \b
+    Examples:
         hpcyolo doctor site_configs/testbed.yaml examples/shapes.yaml
         hpcyolo doctor --signal-test site_configs/testbed.yaml
     """
@@ -562,7 +602,8 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
         sys.exit(1)
 
 
-@main.command(name="exec", context_settings={"ignore_unknown_options": True})
+@main.command(name="exec", context_settings={"ignore_unknown_options": True},
+              short_help="Run a torch.distributed script with ranks set.")
 @_with_run_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(run_dir: str, data: str, signal_name: str, dist_timeout: int, command: tuple[str, ...]) -> None:
@@ -570,8 +611,10 @@ def exec_(run_dir: str, data: str, signal_name: str, dist_timeout: int, command:
 
     Sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT from the launcher's environment, plus HPCYOLO_RUN_DIR and
-    HPCYOLO_DATA, then replaces itself with COMMAND:
+    HPCYOLO_DATA, then replaces itself with COMMAND.
 
+    \b
+    Example:
         hpcyolo exec --run-dir RUN --data DATA -- python train.py --epochs 3
     """
     from .distenv import from_environ

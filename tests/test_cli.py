@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -184,3 +185,55 @@ def test_submit_via_sbatch_refuses_a_missing_logs_folder_before_sbatch(tmp_path)
     r = hpcyolo("submit", site, JOB, "--via", "sbatch", env={**os.environ, "PATH": os.path.dirname(sys.executable)})
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr.startswith(f"hpcyolo: error: {site}: storage.logs: {tmp_path / 'logs'} does not exist; ")
+
+
+def _context(name: str):
+    import click
+
+    from hpcyolo.cli import main
+
+    return click.Context(main.commands[name], info_name=name, parent=click.Context(main, info_name="hpcyolo"))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_says_what_it_does_and_its_default(command):
+    import click
+
+    ctx = _context(command)
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.hidden:
+            continue
+        _, text = param.get_help_record(ctx)
+        assert param.help, f"{command} {param.opts[0]}: no help"
+        default = param.get_default(ctx, call=False)
+        plain_switch = param.is_flag and not param.secondary_opts and default is False
+        # No default: None or () up to click 8.1, its UNSET marker since.
+        no_default = default is None or default == () or default is getattr(click.core, "UNSET", None)
+        if not no_default and not plain_switch:
+            assert "[default: " in text, f"{command} {param.opts[0]}: its default ({default!r}) is not shown"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_examples_are_kept_verbatim(command):
+    """Each command has an example, in a paragraph click does not rewrap
+    (`\\b`), so it copies and pastes even in a narrow terminal."""
+    import inspect
+
+    doc = inspect.cleandoc(_context(command).command.help)
+    examples = [p for p in doc.split("\n\n") if "Example" in p or re.search(r"^\s+hpcyolo ", p, re.M)]
+    assert examples, f"`hpcyolo {command} --help` has no example"
+    for paragraph in examples:
+        assert re.match(r"\x08\nExamples?:\n(    hpcyolo .*\n?)+$", paragraph), paragraph
+    r = hpcyolo(command, "--help", env={**os.environ, "COLUMNS": "50"})
+    for line in re.findall(r"^    (hpcyolo .*)$", doc, re.M):
+        assert f"      {line}" in r.stdout.splitlines(), line
+
+
+def test_the_command_list_is_not_cut_off():
+    r = hpcyolo("--help", env={**os.environ, "COLUMNS": "80"})
+    listing = r.stdout.split("Commands:\n", 1)[1].splitlines()
+    assert len(listing) == len(COMMANDS)  # one line each
+    assert not [line for line in listing if line.endswith("...")]
+    from hpcyolo.cli import main
+
+    assert not [name for name, c in main.commands.items() if c.get_short_help_str(45).endswith("...")]
