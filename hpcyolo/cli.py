@@ -10,6 +10,7 @@ runs a plain `hpcyolo stage` without loading click.
 from __future__ import annotations
 
 import functools
+import io
 import os
 import shlex
 import sys
@@ -58,7 +59,8 @@ def main() -> None:
     """
     # Paths are printed as the bytes they are, also where they are not UTF-8
     # (a file named b'\xff.yaml'), instead of failing on a strict stdout.
-    sys.stdout.reconfigure(errors="surrogateescape")
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="surrogateescape")
 
 
 # No click.Path checks: the loader says what is wrong with the file (a

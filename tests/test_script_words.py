@@ -50,7 +50,10 @@ def sbatch_reads(tmp_path, script: str) -> list[str]:
     stdin = "\n".join(["#!/bin/bash", *directives, "#SBATCH hpcyolo-stop-here", "true", ""])
     r = subprocess.run(["sbatch", "-vvvv", "--test-only"], input=stdin, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "SLURM_CONF": str(conf)})
-    return re.findall(r'debug2: Found in script, argument "(.*)"', r.stderr)[:-1]
+    found = re.findall(r'debug2: Found in script, argument "(.*)"', r.stderr)
+    if found[-1:] != ["hpcyolo-stop-here"]:
+        pytest.skip(f"this sbatch does not say what it reads: {r.stderr[-300:]}")
+    return found[:-1]
 
 
 # -- values on #SBATCH lines ---------------------------------------------------
