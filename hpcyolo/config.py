@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import models
-from .errors import ConfigError
-from .loader import build, read_yaml, spec
+from .errors import ConfigError, shown
+from .loader import build, spec
+from .yamlfile import read_yaml
 
 # -- value checks (each raises ValueError with the message the user sees) ----
 
@@ -35,66 +36,66 @@ SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 
 def check_name(value: str) -> None:
     if not _NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not a valid name: use letters, digits, '.', '_' and '-' "
+        raise ValueError(f"{shown(value)} is not a valid name: use letters, digits, '.', '_' and '-' "
                          "(at most 64, starting with a letter or digit)")
 
 
 def check_slurm_word(value: str) -> None:
     if not _SLURM_WORD.fullmatch(value):
-        raise ValueError(f"{value!r} has characters Slurm does not take here "
+        raise ValueError(f"{shown(value)} has characters Slurm does not take here "
                          "(letters, digits and _ . , : + @ % = - only)")
 
 
 def check_constraint(value: str) -> None:
     if not _CONSTRAINT.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Slurm constraint expression (features joined by & | , [ ] *)")
+        raise ValueError(f"{shown(value)} is not a Slurm constraint expression (features joined by & | , [ ] *)")
 
 
 def check_memory(value: str) -> None:
     if not _MEMORY.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Slurm memory size such as 480G, 64000 (MB) or 0 (all memory)")
+        raise ValueError(f"{shown(value)} is not a Slurm memory size such as 480G, 64000 (MB) or 0 (all memory)")
 
 
 def check_env(value: dict) -> None:
     for name in value:
         if not _ENV_NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not a valid environment variable name")
+            raise ValueError(f"{shown(name)} is not a valid environment variable name")
 
 
 def check_sbatch_options(value: tuple) -> None:
     for option in value:
         if not _SBATCH_OPTION.fullmatch(option):
-            raise ValueError(f"{option!r} is not a single sbatch option such as --hint=nomultithread "
+            raise ValueError(f"{shown(option)} is not a single sbatch option such as --hint=nomultithread "
                              "(no spaces or quotes)")
 
 
 def check_path(value: str) -> None:
     """Absolute, or starting with an environment variable ($SCRATCH/runs)."""
     if not (value.startswith("/") or PATH_VAR.match(value)):
-        raise ValueError(f"{value!r} must be an absolute path or start with a variable such as $SCRATCH "
+        raise ValueError(f"{shown(value)} must be an absolute path or start with a variable such as $SCRATCH "
                          "(use $HOME, not ~)")
 
 
 def check_plain_path(value: str) -> None:
     """Absolute, no variables: Slurm itself reads it (#SBATCH --output)."""
     if not value.startswith("/") or "$" in value:
-        raise ValueError(f"{value!r} must be an absolute path without variables (Slurm reads it, not the shell)")
+        raise ValueError(f"{shown(value)} must be an absolute path without variables (Slurm reads it, not the shell)")
     check_slurm_path_chars(value)
 
 
 def check_slurm_path_chars(value: str) -> None:
     if re.search(r"[\s'\"\\`;]", value):
-        raise ValueError(f"{value!r} must not contain spaces, quotes, backslashes or ';' (Slurm reads it)")
+        raise ValueError(f"{shown(value)} must not contain spaces, quotes, backslashes or ';' (Slurm reads it)")
 
 
 def check_host_suffix(value: str) -> None:
     if not re.fullmatch(r"[A-Za-z0-9.-]*", value):
-        raise ValueError(f"{value!r} is not a host name suffix (letters, digits, '.', '-')")
+        raise ValueError(f"{shown(value)} is not a host name suffix (letters, digits, '.', '-')")
 
 
 def check_signal(value: str) -> None:
     if value not in SIGNALS:
-        raise ValueError(f"{value!r} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
+        raise ValueError(f"{shown(value)} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
 
 
 def check_positive(value: int) -> None:
@@ -116,7 +117,7 @@ def parse_time(value: str) -> int:
     D-H, D-H:M, D-H:M:S."""
     m = _TIME.fullmatch(value.strip())
     if not m:
-        raise ValueError(f"{value!r} is not a Slurm time such as 90 (minutes), 04:00:00 or 2-00:00:00")
+        raise ValueError(f"{shown(value)} is not a Slurm time such as 90 (minutes), 04:00:00 or 2-00:00:00")
     days, a, b, c = m.groups()
     a, b, c = int(a), int(b or 0), int(c or 0)
     if days is not None:  # D-H, D-H:M, D-H:M:S
@@ -128,7 +129,7 @@ def parse_time(value: str) -> int:
     else:  # M
         seconds = a * 60
     if seconds <= 0:
-        raise ValueError(f"{value!r} is not a positive time")
+        raise ValueError(f"{shown(value)} is not a positive time")
     return seconds
 
 
