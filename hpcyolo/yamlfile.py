@@ -160,9 +160,11 @@ def _mapping_key(node: Any, where: str) -> str | int:
 
 # -- constructing: nodes to values --------------------------------------------
 
-if hasattr(yaml, "CParser"):  # libyaml's parser is 20x faster; it keeps its own stack, no recursion
-    _PARSER: tuple[type, ...] = (yaml.CParser,)
-else:
+try:  # libyaml's parser is 20x faster; it keeps its own stack, no recursion
+    from yaml.cyaml import CParser
+
+    _PARSER: tuple[type, ...] = (CParser,)
+except ImportError:  # a PyYAML built without libyaml
     _PARSER = (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
 
 
