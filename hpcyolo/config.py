@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import models
-from .errors import ConfigError, HpcyoloError
-from .loader import build, read_yaml, spec
+from .errors import ConfigError, HpcyoloError, shown
+from .loader import build, spec
+from .yamlfile import read_yaml
 
 # -- value checks (each raises ValueError with the message the user sees) ----
 
@@ -36,24 +37,24 @@ SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 
 def check_name(value: str) -> None:
     if not _NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not a valid name: use letters, digits, '.', '_' and '-' "
+        raise ValueError(f"{shown(value)} is not a valid name: use letters, digits, '.', '_' and '-' "
                          "(at most 64, starting with a letter or digit)")
 
 
 def check_slurm_word(value: str) -> None:
     if not _SLURM_WORD.fullmatch(value):
-        raise ValueError(f"{value!r} has characters Slurm does not take here "
+        raise ValueError(f"{shown(value)} has characters Slurm does not take here "
                          "(letters, digits and _ . , : + @ % = - only)")
 
 
 def check_constraint(value: str) -> None:
     if not _CONSTRAINT.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Slurm constraint expression (features joined by & | , [ ] *)")
+        raise ValueError(f"{shown(value)} is not a Slurm constraint expression (features joined by & | , [ ] *)")
 
 
 def check_memory(value: str) -> None:
     if not _MEMORY.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Slurm memory size such as 480G, 64000 (MB) or 0 (all memory)")
+        raise ValueError(f"{shown(value)} is not a Slurm memory size such as 480G, 64000 (MB) or 0 (all memory)")
 
 
 # Variables the batch script and hpcyolo's steps set or read themselves, with
@@ -113,7 +114,7 @@ def reserved_env(name: str) -> str | None:
 def check_env(value: dict) -> None:
     for name in value:
         if not _ENV_NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not a valid environment variable name")
+            raise ValueError(f"{shown(name)} is not a valid environment variable name")
         why = reserved_env(name)
         if why:
             raise ValueError(f"{name} cannot be set here: {why}")
@@ -122,14 +123,14 @@ def check_env(value: dict) -> None:
 def check_sbatch_options(value: tuple) -> None:
     for option in value:
         if not _SBATCH_OPTION.fullmatch(option):
-            raise ValueError(f"{option!r} is not a single sbatch option such as --hint=nomultithread "
+            raise ValueError(f"{shown(option)} is not a single sbatch option such as --hint=nomultithread "
                              "(no spaces, quotes or '#': sbatch reads a '#' there as the start of a comment)")
 
 
 def check_path(value: str) -> None:
     """Absolute, or starting with an environment variable ($SCRATCH/runs)."""
     if not (value.startswith("/") or PATH_VAR.match(value)):
-        raise ValueError(f"{value!r} must be an absolute path or start with a variable such as $SCRATCH "
+        raise ValueError(f"{shown(value)} must be an absolute path or start with a variable such as $SCRATCH "
                          "(use $HOME, not ~)")
 
 
@@ -137,7 +138,7 @@ def check_plain_path(value: str) -> None:
     """Absolute, no variables: Slurm itself reads it (#SBATCH --output, where
     it is quoted, so spaces and `#` are fine)."""
     if not value.startswith("/") or "$" in value:
-        raise ValueError(f"{value!r} must be an absolute path without variables (Slurm reads it, not the shell)")
+        raise ValueError(f"{shown(value)} must be an absolute path without variables (Slurm reads it, not the shell)")
     check_no_filename_pattern(value)
 
 
@@ -154,18 +155,18 @@ def check_no_filename_pattern(value: str) -> None:
     turns every replacement off, so the job's log would not be where hpcyolo
     looks for it."""
     if re.search(r"[%\\]", value):
-        raise ValueError(f"{value!r} must not contain '%' or '\\': Slurm reads the job's log path under it as a "
+        raise ValueError(f"{shown(value)} must not contain '%' or '\\': Slurm reads the job's log path under it as a "
                          "filename pattern, where % starts a replacement (%j: the job id) and \\ turns them all off")
 
 
 def check_host_suffix(value: str) -> None:
     if not re.fullmatch(r"[A-Za-z0-9.-]*", value):
-        raise ValueError(f"{value!r} is not a host name suffix (letters, digits, '.', '-')")
+        raise ValueError(f"{shown(value)} is not a host name suffix (letters, digits, '.', '-')")
 
 
 def check_signal(value: str) -> None:
     if value not in SIGNALS:
-        raise ValueError(f"{value!r} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
+        raise ValueError(f"{shown(value)} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
 
 
 def check_positive(value: int) -> None:
@@ -187,7 +188,7 @@ def parse_time(value: str) -> int:
     D-H, D-H:M, D-H:M:S."""
     m = _TIME.fullmatch(value.strip())
     if not m:
-        raise ValueError(f"{value!r} is not a Slurm time such as 90 (minutes), 04:00:00 or 2-00:00:00")
+        raise ValueError(f"{shown(value)} is not a Slurm time such as 90 (minutes), 04:00:00 or 2-00:00:00")
     days, a, b, c = m.groups()
     a, b, c = int(a), int(b or 0), int(c or 0)
     if days is not None:  # D-H, D-H:M, D-H:M:S
@@ -199,7 +200,7 @@ def parse_time(value: str) -> int:
     else:  # M
         seconds = a * 60
     if seconds <= 0:
-        raise ValueError(f"{value!r} is not a positive time")
+        raise ValueError(f"{shown(value)} is not a positive time")
     return seconds
 
 

@@ -80,7 +80,7 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from .errors import HpcyoloError
+from .errors import HpcyoloError, shown
 
 PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
 JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked at the rendezvous (hpcyolo.rendezvous)
@@ -197,7 +197,7 @@ def _int(env: Mapping[str, str], name: str) -> int:
     except KeyError:
         raise HpcyoloError(f"environment: {name} is not set") from None
     except ValueError:
-        raise HpcyoloError(f"environment: {name}={env[name]!r} is not an integer") from None
+        raise HpcyoloError(f"environment: {name}={shown(env[name])} is not an integer") from None
 
 
 def _short_hostname() -> str:
@@ -284,7 +284,7 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     for part in tasks_per_node.split(","):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if not m:
-            raise HpcyoloError(f"environment: cannot read SLURM_TASKS_PER_NODE={tasks_per_node!r}")
+            raise HpcyoloError(f"environment: cannot read SLURM_TASKS_PER_NODE={shown(tasks_per_node)}")
         counts += [int(m.group(1))] * int(m.group(2) or 1)
     return counts[node_id] if node_id < len(counts) else counts[-1]
 
@@ -301,7 +301,7 @@ def sagemaker_layout(env: Mapping[str, str], path: str | os.PathLike) -> NodeLay
     except (ValueError, KeyError, TypeError) as e:
         raise HpcyoloError(f"{path}: not a SageMaker resource config with current_host and hosts ({e})") from None
     if host not in hosts:
-        raise HpcyoloError(f"{path}: current_host {host!r} is not one of hosts {hosts}")
+        raise HpcyoloError(f"{path}: current_host {shown(host)} is not one of hosts {shown(hosts)}")
     nproc = _procs_per_host(env)
     _check_gpus(nproc, env, host)
     return NodeLayout(node_rank=hosts.index(host), nnodes=len(hosts), nproc_per_node=nproc,
@@ -376,11 +376,11 @@ def visible_gpus(env: Mapping[str, str]) -> int | None:
 
 def _check_gpus(procs_on_node: int, env: Mapping[str, str], host: str | None = None, gpus: int | None = None) -> None:
     # One visible GPU is --gpus-per-task (each task its own: cuda:0); none is the CPU.
-    shown = visible_gpus(env) if gpus is None else gpus
-    if shown is None or shown <= 1 or procs_on_node <= shown:
+    visible = visible_gpus(env) if gpus is None else gpus
+    if visible is None or visible <= 1 or procs_on_node <= visible:
         return
-    what = (f"CUDA_VISIBLE_DEVICES shows {shown} GPUs" if "CUDA_VISIBLE_DEVICES" in env
-            else f"only {shown} GPUs are visible")
+    what = (f"CUDA_VISIBLE_DEVICES shows {visible} GPUs" if "CUDA_VISIBLE_DEVICES" in env
+            else f"only {visible} GPUs are visible")
     raise HpcyoloError(f"{host or _short_hostname()}: {procs_on_node} processes on this node but {what}; "
                        f"start one process per GPU")
 
@@ -476,7 +476,7 @@ def _match_interface(name: str, host: str) -> str:
         return name
     match = next((n for n in names if n.startswith(name)), None)
     if match is None:
-        raise HpcyoloError(f"network interface {name!r} (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) does not exist on "
+        raise HpcyoloError(f"network interface {shown(name)} (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) does not exist on "
                            f"{host}; it has: {', '.join(names)}")
     return match
 
@@ -492,7 +492,7 @@ def _interface_ipv4(name: str) -> tuple[str, ipaddress.IPv4Network]:
             mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFNETMASK, request)[20:24])
         except OSError as e:
             why = {errno.ENODEV: "does not exist", errno.EADDRNOTAVAIL: "has no IPv4 address"}.get(e.errno, e.strerror)
-            raise HpcyoloError(f"network interface {name!r} {why} on {socket.gethostname()}") from None
+            raise HpcyoloError(f"network interface {shown(name)} {why} on {socket.gethostname()}") from None
     return addr, ipaddress.IPv4Network(f"{addr}/{mask}", strict=False)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import JobSpec, SiteConfig, limit_seconds
+from .errors import shown
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -93,7 +94,7 @@ def check_partition(site: SiteConfig, job: JobSpec | None) -> list[Check]:
     wanted = site.slurm.partition
     mine = [r for r in rows if r["name"] == wanted] if wanted else [r for r in rows if r["default"]]
     if not mine:
-        what = f"partition {wanted!r} does not exist" if wanted else "the cluster has no default partition"
+        what = f"partition {shown(wanted)} does not exist" if wanted else "the cluster has no default partition"
         return [Check("partition", "FAIL", f"{what}; partitions: {', '.join(names)}",
                       f"set slurm.partition to one of: {', '.join(names)}")]
     name = mine[0]["name"]
@@ -132,10 +133,11 @@ def check_account(site: SiteConfig) -> Check:
     accounts = {a for a, _ in pairs}
     qos = {q for _, qs in pairs for q in qs.split(",") if q}
     if site.slurm.account and site.slurm.account not in accounts:
-        return Check("account/qos", "FAIL", f"account {site.slurm.account!r} is not one of yours "
+        return Check("account/qos", "FAIL", f"account {shown(site.slurm.account)} is not one of yours "
                      f"({', '.join(sorted(accounts))})", f"set slurm.account to one of: {', '.join(sorted(accounts))}")
     if site.slurm.qos and site.slurm.qos not in qos:
-        return Check("account/qos", "FAIL", f"QOS {site.slurm.qos!r} is not allowed to you ({', '.join(sorted(qos))})",
+        return Check("account/qos", "FAIL",
+                     f"QOS {shown(site.slurm.qos)} is not allowed to you ({', '.join(sorted(qos))})",
                      f"set slurm.qos to one of: {', '.join(sorted(qos))}")
     return Check("account/qos", "PASS", "account and QOS are yours")
 
@@ -445,7 +447,7 @@ def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> lis
         checks.append(Check("signal", "PASS", f"SIG{plan.signal} reached the task through srun"
                             + (" and the container" if plan.step_prefix else "")))
     else:
-        checks.append(Check("signal", "FAIL", f"SIG{plan.signal} never reached the task (job {job_id}: {text!r})",
+        checks.append(Check("signal", "FAIL", f"SIG{plan.signal} never reached the task (job {job_id}: {shown(text)})",
                             "the signal must go to the job steps: --signal without B:, and a container that "
                             "passes signals on (apptainer exec does; check --pid options)"))
     if "requeued: restart" in text and info.get("JobState") == "COMPLETED":

@@ -2,22 +2,21 @@
 
 The schema is the dataclasses themselves (hpcyolo.config): each field's type
 says what YAML value it takes, `spec(doc=..., check=...)` documents it and adds
-a value check. This module walks a parsed mapping against them.
+a value check. This module walks a mapping that hpcyolo.yamlfile parsed
+against them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import math
 import shlex
 import types
 import typing
-from pathlib import Path
 from typing import Any, Callable, Literal, Union, get_args, get_origin
 
-import yaml
-
-from .errors import ConfigError
+from .errors import ConfigError, shown
+from .yamlfile import Float, as_written
 
 
 def spec(default: Any = dataclasses.MISSING, *, doc: str, check: Callable[[Any], None] | None = None,
@@ -33,72 +32,20 @@ def spec(default: Any = dataclasses.MISSING, *, doc: str, check: Callable[[Any],
     return dataclasses.field(default=default, metadata=meta)
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser is 20x faster
-    """SafeLoader without YAML 1.1's base-60 numbers and with duplicate keys
-    as errors: `time: 04:00:00` must stay a string, not become 14400."""
-
-
-# Drop the implicit int/float resolvers and re-add them without the
-# sexagesimal forms (`1:30` would otherwise be read as 90).
-_Loader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
-    list("-+0123456789"),
-)
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."),
-)
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: object, line: int):
-        super().__init__(key, line)
-        self.key, self.line = key, line
-
-
-def _mapping_without_duplicates(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise _DuplicateKey(key, key_node.start_mark.line + 1)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse one YAML file; any problem becomes a ConfigError naming it."""
-    name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(name, "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(name, "", f"cannot read: {e}") from None
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except _DuplicateKey as e:
-        raise ConfigError(name, str(e.key), f"duplicate key (again on line {e.line})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(name, "", f"not valid YAML: {where}{problem}") from None
-
-
 def _typename(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)
+            float: "a number", Float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)
+
+
+def _got(value: Any) -> str:
+    """What a wrong value is, for a message: a string is shown (bounded), with
+    a hint where it looks like a number YAML 1.1 would have read."""
+    if isinstance(value, Float):
+        return f"the number {shown(value)}"
+    if not isinstance(value, str):
+        return _typename(value)
+    hint = " (numbers are plain decimal: 16, 0.01, 1e-3)" if value[:1] in "+-.0123456789" and value else ""
+    return f"the string {shown(value)}{hint}"
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -165,7 +112,7 @@ def _convert(tp: Any, value: Any, file: str, key: str) -> Any:
         return build(tp, value, file, key)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(file, key, f"must be one of {', '.join(map(str, args))} (got {value!r})")
+            raise ConfigError(file, key, f"must be one of {', '.join(map(str, args))} (got {shown(value)})")
         return value
     if origin is tuple:
         if not isinstance(value, list):
@@ -177,21 +124,22 @@ def _convert(tp: Any, value: Any, file: str, key: str) -> Any:
         return {_convert(args[0], k, file, key): _convert(args[1], v, file, _join(key, k)) for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(file, key, f"must be true or false, got {_typename(value)}")
+            raise ConfigError(file, key, f"must be true or false, got {_got(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(file, key, f"must be an integer, got {_typename(value)}")
+            raise ConfigError(file, key, f"must be an integer, got {_got(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(file, key, f"must be a number, got {_typename(value)}")
+            raise ConfigError(file, key, f"must be a number, got {_got(value)}")
+        if not math.isfinite(value):  # 1e999
+            raise ConfigError(file, key, f"must be a finite number, got {shown(value)}")
         return float(value)
     if tp is str:
-        # Numbers are fine where a string is expected (`memory: 512`), but
-        # containers and booleans are not.
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)
+        # Numbers are fine where a string is expected (`memory: 512`), as
+        # written (`3.10`, not 3.1); containers and booleans are not.
+        value = as_written(value)
         if not isinstance(value, str):
             raise ConfigError(file, key, f"must be a string, got {_typename(value)}")
         if any(ord(c) < 32 or ord(c) == 127 for c in value):

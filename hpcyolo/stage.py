@@ -32,8 +32,6 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-
 from .entry import (
     MARKER,
     OWNER,
@@ -46,7 +44,8 @@ from .entry import (
     say,
     source_identity,
 )
-from .errors import HpcyoloError
+from .errors import ConfigError, HpcyoloError, shown
+from .yamlfile import as_written, dump_yaml, loads, read_yaml
 
 SPLITS = ("train", "val", "test", "minival")
 ARCHIVE_FLAGS = {  # suffix -> GNU tar's decompression option
@@ -75,12 +74,25 @@ def dataset_root(data_yaml: Path, spec: dict) -> Path:
 
 def read_data_yaml(data_yaml: str | Path) -> dict:
     path = Path(data_yaml)
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise HpcyoloError(f"{path}: cannot read data YAML: {e}") from None
-    if not isinstance(spec, dict):
-        raise HpcyoloError(f"{path}: a data YAML must be a mapping")
+    return data_spec(read_yaml(path), path)
+
+
+def data_spec(raw: object, path: Path) -> dict:
+    """A parsed data YAML with numbers taken as written where a folder or a
+    class name is expected (`val: 2017`, `names: [3.10]`)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), "(top level)", "a data YAML must be a mapping")
+    spec = dict(raw)
+    for key in ("path", *SPLITS, "names"):
+        value = spec.get(key)
+        if isinstance(value, list):
+            spec[key] = [as_written(v) for v in value]
+        elif isinstance(value, dict) and key == "names":
+            spec[key] = {k: as_written(v) for k, v in value.items()}
+        elif key in spec:
+            spec[key] = as_written(value)
+    if not isinstance(spec.get("path") or "", str):
+        raise ConfigError(str(path), "path", f"must be a folder (a string), got {shown(spec['path'])}")
     return spec
 
 
@@ -93,7 +105,7 @@ def _split_entries(data_yaml: Path, spec: dict) -> list[tuple[str, str]]:
             if entry is None or entry == "":
                 continue
             if not isinstance(entry, str):
-                raise HpcyoloError(f"{data_yaml}: {key}: entries must be paths (strings), got {entry!r}")
+                raise HpcyoloError(f"{data_yaml}: {key}: entries must be paths (strings), got {shown(entry)}")
             out.append((key, entry))
     return out
 
@@ -156,11 +168,11 @@ def _staged_yaml_text(text: str, spec: dict, root: Path, splits: dict) -> str:
     else:
         edited = f"{line}\n{text}"
     try:
-        if yaml.safe_load(edited) == want:
+        if data_spec(loads(edited, "data.yaml"), Path("data.yaml")) == want:
             return edited
-    except yaml.YAMLError:
+    except HpcyoloError:
         pass
-    return yaml.safe_dump(want, sort_keys=False, allow_unicode=True)
+    return dump_yaml(want)
 
 
 # == manifests: what a tree holds ============================================
@@ -487,7 +499,7 @@ def list_archive(archive: Path, flags: tuple[str, ...]) -> Manifest:
     for line in out.decode("utf-8", "surrogateescape").splitlines():
         match = _LISTING.match(line)
         if not match:
-            raise HpcyoloError(f"stage: {archive}: cannot read this line of tar's listing: {line!r}")
+            raise HpcyoloError(f"stage: {archive}: cannot read this line of tar's listing: {shown(line)}")
         kind, name = match["type"], _member_name(archive, _unquote(match["name"]))
         if not name:
             continue

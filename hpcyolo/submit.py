@@ -188,14 +188,15 @@ class Sweep:
 
 
 def parse_sweeps(options: tuple[str, ...]) -> list[Sweep]:
-    import yaml
+    """Each value is read as YAML with the job spec's rules (`010` stays "010")."""
+    from .yamlfile import loads
 
     sweeps = []
     for option in options:
         key, sep, values = option.partition("=")
         if not sep or not key or not values or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
             raise HpcyoloError(f"--sweep {option}: expected KEY=V1,V2,... (a dotted job key, e.g. train.lr0=0.01,0.02)")
-        parsed = tuple(yaml.safe_load(v) for v in values.split(","))
+        parsed = tuple(loads(v, f"--sweep {key}") for v in values.split(","))
         if len(set(map(repr, parsed))) != len(parsed):
             raise HpcyoloError(f"--sweep {option}: a value is repeated")
         sweeps.append(Sweep(key, parsed))

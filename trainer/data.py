@@ -38,7 +38,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hpcyolo.errors import ConfigError
+from hpcyolo.errors import ConfigError, shown
 from hpcyolo.fsutil import fsync_dir
 from hpcyolo.stage import dataset_root, read_data_yaml
 
@@ -91,19 +91,24 @@ def load_data_spec(path: str | Path) -> DataSpec:
 
 
 def _names(file: str, spec: dict) -> list[str]:
+    """Ultralytics' two forms: a list, or a mapping {0: name, 1: name, ...}.
+    A name is a string (a number counts as written); `yes` would be a boolean
+    in YAML 1.1, so it must be quoted rather than become "True"."""
     names = spec.get("names")
     if isinstance(names, list) and names:
-        out = [str(n) for n in names]
+        pairs = [(f"names[{i}]", n) for i, n in enumerate(names)]
     elif isinstance(names, dict) and names:
-        keys = sorted(names)
-        if not all(isinstance(k, int) for k in keys) or keys != list(range(len(keys))):
+        if set(names) != set(range(len(names))):
             raise ConfigError(file, "names", "a mapping of names must have the keys 0, 1, ..., n-1")
-        out = [str(names[k]) for k in keys]
+        pairs = [(f"names.{k}", names[k]) for k in range(len(names))]
     else:
         raise ConfigError(file, "names", "missing or empty: give a list of class names or a mapping {0: name, ...}")
-    if "nc" in spec and spec["nc"] != len(out):
-        raise ConfigError(file, "nc", f"is {spec['nc']}, but `names` has {len(out)} entries")
-    return out
+    for key, name in pairs:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(file, key, f"must be a class name (a string; quote yes, no, on, off), got {shown(name)}")
+    if "nc" in spec and spec["nc"] != len(pairs):
+        raise ConfigError(file, "nc", f"is {shown(spec['nc'])}, but `names` has {len(pairs)} entries")
+    return [name for _, name in pairs]
 
 
 def _split_files(file: str, root: Path, key: str, value) -> list[Path] | None:
@@ -114,7 +119,7 @@ def _split_files(file: str, root: Path, key: str, value) -> list[Path] | None:
     files: list[Path] = []
     for entry in entries:
         if not isinstance(entry, str) or not entry:
-            raise ConfigError(file, key, f"entries must be paths (strings), got {entry!r}")
+            raise ConfigError(file, key, f"entries must be paths (strings), got {shown(entry)}")
         files += _entry_files(file, root, key, root / entry)
     if not files:
         raise ConfigError(file, key, f"no images ({', '.join(sorted(IMG_EXTS))}) found in {value}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hpcyolo.errors import HpcyoloError
+from hpcyolo.errors import HpcyoloError, shown
 
 from . import safe_pickle
 from .model import REG_MAX, DetectionModel, build_model, resolve_model
@@ -138,7 +138,7 @@ def _ultralytics_arch(yaml, path: str) -> str:
     m = _ULTRALYTICS_NAME.fullmatch(stem)
     scale = yaml.get("scale") or (m.group(2) if m else None)
     if not m or scale not in ("n", "s", "m", "l", "x"):
-        raise HpcyoloError(f"{path}: ultralytics architecture {yaml.get('yaml_file')!r} is not one hpcyolo builds "
+        raise HpcyoloError(f"{path}: ultralytics architecture {shown(yaml.get('yaml_file'))} is not one hpcyolo builds "
                            "(yolov8n-x, yolo11n-x)")
     return m.group(1) + scale
 
