@@ -49,6 +49,20 @@ def main() -> None:
     """
 
 
+def _check_imgsz(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--imgsz through the one check the job spec uses too (hpcyolo.models),
+    as one line: a bad size would otherwise surface as a RuntimeError deep
+    in the model, after torch and the data have loaded."""
+    from .models import check_imgsz
+
+    if value is not None:
+        try:
+            check_imgsz(value)
+        except ValueError as e:
+            raise HpcyoloError(f"--imgsz: {e}") from None
+    return value
+
+
 _site_arg = click.argument("site", type=click.Path(dir_okay=False))
 _job_arg = click.argument("job", type=click.Path(dir_okay=False))
 
@@ -230,7 +244,7 @@ def _with_run_options(fn):
                    "(yolov8n.pt, a best.pt; read without running its pickle) or hpcyolo weights or a checkpoint.")
 @click.option("--epochs", default=100, show_default=True)
 @click.option("--batch", default=64, show_default=True, help="Global batch size.")
-@click.option("--imgsz", default=640, show_default=True)
+@click.option("--imgsz", default=640, show_default=True, callback=_check_imgsz, help="Image size, a multiple of 32.")
 @click.option("--workers", default=4, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True)
@@ -287,7 +301,8 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
               help="txt: labels/NAME.txt, 'class cx cy w h conf' normalised; json: one predictions.json.")
 @click.option("--conf", default=0.25, show_default=True, help="Confidence threshold.")
 @click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
-@click.option("--imgsz", type=int, default=None, help="Inference size (default: the training size).")
+@click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Inference size, a multiple of 32 "
+              "(default: the training size).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: float, iou: float, imgsz: int | None,
             device: str) -> None:
@@ -305,8 +320,8 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
 @main.command(name="val")
 @click.argument("weights", type=click.Path(exists=True, dir_okay=False))
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False), help="Data YAML.")
-@click.option("--imgsz", type=click.IntRange(min=32), default=None, help="Image size (default: the training size, "
-              "or 640).")
+@click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Image size, a multiple of 32 "
+              "(default: the training size, or 640).")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(min=1), help="Images per batch.")
 @click.option("--split", type=click.Choice(["val", "train"]), default="val", show_default=True)
 @click.option("--conf", default=0.001, show_default=True, help="Confidence threshold.")
@@ -363,8 +378,8 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
 @click.option("--format", "fmt", type=click.Choice(["onnx"]), default="onnx", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="The file to write (atomically).  [default: WEIGHTS with the suffix .onnx]")
-@click.option("--imgsz", type=click.IntRange(min=32), default=None, help="Input size, a multiple of 32 (default: the "
-              "training size, or 640).")
+@click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Input size, a multiple of 32 "
+              "(default: the training size, or 640).")
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Batch size of the fixed "
               "input shape.")
 @click.option("--dynamic", is_flag=True, help="Batch size, height and width free at run time.")

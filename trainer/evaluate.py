@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hpcyolo.errors import HpcyoloError
+from hpcyolo.models import MAX_STRIDE as STRIDE
 
 from .augment import PAD_VALUE
 from .boxes import non_max_suppression, xywh2xyxy
@@ -36,8 +37,6 @@ from .data import check_files, decode_resized, load_data_spec
 from .dist import Dist, gather_objects
 from .metrics import DetStats
 from .weights import build_from, read_weights
-
-STRIDE = 32
 
 
 def rect_batches(shapes: list[tuple[int, int]], batch: int, imgsz: int, stride: int = STRIDE,

@@ -15,6 +15,7 @@ import torch
 
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
+from hpcyolo.models import MAX_STRIDE as STRIDE
 
 from .augment import PAD_VALUE
 from .boxes import non_max_suppression
@@ -45,9 +46,6 @@ def image_files(inputs: list[str]) -> list[Path]:
     if not files:
         raise HpcyoloError("no images found")
     return files
-
-
-STRIDE = 32  # the largest stride: input sides must be multiples of it
 
 
 def rect_letterbox(img: np.ndarray, imgsz: int, stride: int = STRIDE) -> tuple[np.ndarray, float, tuple[int, int]]:
