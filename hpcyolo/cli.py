@@ -88,10 +88,15 @@ def validate(site: str, job: str) -> None:
     """Check SITE and JOB, alone and together, and print what the job asks for.
 
     Also checks, on this machine, what the rendered script needs before it
-    is submitted: the data YAML and the storage.logs folder.
+    is submitted: the storage.logs folder, and the dataset as the trainer
+    will (the data YAML, its splits, that the images have label files).
     Exits 2 with one line naming the file and key of the first problem.
     """
+    from .dataset import check_data
+
     plan = _load_plan(site, job, for_sbatch=True)
+    for warning in check_data(plan.data):
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"ok: {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world size {plan.world_size}, "
                f"{plan.batch_per_rank} images per rank, launcher {plan.launcher}, time {plan.time}, "
                f"run {plan.run_dir}")

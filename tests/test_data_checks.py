@@ -1,5 +1,5 @@
-"""Image sizes the models cannot take are refused in one line by every
-command that meets them, before any work."""
+"""Data that cannot be trained on, and image sizes the models cannot take, are
+refused in one line by every command that meets them, before any work."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SHARED
+from conftest import COCO8, REPO, SHARED
+
+from hpcyolo import doctor
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -85,3 +87,57 @@ def test_a_swept_imgsz_off_the_stride_is_one_line(tmp_path, shapes):
     job = job_file(tmp_path, shapes)
     lines = error_lines(hpcyolo("submit", SITE, job, "--dry-run", "--sweep", "train.imgsz=64,100", cwd=tmp_path))
     assert len(lines) == 1 and "train.imgsz: must be a multiple of 32" in lines[0] and "use 96 or 128" in lines[0]
+
+
+# == labels ====================================================================
+
+def test_no_labels_folder_stops_train_before_anything_is_written(tmp_path, shapes):
+    (shapes.parent / "labels").rename(shapes.parent / "label")  # misnamed
+    lines = error_lines(hpcyolo("train", "--run-dir", tmp_path / "run", "--data", shapes, "--imgsz", "64",
+                                "--epochs", "1", "--batch", "4", "--workers", "0"))
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"hpcyolo: error: {shapes}: train: none of its 8 images has a label file (the first "
+                               f"would be {shapes.parent / 'labels' / 'train' / '000000.txt'})")
+    assert not (tmp_path / "run").exists()
+
+
+def test_no_labels_folder_is_refused_by_validate_val_and_doctor(tmp_path, shapes):
+    shutil.rmtree(shapes.parent / "labels" / "val")
+    r = hpcyolo("validate", SITE, job_file(tmp_path, shapes), cwd=tmp_path)
+    assert r.returncode == 2 and error_lines(r) == [
+        f"hpcyolo: error: {shapes}: val: none of its 4 images has a label file (the first would be "
+        f"{shapes.parent / 'labels' / 'val' / '000000.txt'}): labels go in a labels/ folder beside images/, "
+        ".../images/a.jpg -> .../labels/a.txt; an empty .txt marks a background image"]
+    if WEIGHTS.is_file():
+        lines = error_lines(hpcyolo("val", WEIGHTS, "--data", shapes, "--imgsz", "64"))
+        assert len(lines) == 1 and f"{shapes}: val: none of its 4 images has a label file" in lines[0]
+    check = doctor.check_dataset(str(shapes))
+    assert check.status == "FAIL" and "val: none of its 4 images has a label file" in check.detail
+
+
+def test_a_majority_unlabelled_is_one_warning_with_the_count(tmp_path, shapes):
+    labels = shapes.parent / "labels" / "train"
+    for name in ("000000", "000001", "000002", "000003", "000004"):
+        (labels / f"{name}.txt").unlink()
+    (labels / "000005.txt").write_text("")  # a background image on purpose: labelled
+    warning = (f"warning: {shapes}: train: 5 of 8 images have no label file and count as background images "
+               "(check the labels/ folder; an empty .txt marks a background image on purpose)")
+    r = hpcyolo("validate", SITE, job_file(tmp_path, shapes), cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr.splitlines() == [warning], r.stderr
+    assert doctor.check_dataset(str(shapes)).status == "WARN"
+    r = hpcyolo("train", "--run-dir", tmp_path / "run", "--data", shapes, "--imgsz", "64", "--epochs", "1",
+                "--batch", "4", "--workers", "0")
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stderr.splitlines() if "label" in line] == [warning]
+
+
+def test_empty_label_files_are_background_images_not_missing_ones(tmp_path, shapes):
+    for label in (shapes.parent / "labels").rglob("*.txt"):
+        label.write_text("")
+    r = hpcyolo("validate", SITE, job_file(tmp_path, shapes), cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert doctor.check_dataset(str(shapes)).status == "PASS"
+
+
+def test_coco8_passes_the_data_check():
+    assert doctor.check_dataset(str(COCO8)).status == "PASS"

@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 import torch
 
+from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.models import MAX_STRIDE as STRIDE
 
@@ -140,9 +141,10 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     files = getattr(spec, split)
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
+    labels = check_labels(spec, (split,))
     sets = ValBatches(files, w.nc, size, batch)
     if d.is_main:
-        for problem in sets.problems:
+        for problem in labels + sets.problems:
             warn(f"warning: {problem}")
     mine = [(k, batch_stats(model, *sets.load(k), d.device, conf, iou).state())
             for k in range(d.rank, len(sets), d.world_size)]

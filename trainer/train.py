@@ -25,6 +25,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
+from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
 from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
@@ -54,6 +55,10 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     stop = stop or StopFlag(cfg.signal)
     d = setup(cfg.dist_timeout)
     seed_all(cfg.seed + d.rank)
+    # Data that cannot be trained on stops here, before a run directory exists.
+    spec = load_data_spec(cfg.data)
+    for warning in check_labels(spec, ("train", "val")):
+        warn0(d, warning)
     run = Path(cfg.run_dir)
     if d.is_main:
         (run / "weights").mkdir(parents=True, exist_ok=True)
@@ -61,7 +66,6 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
     # -- data
-    spec = load_data_spec(cfg.data)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     cache_dir = cache_folder(cfg)
