@@ -313,11 +313,15 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
             device: str) -> None:
     """Detect objects in IMAGES (files or folders) with trained WEIGHTS.
 
+    An image that cannot be read is skipped with one warning line, as in
+    training; the others are predicted.
+
         hpcyolo predict RUN/weights/best.pt photos/ --out predictions --format json
     """
     from hpcyolo_trainer.predict import predict as run_predict
 
-    results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device)
+    results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
+                          warn=lambda m: click.echo(m, err=True))
     total = sum(len(r["detections"]) for r in results)
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
 

@@ -141,3 +141,34 @@ def test_empty_label_files_are_background_images_not_missing_ones(tmp_path, shap
 
 def test_coco8_passes_the_data_check():
     assert doctor.check_dataset(str(COCO8)).status == "PASS"
+
+
+# == predict ===================================================================
+
+@pytest.fixture
+def weights() -> Path:
+    if not WEIGHTS.is_file():
+        pytest.skip(f"no reference weights {WEIGHTS}")
+    return WEIGHTS
+
+
+def test_predict_skips_a_corrupt_image_with_one_warning(tmp_path, weights):
+    images = tmp_path / "images"
+    shutil.copytree(COCO8.parent / "images" / "val", images)
+    good = sorted(p.stem for p in images.iterdir())
+    (images / "broken.jpg").write_bytes((images / f"{good[0]}.jpg").read_bytes()[:2000])  # cut-off download
+    r = hpcyolo("predict", weights, images, "--out", tmp_path / "out", "--imgsz", "64")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert [line for line in lines if "warning" in line] == [
+        f"warning: {images / 'broken.jpg'}: corrupt image skipped (ValueError: truncated JPEG (no end-of-image "
+        "marker))"]
+    assert lines[-1].endswith(f"detections in {len(good)} images; written to {tmp_path / 'out'}")
+    assert sorted(p.stem for p in (tmp_path / "out" / "labels").iterdir()) == good
+
+
+def test_predict_over_a_folder_without_images_is_one_line(tmp_path, weights):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no images here")
+    assert error_lines(hpcyolo("predict", weights, tmp_path / "empty")) == [
+        f"hpcyolo: error: no images (.bmp, .jpeg, .jpg, .png, .tif, .tiff, .webp) in {tmp_path / 'empty'}"]
