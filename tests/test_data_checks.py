@@ -139,6 +139,26 @@ def test_empty_label_files_are_background_images_not_missing_ones(tmp_path, shap
     assert doctor.check_dataset(str(shapes)).status == "PASS"
 
 
+def test_labels_with_no_usable_line_stop_train_after_a_bounded_list_of_warnings(tmp_path, shapes):
+    # Class ids counted from 1 (or a `names` too short): every line is out of
+    # range and dropped, which used to train a detector of background only.
+    labels = sorted((shapes.parent / "labels" / "train").glob("*.txt"))
+    for label in labels:
+        label.write_text("4 0.5 0.5 0.2 0.2\n" * 3)
+    r = hpcyolo("train", "--run-dir", tmp_path / "run", "--data", shapes, "--imgsz", "64", "--epochs", "1",
+                "--batch", "4", "--workers", "0")
+    lines = error_lines(r)
+    malformed = [line for line in lines if "malformed label line skipped (class 4 is not one of 0..3)" in line]
+    assert len(malformed) == 20 and len(lines) == 23, r.stderr
+    assert lines[-3:] == [
+        "warning: ... and 4 more problems like these (counted below)",
+        "warning: skipped 0 corrupt images, 24 malformed label lines",
+        f"hpcyolo: error: {shapes}: train: no label line is usable (skipped 0 corrupt images, 24 malformed label "
+        "lines; see the warnings above): class ids run 0..3 for the 4 names, coordinates are fractions of the "
+        "image in [0, 1]"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_coco8_passes_the_data_check():
     assert doctor.check_dataset(str(COCO8)).status == "PASS"
 

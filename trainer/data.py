@@ -50,6 +50,9 @@ from .augment import (PAD_VALUE, AugmentHyp, box_areas, flip_lr, hsv_jitter, let
 __all__ = ["IMG_EXTS", "AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "label_path",
            "load_data_spec"]
 COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordinate is wrong
+# Problem lines kept per dataset, the rest counted: a systematic fault (class
+# ids counted from 1, a wrong `names`) would otherwise print one per label.
+MAX_PROBLEM_LINES = 20
 CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
 CACHE_MARKER = "COMPLETE"
 
@@ -197,6 +200,9 @@ def check_files(files: list[Path], nc: int) -> tuple[list[Checked], list[str], d
             counts[r.dropped] += 1
         else:
             counts["malformed label lines"] += len(r.problems)
+    if len(problems) > MAX_PROBLEM_LINES:
+        problems = [*problems[:MAX_PROBLEM_LINES], f"... and {len(problems) - MAX_PROBLEM_LINES} more problems "
+                                                   "like these (counted below)"]
     return [r for r in results if not r.dropped], problems, counts
 
 
