@@ -115,6 +115,12 @@ def test_no_labels_folder_is_refused_by_validate_val_and_doctor(tmp_path, shapes
     assert check.status == "FAIL" and "val: none of its 4 images has a label file" in check.detail
 
 
+def test_submit_refuses_data_without_labels_before_the_queue(tmp_path, shapes):
+    shutil.rmtree(shapes.parent / "labels")
+    lines = error_lines(hpcyolo("submit", SITE, job_file(tmp_path, shapes), "--dry-run", cwd=tmp_path))
+    assert len(lines) == 1 and f"{shapes}: train: none of its 8 images has a label file" in lines[0]
+
+
 def test_a_majority_unlabelled_is_one_warning_with_the_count(tmp_path, shapes):
     labels = shapes.parent / "labels" / "train"
     for name in ("000000", "000001", "000002", "000003", "000004"):
