@@ -196,5 +196,6 @@ def test_predict_skips_a_corrupt_image_with_one_warning(tmp_path, weights):
 def test_predict_over_a_folder_without_images_is_one_line(tmp_path, weights):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("no images here")
-    assert error_lines(hpcyolo("predict", weights, tmp_path / "empty")) == [
+    assert error_lines(hpcyolo("predict", weights, tmp_path / "empty", cwd=tmp_path)) == [
         f"hpcyolo: error: no images (.bmp, .jpeg, .jpg, .png, .tif, .tiff, .webp) in {tmp_path / 'empty'}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no predictions/ folder left behind

@@ -95,14 +95,16 @@ def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, dev
 def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
             iou: float = 0.7, fmt: str = "txt", device: str = "cpu", warn=print) -> list[dict]:
     """Predict every image of `inputs`; one that cannot be read is skipped
-    with one `warn` line, as training skips it, and the others are predicted."""
+    with one `warn` line, as training skips it, and the others are predicted.
+    Nothing is written when the inputs hold no image or the weights do not load."""
+    files = image_files(inputs)
     dev = torch.device(device)
     model, names, train_size = load_weights(weights, dev)
     size = imgsz or train_size
     out_dir = Path(out)
     (out_dir / "labels").mkdir(parents=True, exist_ok=True)
     results = []
-    for path in image_files(inputs):
+    for path in files:
         try:
             img = read_image(path)
         except ValueError as e:
