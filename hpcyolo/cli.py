@@ -63,6 +63,21 @@ def main() -> None:
         sys.stdout.reconfigure(errors="surrogateescape")
 
 
+def _check_imgsz(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--imgsz through the one check the job spec uses too (hpcyolo.models),
+    as one line: a bad size would otherwise surface as a RuntimeError deep
+    in the model, after torch and the data have loaded."""
+    from .models import check_imgsz
+
+    if value is not None:
+        try:
+            check_imgsz(value)
+        except ValueError as e:
+            raise HpcyoloError(f"--imgsz: {e}") from None
+    return value
+
+
+
 # No click.Path checks: the loader says what is wrong with the file (a
 # folder, unreadable, not YAML) in one line naming it, as for any bad file.
 _site_arg = click.argument("site")
@@ -109,14 +124,19 @@ def validate(site: str, job: str) -> None:
     """Check SITE and JOB, alone and together, and print what the job asks for.
 
     Also checks, on this machine, what the rendered script needs before it
-    is submitted: the data YAML and the storage.logs folder.
+    is submitted: the storage.logs folder, and the dataset as the trainer
+    will (the data YAML, its splits, that the images have label files).
     Exits 2 with one line naming the file and key of the first problem.
 
     \b
     Example:
         hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
     """
+    from .dataset import check_data
+
     plan = _load_plan(site, job, for_sbatch=True)
+    for warning in check_data(plan.data):
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"ok: {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world size {plan.world_size}, "
                f"{plan.batch_per_rank} images per rank, launcher {plan.launcher}, time {plan.time}, "
                f"run {plan.run_dir}")
@@ -280,7 +300,8 @@ def _with_run_options(fn):
                    "(yolov8n.pt, a best.pt; read without running its pickle) or hpcyolo weights or a checkpoint.")
 @click.option("--epochs", default=100, show_default=True, help="Epochs to train.")
 @click.option("--batch", default=64, show_default=True, help="Global batch size.")
-@click.option("--imgsz", default=640, show_default=True, help="Training image size in pixels (a multiple of 32).")
+@click.option("--imgsz", default=640, show_default=True, callback=_check_imgsz,
+              help="Training image size in pixels (a multiple of 32).")
 @click.option("--workers", default=4, show_default=True, help="Data-loader worker processes per rank.")
 @click.option("--seed", default=0, show_default=True, help="Random seed (each rank derives its own from it).")
 @click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True,
@@ -342,11 +363,15 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
               help="txt: labels/NAME.txt, 'class cx cy w h conf' normalised; json: one predictions.json.")
 @click.option("--conf", default=0.25, show_default=True, help="Confidence threshold.")
 @click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
-@click.option("--imgsz", type=int, default=None, help="Inference size (default: the training size).")
+@click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Inference size, a multiple of 32 "
+              "(default: the training size).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: float, iou: float, imgsz: int | None,
             device: str) -> None:
     """Detect objects in IMAGES (files or folders) with trained WEIGHTS.
+
+    An image that cannot be read is skipped with one warning line, as in
+    training; the others are predicted.
 
     \b
     Example:
@@ -354,7 +379,8 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     """
     from hpcyolo_trainer.predict import predict as run_predict
 
-    results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device)
+    results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
+                          warn=lambda m: click.echo(m, err=True))
     total = sum(len(r["detections"]) for r in results)
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
 
@@ -362,8 +388,8 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
 @main.command(name="val", short_help="Measure weights on a dataset split (mAP).")
 @click.argument("weights", type=click.Path(exists=True, dir_okay=False))
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False), help="Data YAML.")
-@click.option("--imgsz", type=click.IntRange(min=32), default=None, help="Image size (default: the training size, "
-              "or 640).")
+@click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Image size, a multiple of 32 "
+              "(default: the training size, or 640).")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(min=1), help="Images per batch.")
 @click.option("--split", type=click.Choice(["val", "train"]), default="val", show_default=True,
               help="The split of the data YAML to measure.")
@@ -423,8 +449,8 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
               help="Model format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="The file to write (atomically).  [default: WEIGHTS with the suffix .onnx]")
-@click.option("--imgsz", type=click.IntRange(min=32), default=None, help="Input size, a multiple of 32 (default: the "
-              "training size, or 640).")
+@click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Input size, a multiple of 32 "
+              "(default: the training size, or 640).")
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Batch size of the fixed "
               "input shape.")
 @click.option("--dynamic", is_flag=True, help="Batch size, height and width free at run time.")

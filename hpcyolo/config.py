@@ -374,7 +374,7 @@ class Train:
                                          "own checkpoint, when it resumes, wins.")
     epochs: int = spec(100, doc="Epochs to train.", check=check_positive)
     batch: int = spec(64, doc="Global batch size, split evenly over all ranks.", check=check_positive)
-    imgsz: int = spec(640, doc="Training image size (pixels, a multiple of 32).", check=check_positive)
+    imgsz: int = spec(640, doc="Training image size (pixels, a multiple of 32).", check=models.check_imgsz)
     workers: int = spec(4, doc="Data-loader worker processes per rank.", check=check_non_negative)
     seed: int = spec(0, doc="Random seed (each rank derives its own from it).", check=check_non_negative)
     optimizer: Literal["sgd", "adamw"] = spec("sgd", doc="Optimizer: sgd or adamw.")
@@ -440,8 +440,6 @@ def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSp
     job = build(JobSpec, raw, file)
     if job.entrypoint is not None and not job.entrypoint:
         raise ConfigError(file, "entrypoint", "must name a command")
-    if job.train.imgsz % 32:
-        raise ConfigError(file, "train.imgsz", f"must be a multiple of 32 (the largest stride), got {job.train.imgsz}")
     return job
 
 

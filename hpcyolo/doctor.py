@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import JobSpec, SiteConfig, limit_seconds
-from .errors import shown
+from .errors import HpcyoloError, shown
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -31,7 +31,7 @@ GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (
 @dataclass
 class Check:
     name: str
-    status: str  # PASS | FAIL | SKIP
+    status: str  # PASS | WARN | FAIL | SKIP (only FAIL fails the doctor)
     detail: str
     fix: str = ""
 
@@ -317,6 +317,19 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
                  f"{need / 2**30:.2f} GiB")
 
 
+def check_dataset(data: str) -> Check:
+    """The data YAML, its splits and labels, as the trainer checks them."""
+    from .dataset import check_data
+
+    try:
+        warnings = check_data(data)
+    except HpcyoloError as e:
+        return Check("data", "FAIL", str(e), "fix the data YAML, or its labels/ folder")
+    if warnings:
+        return Check("data", "WARN", "; ".join(warnings))
+    return Check("data", "PASS", f"{data}: splits and labels as the trainer needs them")
+
+
 def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None) -> list[Check]:
     """Every check; `data`: the job's data YAML, resolved (plan.data)."""
     slurm, _ = check_slurm(site)
@@ -328,6 +341,8 @@ def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None) -> li
         checks += [*partition, check_account(site)]
     checks += [check_runs_writable(site), check_logs(site), check_interface(site, use_srun=partition_ok),
                check_scratch(site, job, data)]
+    if data:
+        checks.append(check_dataset(data))
     if site.environment.venv:
         checks.append(check_venv(site))
     if site.container.runtime != "none":

@@ -7,3 +7,23 @@ MODELS = ("yolov8n", "yolov8s", "yolov8m", "yolov8l", "yolov8x", "yolo11n", "yol
 ALIASES = {"n": "yolov8n", "s": "yolov8s", "m": "yolov8m"}
 CHOICES = MODELS + tuple(ALIASES)
 DEFAULT = "n"
+
+# Every detector here downsamples by 32 at its coarsest level: a side that is
+# not a multiple of it breaks the concatenation of upsampled and skip features
+# (a RuntimeError deep in the neck). Ultralytics rounds up with a warning;
+# hpcyolo refuses, so that the size trained is the size asked for.
+MAX_STRIDE = 32
+MAX_IMGSZ = 8192  # 8192 px a side is 164 times the pixels of 640: beyond that, a typo
+
+
+def check_imgsz(value: int) -> None:
+    """The one check of an image size, for the job spec and every command
+    that takes --imgsz; raises ValueError naming the nearest valid sizes."""
+    if value < MAX_STRIDE:
+        raise ValueError(f"must be at least {MAX_STRIDE} (got {value}); 640 is the usual size")
+    if value > MAX_IMGSZ:
+        raise ValueError(f"must be at most {MAX_IMGSZ} (got {value})")
+    if value % MAX_STRIDE:
+        below = value // MAX_STRIDE * MAX_STRIDE
+        raise ValueError(f"must be a multiple of {MAX_STRIDE} (the models' largest stride), got {value}: "
+                         f"use {below} or {below + MAX_STRIDE}")

@@ -335,11 +335,22 @@ def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, swe
         names.append(plans[-1].run_name)
     if len(plans) > 1 and via != "submitit":
         raise HpcyoloError(f"--sweep runs as one submitit job array; drop --via {via}")
+    check_datasets(plans)
     if via == "sbatch":
         return submit_sbatch(plans[0], dry_run)
     if via == "local":
         return submit_local(plans[0], dry_run)
     return submit_submitit(plans, names, parallel, dry_run)
+
+
+def check_datasets(plans: list[JobPlan]) -> None:
+    """Each dataset once, as `validate` checks it: data that cannot be
+    trained on is refused here, not after the job waited in the queue."""
+    from .dataset import check_data
+
+    for data in dict.fromkeys(plan.data for plan in plans):
+        for warning in check_data(data):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
 
 
 def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:

@@ -75,7 +75,10 @@ def test_site_errors_name_file_and_key(tmp_path, site_edit, key, words):
     (("nodes: 2,", "nodes: 2, gpus_per_node: 8,"), "resources.gpus_per_node", "nodes have 4"),
     (("nodes: 2,", "nodes: 2, tasks_per_node: 2,"), "resources.tasks_per_node", "for CPU sites"),
     (("name: j", "name: 'x\n#SBATCH --uid=0'"), "name", "not a valid name"),
-    (("train: {batch: 64}", "train: {batch: 64, imgsz: 100}"), "train.imgsz", "multiple of 32"),
+    (("train: {batch: 64}", "train: {batch: 64, imgsz: 100}"), "train.imgsz", "multiple of 32 (the models' largest "
+                                                                              "stride), got 100: use 96 or 128"),
+    (("train: {batch: 64}", "train: {batch: 64, imgsz: 16}"), "train.imgsz", "must be at least 32 (got 16)"),
+    (("train: {batch: 64}", "train: {batch: 64, imgsz: 16384}"), "train.imgsz", "must be at most 8192"),
 ])
 def test_job_errors_name_file_and_key(tmp_path, job_edit, key, words):
     msg = error_of(tmp_path, job=JOB.replace(*job_edit))

@@ -1,6 +1,7 @@
 """Detection data: the data YAML, YOLO label files, the dataset and its caches.
 
-- `load_data_spec(yaml)` reads an ultralytics-style data YAML into a DataSpec.
+- `load_data_spec(yaml)` reads an ultralytics-style data YAML into a DataSpec
+  (hpcyolo.dataset, shared with the CLI's checks).
 - `YoloDataset(files, imgsz, ...)` checks every image and label file once, at
   construction, dropping what is broken and recording one line per problem in
   `dataset.problems` (nothing is printed or raised: the trainer prints them on
@@ -38,17 +39,20 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hpcyolo.errors import ConfigError, shown
+from hpcyolo.dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from hpcyolo.fsutil import fsync_dir
-from hpcyolo.stage import dataset_root, read_data_yaml
 
 from .augment import (PAD_VALUE, AugmentHyp, box_areas, flip_lr, hsv_jitter, letterbox, letterbox_pad, mosaic4,
                       random_affine, resized_shape, to_normalised, to_pixel_boxes)
 
-__all__ = ["AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "label_path", "load_data_spec"]
-
-IMG_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+# The data YAML and label paths live in hpcyolo.dataset (no torch: the CLI
+# checks a dataset with them on a login node); re-exported for the trainer.
+__all__ = ["IMG_EXTS", "AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "label_path",
+           "load_data_spec"]
 COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordinate is wrong
+# Problem lines kept per dataset, the rest counted: a systematic fault (class
+# ids counted from 1, a wrong `names`) would otherwise print one per label.
+MAX_PROBLEM_LINES = 20
 CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
 CACHE_MARKER = "COMPLETE"
 
@@ -57,106 +61,7 @@ CACHE_MARKER = "COMPLETE"
 cv2.setNumThreads(0)
 
 
-# == the data YAML ==========================================================
-
-@dataclass(frozen=True, kw_only=True)
-class DataSpec:
-    """A data YAML, resolved: absolute image paths per split."""
-
-    root: Path
-    """Dataset root (`path:`, relative to the YAML's folder; empty = that folder)."""
-    names: list[str]
-    """Class names, index = class id."""
-    train: list[Path]
-    """Training images."""
-    val: list[Path]
-    """Validation images."""
-    test: list[Path] | None
-    """Test images, or None when the YAML has no test split."""
-
-
-def load_data_spec(path: str | Path) -> DataSpec:
-    """Read a data YAML; a missing split, folder or list file is a ConfigError
-    naming the YAML and the key."""
-    file = str(path)
-    spec = read_data_yaml(path)
-    root = dataset_root(Path(path), spec)
-    if not root.is_dir():
-        raise ConfigError(file, "path", f"dataset root {root} is not a directory")
-    splits = {key: _split_files(file, root, key, spec.get(key)) for key in ("train", "val", "test")}
-    for key in ("train", "val"):
-        if splits[key] is None:
-            raise ConfigError(file, key, "missing: give a folder, a .txt list of images, or a list of those")
-    return DataSpec(root=root, names=_names(file, spec), **splits)
-
-
-def _names(file: str, spec: dict) -> list[str]:
-    """Ultralytics' two forms: a list, or a mapping {0: name, 1: name, ...}.
-    A name is a string (a number counts as written); `yes` would be a boolean
-    in YAML 1.1, so it must be quoted rather than become "True"."""
-    names = spec.get("names")
-    if isinstance(names, list) and names:
-        pairs = [(f"names[{i}]", n) for i, n in enumerate(names)]
-    elif isinstance(names, dict) and names:
-        if set(names) != set(range(len(names))):
-            raise ConfigError(file, "names", "a mapping of names must have the keys 0, 1, ..., n-1")
-        pairs = [(f"names.{k}", names[k]) for k in range(len(names))]
-    else:
-        raise ConfigError(file, "names", "missing or empty: give a list of class names or a mapping {0: name, ...}")
-    for key, name in pairs:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(file, key, f"must be a class name (a string; quote yes, no, on, off), got {shown(name)}")
-    if "nc" in spec and spec["nc"] != len(pairs):
-        raise ConfigError(file, "nc", f"is {shown(spec['nc'])}, but `names` has {len(pairs)} entries")
-    return [name for _, name in pairs]
-
-
-def _split_files(file: str, root: Path, key: str, value) -> list[Path] | None:
-    """Images of one split: a folder, a .txt list, or a list of those."""
-    if value is None or value == "" or value == []:
-        return None
-    entries = value if isinstance(value, list) else [value]
-    files: list[Path] = []
-    for entry in entries:
-        if not isinstance(entry, str) or not entry:
-            raise ConfigError(file, key, f"entries must be paths (strings), got {shown(entry)}")
-        files += _entry_files(file, root, key, root / entry)
-    if not files:
-        raise ConfigError(file, key, f"no images ({', '.join(sorted(IMG_EXTS))}) found in {value}")
-    return files
-
-
-def _entry_files(file: str, root: Path, key: str, where: Path) -> list[Path]:
-    if where.is_dir():
-        return sorted(p for p in where.rglob("*") if p.suffix.lower() in IMG_EXTS and p.is_file())
-    if where.is_file() and where.suffix.lower() == ".txt":
-        return _list_file(file, root, key, where)
-    if where.is_file() and where.suffix.lower() in IMG_EXTS:
-        return [where]
-    raise ConfigError(file, key, f"not found: {where} (expected a folder or a .txt list of images)")
-
-
-def _list_file(file: str, root: Path, key: str, listing: Path) -> list[Path]:
-    """One image per line, relative to the dataset root or absolute. A line
-    that names no image file is ignored; a listed image that is missing is
-    reported (and dropped) when the dataset checks its files."""
-    try:
-        lines = listing.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(file, key, f"cannot read list file {listing}: {e}") from None
-    entries = (line.strip() for line in lines)
-    return [root / e for e in entries if e and Path(e).suffix.lower() in IMG_EXTS]
-
-
 # == labels and images =======================================================
-
-def label_path(image: str | Path) -> Path:
-    """YOLO convention: the last `/images/` of the path becomes `/labels/`,
-    the extension `.txt`."""
-    head, sep, tail = str(image).rpartition(f"{os.sep}images{os.sep}")
-    path = f"{head}{os.sep}labels{os.sep}{tail}" if sep else str(image)
-    return Path(path).with_suffix(".txt")
-
 
 def parse_label_row(text: str, nc: int) -> np.ndarray | str:
     """One row -> (cls, cx, cy, w, h) normalised and clipped to the image, or
@@ -295,6 +200,9 @@ def check_files(files: list[Path], nc: int) -> tuple[list[Checked], list[str], d
             counts[r.dropped] += 1
         else:
             counts["malformed label lines"] += len(r.problems)
+    if len(problems) > MAX_PROBLEM_LINES:
+        problems = [*problems[:MAX_PROBLEM_LINES], f"... and {len(problems) - MAX_PROBLEM_LINES} more problems "
+                                                   "like these (counted below)"]
     return [r for r in results if not r.dropped], problems, counts
 
 

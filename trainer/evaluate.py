@@ -28,7 +28,9 @@ import cv2
 import numpy as np
 import torch
 
+from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
+from hpcyolo.models import MAX_STRIDE as STRIDE
 
 from .augment import PAD_VALUE
 from .boxes import non_max_suppression, xywh2xyxy
@@ -36,8 +38,6 @@ from .data import check_files, decode_resized, load_data_spec
 from .dist import Dist, gather_objects
 from .metrics import DetStats
 from .weights import build_from, read_weights
-
-STRIDE = 32
 
 
 def rect_batches(shapes: list[tuple[int, int]], batch: int, imgsz: int, stride: int = STRIDE,
@@ -141,9 +141,10 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     files = getattr(spec, split)
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
+    labels = check_labels(spec, (split,))
     sets = ValBatches(files, w.nc, size, batch)
     if d.is_main:
-        for problem in sets.problems:
+        for problem in labels + sets.problems:
             warn(f"warning: {problem}")
     mine = [(k, batch_stats(model, *sets.load(k), d.device, conf, iou).state())
             for k in range(d.rank, len(sets), d.world_size)]

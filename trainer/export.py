@@ -65,8 +65,6 @@ def export_onnx(weights: str, output: str | None = None, *, imgsz: int | None = 
     onnx, _ = _need_onnx()
     w = read_weights(weights)
     size = imgsz or w.imgsz or 640
-    if size % 32:
-        raise HpcyoloError(f"--imgsz {size}: must be a multiple of 32 (the model's largest stride)")
     path = Path(output) if output else Path(weights).with_suffix(".onnx")
     if not path.parent.is_dir():
         raise HpcyoloError(f"{path}: no such folder {path.parent}")

@@ -15,6 +15,7 @@ import torch
 
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
+from hpcyolo.models import MAX_STRIDE as STRIDE
 
 from .augment import PAD_VALUE
 from .boxes import non_max_suppression
@@ -34,6 +35,7 @@ def load_weights(path: str | Path, device: torch.device):
 
 
 def image_files(inputs: list[str]) -> list[Path]:
+    """The files named and the images (by extension) in the folders named."""
     files: list[Path] = []
     for item in map(Path, inputs):
         if item.is_dir():
@@ -43,11 +45,8 @@ def image_files(inputs: list[str]) -> list[Path]:
         else:
             raise HpcyoloError(f"{item}: no such file or directory")
     if not files:
-        raise HpcyoloError("no images found")
+        raise HpcyoloError(f"no images ({', '.join(sorted(IMG_EXTS))}) in {', '.join(inputs)}")
     return files
-
-
-STRIDE = 32  # the largest stride: input sides must be multiples of it
 
 
 def rect_letterbox(img: np.ndarray, imgsz: int, stride: int = STRIDE) -> tuple[np.ndarray, float, tuple[int, int]]:
@@ -67,35 +66,51 @@ def rect_letterbox(img: np.ndarray, imgsz: int, stride: int = STRIDE) -> tuple[n
     return canvas, gain, (left, top)
 
 
-@torch.no_grad()
-def detect(model, path: Path, imgsz: int, conf: float, iou: float, device: torch.device):
-    """(original RGB image, detections [n, 6] in original pixels: x1 y1 x2 y2 conf cls)."""
+def read_image(path: Path) -> np.ndarray:
+    """RGB pixels as decoded, or ValueError saying why not. Probed first, as
+    training checks its images: a truncated JPEG decodes to grey silently."""
     try:
         h, w = probe_image(path)
     except Exception as e:  # PIL raises many kinds for a bad file
-        raise HpcyoloError(f"{path}: cannot read image ({e})") from None
+        raise ValueError(f"{type(e).__name__}: {e}") from None
     original = decode_resized(path, (h, w))
     if original is None:
-        raise HpcyoloError(f"{path}: cannot decode image")
+        raise ValueError("OpenCV cannot decode it")
+    return original
+
+
+@torch.no_grad()
+def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device) -> np.ndarray:
+    """Detections [n, 6] in `original`'s pixels: x1 y1 x2 y2 conf cls."""
+    h, w = original.shape[:2]
     canvas, gain, (left, top) = rect_letterbox(original, imgsz)
     x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
     det = non_max_suppression(model.predict(x), conf_thres=conf, iou_thres=iou)[0].cpu().numpy()
     det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / gain
     det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
     det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
-    return original, det
+    return det
 
 
 def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
-            iou: float = 0.7, fmt: str = "txt", device: str = "cpu") -> list[dict]:
+            iou: float = 0.7, fmt: str = "txt", device: str = "cpu", warn=print) -> list[dict]:
+    """Predict every image of `inputs`; one that cannot be read is skipped
+    with one `warn` line, as training skips it, and the others are predicted.
+    Nothing is written when the inputs hold no image or the weights do not load."""
+    files = image_files(inputs)
     dev = torch.device(device)
     model, names, train_size = load_weights(weights, dev)
     size = imgsz or train_size
     out_dir = Path(out)
     (out_dir / "labels").mkdir(parents=True, exist_ok=True)
     results = []
-    for path in image_files(inputs):
-        img, det = detect(model, path, size, conf, iou, dev)
+    for path in files:
+        try:
+            img = read_image(path)
+        except ValueError as e:
+            warn(f"warning: {path}: corrupt image skipped ({e})")
+            continue
+        det = detect(model, img, size, conf, iou, dev)
         h, w = img.shape[:2]
         boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),
                   "box_xyxy": [round(float(v), 1) for v in b]} for *b, s, c in det]

@@ -25,6 +25,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
+from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
 from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
@@ -54,14 +55,11 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     stop = stop or StopFlag(cfg.signal)
     d = setup(cfg.dist_timeout)
     seed_all(cfg.seed + d.rank)
-    run = Path(cfg.run_dir)
-    if d.is_main:
-        (run / "weights").mkdir(parents=True, exist_ok=True)
-        write_atomic(run / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode())
-    torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
-    # -- data
+    # -- data: what cannot be trained on stops here, before a run directory exists
     spec = load_data_spec(cfg.data)
+    for warning in check_labels(spec, ("train", "val")):
+        warn0(d, warning)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     cache_dir = cache_folder(cfg)
@@ -72,8 +70,15 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                           seed=cfg.seed, cache=cfg.cache, cache_dir=cache_dir / f"val-{d.rank}", names_count=nc)
     for problem in train_set.problems + val_set.problems:
         warn0(d, problem)
+    refuse_unlearnable(cfg.data, train_set, nc)
     sampler = EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
+
+    run = Path(cfg.run_dir)
+    if d.is_main:
+        (run / "weights").mkdir(parents=True, exist_ok=True)
+        write_atomic(run / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode())
+    torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
     # -- the newest valid checkpoint, if any: it wins over --weights
     if d.is_main:
@@ -356,6 +361,16 @@ def reduce_mean(d: Dist, value: torch.Tensor) -> torch.Tensor:
         torch.distributed.all_reduce(value)
         value /= d.world_size
     return value.cpu()
+
+
+def refuse_unlearnable(data: str, train_set: YoloDataset, nc: int) -> None:
+    """Label files whose every line was dropped as malformed (class ids from
+    1, or beyond `names`; coordinates in pixels) leave only background: an
+    error, where ultralytics would warn and train a detector of nothing."""
+    if train_set.counts["malformed label lines"] and not any(len(labels) for labels in train_set.labels):
+        raise HpcyoloError(f"{data}: train: no label line is usable ({train_set.summary()}; see the warnings "
+                           f"above): class ids run 0..{nc - 1} for the {nc} names, coordinates are fractions "
+                           "of the image in [0, 1]")
 
 
 def cache_folder(cfg: TrainConfig) -> Path:

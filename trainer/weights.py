@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from hpcyolo.errors import HpcyoloError, shown
+from hpcyolo.models import MAX_STRIDE
 
 from . import safe_pickle
 from .model import REG_MAX, DetectionModel, build_model, resolve_model
@@ -127,7 +128,15 @@ def _read_ultralytics(path: str) -> Weights:
     state = _rename(tensors, arch, path)
     args = info.get("args") if isinstance(info.get("args"), dict) else ckpt.get("train_args") or {}
     imgsz = args.get("imgsz") if isinstance(args, dict) else None
-    return Weights(arch, names, imgsz if isinstance(imgsz, int) else None, state, f"ultralytics {arch}", path)
+    return Weights(arch, names, _trained_size(imgsz), state, f"ultralytics {arch}", path)
+
+
+def _trained_size(imgsz) -> int | None:
+    """The size an ultralytics run trained at: it records the size asked for
+    and rounds it up to a multiple of the stride (its check_imgsz) itself."""
+    if not isinstance(imgsz, int) or imgsz < 1:
+        return None
+    return -(-imgsz // MAX_STRIDE) * MAX_STRIDE
 
 
 def _ultralytics_arch(yaml, path: str) -> str:

@@ -91,8 +91,8 @@ def test_bad_size_and_missing_folder_are_one_line(tmp_path):
     r = subprocess.run([HPCYOLO, "export", str(folder / "model.pt"), "--imgsz", "100", "-o", str(tmp_path / "m.onnx")],
                        capture_output=True, text=True, env=ENV)
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == ["hpcyolo: error: --imgsz 100: must be a multiple of 32 (the model's "
-                                             "largest stride)"]
+    assert r.stderr.strip().splitlines() == ["hpcyolo: error: --imgsz: must be a multiple of 32 (the models' "
+                                             "largest stride), got 100: use 96 or 128"]
     with pytest.raises(HpcyoloError, match="no such folder"):
         export_onnx(str(folder / "model.pt"), str(tmp_path / "nope" / "m.onnx"), imgsz=64)
 

@@ -358,3 +358,12 @@ def test_weights_whose_classes_widen_the_class_branches_give_all_but_those():
                     "branches new for 3 classes")
     for k, v in model.state_dict().items():
         assert torch.equal(v, (fresh if k in branch else source).state_dict()[k]), k
+
+
+@pytest.mark.parametrize("recorded, trained", [(100, 128), (640, 640), (33, 64), (None, None), ("640", None), (0, None)])
+def test_an_ultralytics_size_is_the_one_it_trained_at(recorded, trained):
+    # ultralytics records imgsz as asked and trains at it rounded up to the
+    # stride: val, predict and export default to that, a size the models take.
+    from hpcyolo_trainer.weights import _trained_size
+
+    assert _trained_size(recorded) == trained

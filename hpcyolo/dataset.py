@@ -1,0 +1,169 @@
+"""The dataset as every command sees it, without torch: the data YAML's
+splits and names, and whether the images have labels.
+
+`hpcyolo validate` and `hpcyolo doctor` check a dataset on a login node with
+the same functions the trainer uses in the job, so a dataset that cannot be
+trained on is refused before it waits in the queue, and not only after.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, shown
+from .stage import archive_flags, dataset_root, read_data_yaml
+
+IMG_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+# More images without a label file than this share of a split is most likely
+# a labels/ folder half copied or misnamed, not background images on purpose.
+UNLABELLED_WARN = 0.5
+
+
+# == the data YAML ==========================================================
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """A data YAML, resolved: absolute image paths per split."""
+
+    root: Path
+    """Dataset root (`path:`, relative to the YAML's folder; empty = that folder)."""
+    names: list[str]
+    """Class names, index = class id."""
+    train: list[Path]
+    """Training images."""
+    val: list[Path]
+    """Validation images."""
+    test: list[Path] | None
+    """Test images, or None when the YAML has no test split."""
+    yaml: str
+    """The data YAML itself, as given: what messages name."""
+
+
+def load_data_spec(path: str | Path) -> DataSpec:
+    """Read a data YAML; a missing split, folder or list file is a ConfigError
+    naming the YAML and the key."""
+    file = str(path)
+    spec = read_data_yaml(path)
+    root = dataset_root(Path(path), spec)
+    if not root.is_dir():
+        raise ConfigError(file, "path", f"dataset root {root} is not a directory")
+    splits = {key: _split_files(file, root, key, spec.get(key)) for key in ("train", "val", "test")}
+    for key in ("train", "val"):
+        if splits[key] is None:
+            raise ConfigError(file, key, "missing: give a folder, a .txt list of images, or a list of those")
+    return DataSpec(root=root, names=_names(file, spec), yaml=file, **splits)
+
+
+def _names(file: str, spec: dict) -> list[str]:
+    """Ultralytics' two forms: a list, or a mapping {0: name, 1: name, ...}.
+    A name is a string (a number counts as written); `yes` would be a boolean
+    in YAML 1.1, so it must be quoted rather than become "True"."""
+    names = spec.get("names")
+    if isinstance(names, list) and names:
+        pairs = [(f"names[{i}]", n) for i, n in enumerate(names)]
+    elif isinstance(names, dict) and names:
+        if set(names) != set(range(len(names))):
+            raise ConfigError(file, "names", "a mapping of names must have the keys 0, 1, ..., n-1")
+        pairs = [(f"names.{k}", names[k]) for k in range(len(names))]
+    else:
+        raise ConfigError(file, "names", "missing or empty: give a list of class names or a mapping {0: name, ...}")
+    for key, name in pairs:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(file, key, f"must be a class name (a string; quote yes, no, on, off), got {shown(name)}")
+    if "nc" in spec and spec["nc"] != len(pairs):
+        raise ConfigError(file, "nc", f"is {shown(spec['nc'])}, but `names` has {len(pairs)} entries")
+    return [name for _, name in pairs]
+
+
+def _split_files(file: str, root: Path, key: str, value) -> list[Path] | None:
+    """Images of one split: a folder, a .txt list, or a list of those."""
+    if value is None or value == "" or value == []:
+        return None
+    entries = value if isinstance(value, list) else [value]
+    files: list[Path] = []
+    for entry in entries:
+        if not isinstance(entry, str) or not entry:
+            raise ConfigError(file, key, f"entries must be paths (strings), got {shown(entry)}")
+        files += _entry_files(file, root, key, root / entry)
+    if not files:
+        raise ConfigError(file, key, f"no images ({', '.join(sorted(IMG_EXTS))}) found in {shown(value)}")
+    return files
+
+
+def _entry_files(file: str, root: Path, key: str, where: Path) -> list[Path]:
+    if where.is_dir():
+        return sorted(p for p in where.rglob("*") if p.suffix.lower() in IMG_EXTS and p.is_file())
+    if where.is_file() and where.suffix.lower() == ".txt":
+        return _list_file(file, root, key, where)
+    if where.is_file() and where.suffix.lower() in IMG_EXTS:
+        return [where]
+    raise ConfigError(file, key, f"not found: {where} (expected a folder or a .txt list of images)")
+
+
+def _list_file(file: str, root: Path, key: str, listing: Path) -> list[Path]:
+    """One image per line, relative to the dataset root or absolute. A line
+    that names no image file is ignored; a listed image that is missing is
+    reported (and dropped) when the dataset checks its files."""
+    try:
+        lines = listing.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(file, key, f"cannot read list file {listing}: {e}") from None
+    entries = (line.strip() for line in lines)
+    return [root / e for e in entries if e and Path(e).suffix.lower() in IMG_EXTS]
+
+
+# == labels ==================================================================
+
+def label_path(image: str | Path) -> Path:
+    """YOLO convention: the last `/images/` of the path becomes `/labels/`,
+    the extension `.txt`."""
+    head, sep, tail = str(image).rpartition(f"{os.sep}images{os.sep}")
+    path = f"{head}{os.sep}labels{os.sep}{tail}" if sep else str(image)
+    return Path(path).with_suffix(".txt")
+
+
+def labelled_count(images: list[Path]) -> int:
+    """How many of `images` have a label file, empty or not: one listing per
+    label folder rather than one stat per image (slow on Lustre)."""
+    listings: dict[Path, set[str]] = {}
+    count = 0
+    for image in images:
+        label = label_path(image)
+        if label.parent not in listings:
+            try:
+                listings[label.parent] = set(os.listdir(label.parent))
+            except OSError:  # no such folder: none of its labels exist
+                listings[label.parent] = set()
+        count += label.name in listings[label.parent]
+    return count
+
+
+def check_labels(spec: DataSpec, keys: tuple[str, ...]) -> list[str]:
+    """Refuse a split of `keys` none of whose images has a label file (it
+    would train on background only, or validate to zero); one warning per
+    split where most images have none. An empty label file is a background
+    image on purpose (as in ultralytics) and counts as labelled."""
+    warnings = []
+    for key in keys:
+        images = getattr(spec, key) or []
+        missing = len(images) - labelled_count(images)
+        if images and missing == len(images):
+            raise ConfigError(spec.yaml, key, f"none of its {len(images)} images has a label file (the first would "
+                              f"be {label_path(images[0])}): labels go in a labels/ folder beside images/, "
+                              ".../images/a.jpg -> .../labels/a.txt; an empty .txt marks a background image")
+        if missing > UNLABELLED_WARN * len(images):
+            warnings.append(f"{spec.yaml}: {key}: {missing} of {len(images)} images have no label file and count "
+                            "as background images (check the labels/ folder; an empty .txt marks a background "
+                            "image on purpose)")
+    return warnings
+
+
+def check_data(data: str | Path) -> list[str]:
+    """The trainer's checks of a data YAML, for a login node (validate,
+    doctor): a ConfigError for data that cannot be trained on, else the
+    warnings. A tar archive (staged, then unpacked) is checked once staged."""
+    if archive_flags(Path(data)) is not None:
+        return []
+    return check_labels(load_data_spec(data), ("train", "val"))
