@@ -3,10 +3,9 @@ onto our models layer for layer; our own weights and checkpoints; refusals."""
 
 from __future__ import annotations
 
-import math
-
 import io
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from conftest import SHARED
 from hpcyolo.errors import HpcyoloError
@@ -142,8 +142,11 @@ def test_dangerous_pickle_is_refused_and_runs_nothing(kind, tmp_path, capsys):
     assert message.startswith(f"{path}: refused to load") and refused in message
     assert not canary.exists()
     # The CLI says it in one line, exit code non-zero, no traceback.
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (64, 48)).save(images / "a.jpg")
     r = subprocess.run(["nice", "-n", "19", str(Path(sys.executable).parent / "hpcyolo"), "predict", str(path),
-                        str(tmp_path), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+                        str(images), "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [f"hpcyolo: error: {message}"]
     assert not canary.exists()
