@@ -64,14 +64,15 @@ class Setting:
         return self.value(config) if self.value else config.get(self.key)
 
 
+_DATA = Setting("data", "data.yaml", "the images and classes the weights learnt; results.csv would mix two "
+                                    "datasets (compared as the dataset: a staged copy stands for its source)",
+                lambda c: c.get("dataset") or dataset_of(c["data"]))
 _SCHEDULE = "the learning-rate schedule: a resumed run is the run it continues, exactly"
 _AUGMENT = "the augmentation of each epoch"
 # What makes a run this run: whatever changes what training computes.
 SAME_RUN = (
     Setting("model", "train.model", "the checkpoints hold this architecture's weights", _model),
-    Setting("data", "data.yaml", "the images and classes the weights learnt; results.csv would mix two datasets "
-                                 "(compared as the dataset: a staged copy stands for its source)",
-            lambda c: c.get("dataset") or dataset_of(c["data"])),
+    _DATA,
     Setting("weights", "train.weights", "the run's starting point", _path("weights")),
     Setting("imgsz", "train.imgsz", "the size the weights were trained and results.csv measured at"),
     Setting("batch", "train.batch", "the global batch sets the steps per epoch: a checkpoint's place in its epoch "
@@ -149,7 +150,7 @@ def differences(saved: dict, request: dict, job_keys: bool = False) -> list[str]
 def _what(saved: dict) -> str:
     """`yolov8n on /data/coco.yaml`: the run a config.yaml describes."""
     model = _model(saved) or f"the weights {saved.get('weights')}"
-    return f"{model} on {next(s for s in SAME_RUN if s.key == 'data').of(saved)}"
+    return f"{model} on {_DATA.of(saved)}"
 
 
 def _show(value: object) -> str:
@@ -167,12 +168,12 @@ def refusal(run_dir: Path, saved: dict, request: dict, new_run: str, job_keys: b
             f"{', '.join(found)}: use a new run directory ({new_run}) to start a new run")
 
 
-def check_continues(run_dir: Path, request: dict, saved: dict | None = None, new_run: str = "--run-dir") -> None:
-    """Refuse, before anything is written, a request that would continue the
-    run in `run_dir` (its config.yaml, or `saved`: a checkpoint's settings)
-    with other settings."""
+def check_continues(run_dir: Path, request: dict, saved: dict | None = None) -> None:
+    """The trainer's rule: refuse, before anything is written, a request that
+    would continue the run in `run_dir` (its config.yaml, or `saved`: a
+    checkpoint's settings) with other settings."""
     saved = read_settings(run_dir) if saved is None else saved
-    why = refusal(run_dir, saved, request, new_run) if saved is not None else None
+    why = refusal(run_dir, saved, request, "--run-dir") if saved is not None else None
     if why:
         raise HpcyoloError(why)
 
@@ -203,7 +204,10 @@ def job_verdict(plan, run_dir: Path, resume: bool, resume_how: str) -> tuple[boo
     if not holds_run(run_dir):
         return None
     request = planned_settings(plan, run_dir)
-    saved = read_settings(run_dir) if request is not None else None
+    try:
+        saved = read_settings(run_dir) if request is not None else None
+    except HpcyoloError as e:  # an unreadable config.yaml: refused, and said so beforehand
+        return False, str(e)
     why = refusal(run_dir, saved, request, JOB_NEW_RUN, job_keys=True) if saved is not None else None
     if why:
         return False, why

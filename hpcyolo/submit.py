@@ -354,7 +354,9 @@ def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     executor = submitit.LocalExecutor(folder=str(folder))
     executor.update_parameters(timeout_min=math.ceil(parse_time(plan.job.resources.time) / 60))
     with _detached_stdio():
-        job = executor.submit(run_local, plan, plan.job.run.resume)
+        # Checked just above: the job's own start continues its run (as a
+        # requeue does), though its record in RUN/hpcyolo-jobs is there by then.
+        job = executor.submit(run_local, plan, True)
     record(run_dir, {"job": str(job.job_id), "via": "local", "name": plan.run_name,
                      "logs": str(folder / f"{job.job_id}_0_log.out")})
     return [(str(job.job_id), run_dir)]
