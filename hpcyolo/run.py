@@ -1,10 +1,10 @@
 """`hpcyolo run`: the job of a plan on this machine, without Slurm.
 
 The same steps as the sbatch script, in Python: the run directory with its
-no-clobber rule (hpcyolo.rundir), staging into node-local scratch, one process per rank with
-the standard variables (hpcyolo.local), and the preemption exit code. A signal
-sent to `hpcyolo run` reaches every rank; they checkpoint and stop, and running
-the same command again resumes.
+no-clobber rule (hpcyolo.rundir), staging into node-local scratch, one process
+per rank with the standard variables (hpcyolo.local), and the preemption exit
+code. A signal sent to `hpcyolo run` reaches every rank; they checkpoint and
+stop, and running the same command again resumes.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def _path(key: str) -> Callable[[dict], str | None]:
 @dataclass(frozen=True)
 class Setting:
     key: str  # in config.yaml (TrainConfig's field)
-    job_key: str  # the job spec's key for it
+    job_key: str | None  # the job spec's key for it, where it has one
     why: str  # why another value makes another run
     value: Callable[[dict], object] | None = None  # the compared value, where the raw one is not
 
@@ -80,17 +80,17 @@ SAME_RUN = (
     Setting("nbs", "train.nbs", "gradient accumulation, and the scale of the weight decay"),
     Setting("optimizer", "train.optimizer", "the checkpoint holds this optimizer's state"),
     Setting("lr0", "train.lr0", _SCHEDULE),
-    Setting("lrf", "train.lrf", _SCHEDULE),
-    Setting("momentum", "train.momentum", _SCHEDULE),
-    Setting("weight_decay", "train.weight_decay", _SCHEDULE),
-    Setting("warmup_epochs", "train.warmup_epochs", _SCHEDULE),
-    Setting("cosine", "train.cosine", _SCHEDULE),
-    Setting("clip_norm", "train.clip_norm", "the size of every step"),
-    Setting("amp", "train.amp", "the arithmetic of every step"),
+    Setting("lrf", None, _SCHEDULE),
+    Setting("momentum", None, _SCHEDULE),
+    Setting("weight_decay", None, _SCHEDULE),
+    Setting("warmup_epochs", None, _SCHEDULE),
+    Setting("cosine", None, _SCHEDULE),
+    Setting("clip_norm", None, "the size of every step"),
+    Setting("amp", None, "the arithmetic of every step"),
     Setting("seed", "train.seed", "the order of the images and the augmentation drawn in every epoch"),
     Setting("close_mosaic", "train.close_mosaic", _AUGMENT),
-    Setting("mosaic", "train.mosaic", _AUGMENT),
-    Setting("augment", "train.augment", _AUGMENT),
+    Setting("mosaic", None, _AUGMENT),
+    Setting("augment", None, _AUGMENT),
 )
 # May differ from one start of a run to the next, and why.
 MAY_DIFFER = {
@@ -143,7 +143,7 @@ def differences(saved: dict, request: dict, job_keys: bool = False) -> list[str]
     for s in SAME_RUN:
         old, new = s.of(saved), s.of(request)
         if old != new:
-            found.append(f"{s.job_key if job_keys else s.key} ({_show(old)} -> {_show(new)})")
+            found.append(f"{s.job_key if job_keys and s.job_key else s.key} ({_show(old)} -> {_show(new)})")
     return found
 
 

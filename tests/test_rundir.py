@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import REPO
 
+from hpcyolo.config import load_job
 from hpcyolo.local import launch
 from hpcyolo.rundir import MAY_DIFFER, SAME_RUN
 from hpcyolo.shapes import make_shapes
@@ -48,6 +49,11 @@ def test_every_trainer_setting_is_decided():
     same = {s.key for s in SAME_RUN}
     assert not same & MAY_DIFFER.keys()
     assert same | MAY_DIFFER.keys() == {f.name for f in dataclasses.fields(TrainConfig)}
+    job = load_job(REPO / "examples" / "coco8.yaml")  # messages about a job name its keys
+    for s in SAME_RUN:
+        if s.job_key:
+            section, key = s.job_key.split(".")
+            assert hasattr(getattr(job, section), key), s.job_key
 
 
 @pytest.fixture(scope="module")
