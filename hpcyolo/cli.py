@@ -133,10 +133,12 @@ def validate(site: str, job: str) -> None:
         hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
     """
     from .dataset import check_data
+    from .rundir import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
     for warning in check_data(plan.data):
         click.echo(f"warning: {warning}", err=True)
+    warn_job(plan, plan.run_dir)
     click.echo(f"ok: {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world size {plan.world_size}, "
                f"{plan.batch_per_rank} images per rank, launcher {plan.launcher}, time {plan.time}, "
                f"run {plan.run_dir}")
@@ -159,8 +161,11 @@ def render(site: str, job: str, output: str | None) -> None:
         hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
     """
     from .render import render_sbatch
+    from .rundir import warn_job
 
-    script = render_sbatch(_load_plan(site, job, for_sbatch=True))
+    plan = _load_plan(site, job, for_sbatch=True)
+    script = render_sbatch(plan)
+    warn_job(plan, plan.run_dir)
     if output is None:
         sys.stdout.write(script)
         return
@@ -339,12 +344,11 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
     # seconds, and the signal's default action would kill the process.
     stop = StopFlag(signal_name)
     os.environ.update(from_environ(os.environ).standard_vars())
-    from hpcyolo_trainer.config import TrainConfig
     from hpcyolo_trainer.dist import lost_peer_line
     from hpcyolo_trainer.train import main as train_main
 
     try:
-        code = train_main(TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options), stop)
+        code = train_main(train_config(run_dir, data, signal_name, **options), stop)
     except RuntimeError as e:  # a collective whose peer died: one line, not a traceback per rank
         line = lost_peer_line(e)
         if line is None:
@@ -352,6 +356,14 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
         print(line, file=sys.stderr, flush=True)
         code = PEER_LOST_EXIT_CODE
     sys.exit(code)
+
+
+def train_config(run_dir: str, data: str, signal_name: str, **options):
+    """The trainer's config of a `hpcyolo train` command line; also how a
+    job's own command line is read before it runs (hpcyolo.rundir). No torch."""
+    from hpcyolo_trainer.config import TrainConfig
+
+    return TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options)
 
 
 @main.command(short_help="Detect objects in images with trained weights.")

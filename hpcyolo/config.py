@@ -396,8 +396,9 @@ class Checkpoint:
 class Run:
     name: str | None = spec(None, doc="Run directory name under the site's storage.runs; empty: the job name.",
                             check=check_name)
-    resume: bool = spec(False, doc="Continue an existing run of this name; false refuses to touch one "
-                                   "(a requeued job always resumes its own run).")
+    resume: bool = spec(False, doc="Continue an existing run of this name, if it is the same run (model, data, "
+                                   "settings: hpcyolo.rundir); false refuses to touch one (a requeued job always "
+                                   "resumes its own run).")
     dist_timeout: int = spec(600, doc="Seconds a collective may wait before the job gives up (hang protection).",
                              check=check_positive)
 

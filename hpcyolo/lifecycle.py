@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import slurm
 from .errors import HpcyoloError, SlurmError
+from .rundir import JOBS, RECORD
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE"}
@@ -52,7 +53,7 @@ _START = re.compile(r"job (\S+) restart (\S+) on (\S*)(.*)")
 
 def starts(run: Path) -> list[Start]:
     """The starts recorded in RUN/hpcyolo-run, oldest first."""
-    record = run / "hpcyolo-run"
+    record = run / RECORD
     out = []
     for line in (record.read_text(errors="replace").splitlines() if record.exists() else []):
         m = _START.fullmatch(line)
@@ -69,7 +70,7 @@ def jobs(run: Path) -> list[JobRecord]:
     if not run.is_dir():
         raise HpcyoloError(f"{run}: no such run directory")
     out: list[JobRecord] = []
-    submitted = run / "hpcyolo-jobs"
+    submitted = run / JOBS
     if submitted.exists():
         for line in submitted.read_text().splitlines():
             try:
@@ -147,7 +148,7 @@ def progress(run: Path) -> str:
     ckpts = sorted((run / "checkpoints").glob("ckpt-*.pt")) if (run / "checkpoints").is_dir() else []
     if ckpts:
         parts.append(f"newest checkpoint {ckpts[-1].name}")
-    starts = (run / "hpcyolo-run").read_text().count("\n") if (run / "hpcyolo-run").exists() else 0
+    starts = (run / RECORD).read_text().count("\n") if (run / RECORD).exists() else 0
     parts.append(f"{starts} start(s) recorded")
     return "; ".join(parts)
 

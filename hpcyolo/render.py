@@ -11,7 +11,8 @@ from pathlib import Path
 
 from . import __version__
 from .plan import JobPlan
-from .shell import comment, join, quote, quote_path, wrap
+from .rundir import RECORD
+from .shell import Var, comment, join, quote, quote_path, wrap
 from .slurm_flags import sbatch_option
 
 
@@ -51,6 +52,7 @@ def render_sbatch(plan: JobPlan) -> str:
         site=plan.site,
         job=plan.job,
         version=__version__,
+        record=Var("RUN_DIR", f"/{RECORD}"),  # the run's journal (hpcyolo.rundir)
         sbatch_lines=[sbatch_option(name, value) for name, value in plan.sbatch] + list(plan.site.slurm.extra_sbatch),
     )
 

@@ -1,10 +1,10 @@
 """`hpcyolo run`: the job of a plan on this machine, without Slurm.
 
 The same steps as the sbatch script, in Python: the run directory with its
-no-clobber rule, staging into node-local scratch, one process per rank with
-the standard variables (hpcyolo.local), and the preemption exit code. A signal
-sent to `hpcyolo run` reaches every rank; they checkpoint and stop, and running
-the same command again resumes.
+no-clobber rule (hpcyolo.rundir), staging into node-local scratch, one process
+per rank with the standard variables (hpcyolo.local), and the preemption exit
+code. A signal sent to `hpcyolo run` reaches every rank; they checkpoint and
+stop, and running the same command again resumes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from .errors import HpcyoloError
 from .local import launch
 from .plan import JobPlan
+from .rundir import RECORD, check_job
 from .shell import Raw, Var
 
 
@@ -33,12 +34,9 @@ def run_local(plan: JobPlan, resume: bool = False) -> int:
     values = {"SLURM_JOB_USER": getpass.getuser()}
     run_dir = Path(_expand(plan.run_dir, values))
     scratch = Path(_expand(plan.scratch_dir, values))
-    marker = run_dir / "hpcyolo-run"
-    if marker.exists() and not (resume or plan.job.run.resume):
-        raise HpcyoloError(f"{run_dir} already holds a run; continue it with --resume (or run.resume: true), "
-                           "or choose another run.name")
+    check_job(plan, run_dir, resume or plan.job.run.resume, "add --resume (or set run.resume: true)")
     run_dir.mkdir(parents=True, exist_ok=True)
-    with marker.open("a") as f:
+    with (run_dir / RECORD).open("a") as f:
         f.write(f"local run on {os.uname().nodename}\n")
     data = plan.data
     if plan.job.data.stage:

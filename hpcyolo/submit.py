@@ -35,6 +35,7 @@ from .errors import HpcyoloError
 from .config import parse_time
 from .plan import JobPlan
 from .preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV, SIGTERM_ENV
+from .rundir import JOBS, RECORD, check_job, warn_job
 from .shell import Raw, Var
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
@@ -50,8 +51,6 @@ SUBMITIT_PARAMETERS = {
 VERBATIM = {"reservation": "reservation", "requeue": "requeue", "signal": "signal", "time": "time"}
 # Chosen by submitit itself: logs in its folder, opened in append mode.
 SUBMITIT_OWN = {"output", "open_mode"}
-RECORD = "hpcyolo-run"  # the run directory's journal, shared with the batch script
-JOBS = "hpcyolo-jobs"  # what `hpcyolo submit` submitted for the run (JSON lines)
 
 
 def submitit_parameters(plan: JobPlan) -> dict:
@@ -233,14 +232,6 @@ def expand(path: str) -> str:
     return expanded
 
 
-def check_fresh(run_dir: Path, resume: bool) -> None:
-    """The no-clobber rule, before anything is submitted: a run directory that
-    holds a run, or a job submitted for one, is continued only on request."""
-    if ((run_dir / RECORD).exists() or (run_dir / JOBS).exists()) and not resume:
-        raise HpcyoloError(f"{run_dir} already holds a run; set run.resume: true to continue it, or choose "
-                           "another run.name")
-
-
 def record(run_dir: Path, entry: dict) -> None:
     """One JSON line in RUN/hpcyolo-jobs: what was submitted, how, where its logs go."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -266,7 +257,10 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
     first = plans[0]
     run_dirs = [Path(expand(p.run_dir)) for p in plans]
     for plan, run_dir in zip(plans, run_dirs):
-        check_fresh(run_dir, plan.job.run.resume)
+        if dry_run:
+            warn_job(plan, str(run_dir))
+        else:
+            check_job(plan, run_dir, plan.job.run.resume)
     folder = (run_dirs[0] if len(plans) == 1 else run_dirs[0].parent / f".sweep-{first.job.name}") / "submitit"
     folder = Path(str(folder) + ("/%j" if len(plans) == 1 else "/%A_%a"))
     tasks = [TrainTask(p, str(r), expand(p.scratch_dir), p.signal) for p, r in zip(plans, run_dirs)]
@@ -306,10 +300,11 @@ def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     check_logs_folder(plan)
     script = render_sbatch(plan)
     if dry_run:
+        warn_job(plan, plan.run_dir)
         print(script, end="")
         return []
     run_dir = Path(expand(plan.run_dir))
-    check_fresh(run_dir, plan.job.run.resume)
+    check_job(plan, run_dir, plan.job.run.resume)
     job_id = slurm.sbatch(script)
     logs = dict(plan.sbatch).get("output", "%x-%j.out").replace("%x", plan.job.name).replace("%j", str(job_id))
     record(run_dir, {"job": str(job_id), "via": "sbatch", "name": plan.run_name,
@@ -362,15 +357,18 @@ def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
 
     run_dir = Path(expand(plan.run_dir))
     if dry_run:
+        warn_job(plan, str(run_dir))
         print(f"would run on this machine, in the background: {plan.world_size} process(es), run directory "
               f"{run_dir}")
         return []
-    check_fresh(run_dir, plan.job.run.resume)
+    check_job(plan, run_dir, plan.job.run.resume)
     folder = run_dir / "submitit"
     executor = submitit.LocalExecutor(folder=str(folder))
     executor.update_parameters(timeout_min=math.ceil(parse_time(plan.job.resources.time) / 60))
     with _detached_stdio():
-        job = executor.submit(run_local, plan, plan.job.run.resume)
+        # Checked just above: the job's own start continues its run (as a
+        # requeue does), though its record in RUN/hpcyolo-jobs is there by then.
+        job = executor.submit(run_local, plan, True)
     record(run_dir, {"job": str(job.job_id), "via": "local", "name": plan.run_name,
                      "logs": str(folder / f"{job.job_id}_0_log.out")})
     return [(str(job.job_id), run_dir)]

@@ -25,6 +25,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
+from hpcyolo import rundir
 from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
@@ -53,14 +54,19 @@ CSV_FIELDS = ["epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "me
 
 def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     stop = stop or StopFlag(cfg.signal)
+    run = Path(cfg.run_dir)
+    settings = rundir.settings(cfg.to_dict())
+    rundir.check_continues(run, settings)  # before anything is written, and before the rendezvous
     d = setup(cfg.dist_timeout)
     seed_all(cfg.seed + d.rank)
+    torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
     # -- data: what cannot be trained on stops here, before a run directory exists
     spec = load_data_spec(cfg.data)
     for warning in check_labels(spec, ("train", "val")):
         warn0(d, warning)
     nc = len(spec.names)
+
     batch_per_rank = cfg.batch // d.world_size
     cache_dir = cache_folder(cfg)
     train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=AugmentHyp(mosaic=cfg.mosaic), seed=cfg.seed,
@@ -74,19 +80,20 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     sampler = EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
 
-    run = Path(cfg.run_dir)
+    # -- the newest valid checkpoint, if any: it wins over --weights, and it
+    # must be this run's (its settings, its shapes) before a file is written
+    state = ckpt.load_latest(run / rundir.CHECKPOINTS, lambda m: warn0(d, m))
+    if state is not None:
+        rundir.check_continues(run, settings, saved=state["config"])
+    arch = resumed_arch(state, cfg, nc) if state else None
     if d.is_main:
-        (run / "weights").mkdir(parents=True, exist_ok=True)
-        write_atomic(run / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode())
-    torch.backends.cudnn.benchmark = d.device.type == "cuda"
-
-    # -- the newest valid checkpoint, if any: it wins over --weights
-    if d.is_main:
-        for partial in ckpt.remove_partials(run / "checkpoints"):
+        for partial in ckpt.remove_partials(run / rundir.CHECKPOINTS):
             warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
-    state = ckpt.load_latest(run / "checkpoints", lambda m: warn0(d, m))
+        (run / "weights").mkdir(parents=True, exist_ok=True)
+        write_atomic(run / rundir.CONFIG, yaml.safe_dump(settings, sort_keys=False).encode())
+
     weights = read_weights(cfg.weights) if cfg.weights and state is None else None
-    arch = state.get("arch", resolve_name(state["config"].get("model"))) if state else choose_arch(cfg, weights)
+    arch = arch or choose_arch(cfg, weights)
 
     # -- model, EMA, optimizer, loss
     model, report = initial_model(arch, nc, cfg.seed, weights)
@@ -237,6 +244,22 @@ def initial_model(arch: str, nc: int, seed: int, weights: Weights | None):
     return model, load_into(model, weights) if weights is not None else None
 
 
+def resumed_arch(state: dict, cfg: TrainConfig, nc: int) -> str:
+    """The architecture of the checkpoint `state`. One that cannot hold this
+    request's model is one line, never load_state_dict's list of every tensor
+    that does not fit: a checkpoint of another architecture, or one written
+    before the data YAML changed its classes."""
+    arch = state.get("arch", resolve_name(state["config"].get("model")))
+    want = resolve_name(cfg.model) if cfg.model else arch
+    bias = state["model"].get("head.cls.0.2.bias")
+    held = None if bias is None else int(bias.shape[0])
+    if (arch, held) != (want, nc):
+        raise HpcyoloError(f"{state['path']}: holds {arch} weights for {held} classes, but this request trains "
+                           f"{want} on {nc} classes ({cfg.data}): use a new run directory (--run-dir) to start a "
+                           "new run")
+    return arch
+
+
 def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
     """--model, or the weights' architecture; both given, they must agree."""
     if weights is None:
@@ -347,8 +370,8 @@ def save_state(d: Dist, cfg: TrainConfig, writer: ckpt.Writer, model, ema, optim
     if d.is_main:
         state = {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "rng": [r for r, _ in ranks], "loss_sums": [s for _, s in ranks],
-                 "config": cfg.to_dict(), "arch": model.arch, **position}
-        writer.save(state, Path(cfg.run_dir) / "checkpoints", cfg.keep, wait=bool(preempted))
+                 "config": rundir.settings(cfg.to_dict()), "arch": model.arch, **position}
+        writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted))
         if preempted:
             mark_preempted(preempted)
     if preempted and d.distributed:

@@ -54,7 +54,7 @@ def test_two_ranks_start_from_ultralytics_weights_and_resume_wins(tmp_path, shap
     assert worst < 1e-5, worst
 
     # A second start of the same run resumes its checkpoint; the weights file is not read.
-    r = run1(argv(tmp_path / "run", shapes4, "--weights", str(V8), "--epochs", "2"))
+    r = run1(argv(tmp_path / "run", shapes4, "--weights", str(V8), "--lr0", "0", "--epochs", "2"))
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "weights:" not in r.stdout
 
