@@ -52,12 +52,29 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def _one_level_down(cls: type, key: Any) -> list[str]:
-    """A key put one level too high (`model: s` for `train.model`): the
-    section of `cls` that has it, as a relative dotted key."""
-    hints = typing.get_type_hints(cls)
-    return [f"{f.name}.{key}" for f in dataclasses.fields(cls)
-            if dataclasses.is_dataclass(hints[f.name]) and key in {g.name for g in dataclasses.fields(hints[f.name])}]
+def _suggest(cls: type, key: Any) -> str | None:
+    """The key the user probably meant by unknown `key` in section `cls`,
+    as a dotted key relative to it. A key at the wrong level is the usual
+    mistake (`partition:` at the top for `slurm.partition`): an exact name
+    in a section below wins over a look-alike at this level (`preemption`),
+    then a look-alike here, then one below (`gpus` for
+    `resources.gpus_per_node`)."""
+    import difflib  # only on this error path: it is slow to import
+
+    key = str(key)
+    below = [k for k in field_docs(cls) if "." in k]
+    exact = [k for k in below if k.rsplit(".", 1)[1] == key]
+    if exact:
+        return exact[0]
+    here = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(cls)], n=1, cutoff=0.6)
+    if here:
+        return here[0]
+    leaves = {k.rsplit(".", 1)[1]: k for k in reversed(below)}
+    close = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)
+    if close:
+        return leaves[close[0]]
+    started = [k for leaf, k in leaves.items() if leaf.startswith(f"{key}_")]
+    return started[0] if len(started) == 1 else None
 
 
 def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
@@ -69,10 +86,8 @@ def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in fields:
-            import difflib  # only on this error path: it is slow to import
-
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6) or _one_level_down(cls, key)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(fields)}"
+            close = _suggest(cls, key)
+            hint = f"; did you mean '{close}'?" if close else f"; known keys: {', '.join(fields)}"
             raise ConfigError(file, _join(prefix, key), f"unknown key{hint}")
     hints = typing.get_type_hints(cls)
     values = {}

@@ -54,6 +54,17 @@ def test_a_key_one_level_too_high_names_its_section(tmp_path):
     assert msg.endswith("job.yaml: model: unknown key; did you mean 'train.model'?")
 
 
+@pytest.mark.parametrize("which, line, meant", [
+    ("site", "partition: gpu", "slurm.partition"),  # not the look-alike 'preemption' at the top
+    ("site", "account: proj", "slurm.account"),
+    ("job", "gpus: 2", "resources.gpus_per_node"),
+    ("job", "epochs: 3", "train.epochs"),
+])
+def test_a_key_at_the_wrong_level_suggests_its_section_before_a_look_alike(tmp_path, which, line, meant):
+    msg = error_of(tmp_path, **{which: (GPU_SITE if which == "site" else JOB) + line + "\n"})
+    assert msg.endswith(f"{which}.yaml: {line.split(':')[0]}: unknown key; did you mean '{meant}'?"), msg
+
+
 @pytest.mark.parametrize("site_edit, key, words", [
     (("gpus: 4", "gpus: four"), "node.gpus", "must be an integer"),
     (("gpu_request: gres", "gpu_request: gpus"), "slurm.gpu_request", "must be one of"),
