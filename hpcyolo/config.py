@@ -66,7 +66,18 @@ def check_memory(value: str) -> None:
 # here on purpose: PATH and TMPDIR, which a site may well extend or move.
 RESERVED_ENV: dict[str, str] = {
     "SLURM*": "Slurm sets it for the job, and the script reads it",
-    "HPCYOLO_*": "hpcyolo's own: the script sets it for its steps, or a user sets it at submission",
+    # hpcyolo's own variables that the script or its steps set; the drills
+    # (HPCYOLO_DRILL_*) stay settable: rehearsing a preemption on the real
+    # cluster is what they are for.
+    "HPCYOLO_SCRATCH_DIR": "the script sets it for its steps (the run's node-local scratch)",
+    "HPCYOLO_SIGTERM": "the script sets it from preemption.sigterm",
+    "HPCYOLO_PREEMPT_MARKER": "the script sets it for the trainer (the preemption marker it looks for)",
+    "HPCYOLO_MASTER_PORT": "it would pin every job to one port; set it at submission to choose one",
+    "HPCYOLO_JOB": "hpcyolo sets it in each task: the job's identity, checked at the rendezvous",
+    "HPCYOLO_RUN_DIR": "hpcyolo exec sets it for the command it runs",
+    "HPCYOLO_DATA": "hpcyolo exec sets it for the command it runs",
+    "HPCYOLO_SIGNAL": "hpcyolo exec sets it for the command it runs",
+    "HPCYOLO_DIST_TIMEOUT": "hpcyolo exec sets it for the command it runs",
     "MASTER_ADDR": "the script sets it (the first host of the allocation)",
     "MASTER_PORT": "the script sets it from the job id (HPCYOLO_MASTER_PORT at submission chooses one)",
     "RANK": "the launcher's rank layout: hpcyolo sets it in each task",

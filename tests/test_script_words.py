@@ -119,7 +119,7 @@ def test_the_signal_test_quotes_its_log_path(tmp_path):
 @pytest.mark.parametrize("section, key", [("environment", "env"), ("network", "nccl_env")])
 @pytest.mark.parametrize("name", ["SLURM_RESTART_COUNT", "HPCYOLO_MASTER_PORT", "MASTER_PORT", "RANK",
                                   "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "RUN_DIR",
-                                  "status"])
+                                  "status", "HPCYOLO_SCRATCH_DIR", "HPCYOLO_JOB"])
 def test_a_site_cannot_set_what_the_script_relies_on(tmp_path, section, key, name):
     site = site_file(tmp_path, **{section: {key: {name: "1"}}})
     r = hpcyolo("validate", site, plain_job(tmp_path))
@@ -128,8 +128,11 @@ def test_a_site_cannot_set_what_the_script_relies_on(tmp_path, section, key, nam
     assert len(r.stderr.splitlines()) == 1
 
 
-def test_a_site_may_extend_path_and_move_tmpdir(tmp_path):
-    site = site_file(tmp_path, environment={"env": {"PATH": "$HOME/bin:$PATH", "TMPDIR": "/tmp/x"}},
+def test_a_site_may_extend_path_move_tmpdir_and_set_a_drill(tmp_path):
+    # The drills rehearse a preemption or a slow checkpoint write on the real cluster.
+    site = site_file(tmp_path, environment={"env": {"PATH": "$HOME/bin:$PATH", "TMPDIR": "/tmp/x",
+                                                    "HPCYOLO_DRILL_PREEMPT_STEP": "7",
+                                                    "HPCYOLO_DRILL_CKPT_STALL": "/tmp/stall"}},
                      network={"nccl_env": {"NCCL_DEBUG": "WARN"}})
     r = hpcyolo("validate", site, plain_job(tmp_path))
     assert r.returncode == 0, r.stderr
