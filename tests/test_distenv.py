@@ -207,9 +207,9 @@ def test_standard_vars():
 
 # ---- SageMaker: one process per host ----
 
-def resourceconfig(tmp_path, current="algo-2", hosts=("algo-1", "algo-2")):
+def resourceconfig(tmp_path, current="algo-2", hosts=("algo-1", "algo-2"), interface="eth0"):
     path = tmp_path / "resourceconfig.json"
-    path.write_text(json.dumps({"current_host": current, "hosts": list(hosts), "network_interface_name": "eth0"}))
+    path.write_text(json.dumps({"current_host": current, "hosts": list(hosts), "network_interface_name": interface}))
     return path
 
 
@@ -220,7 +220,7 @@ def test_sagemaker_host_process_gets_the_node_layout(tmp_path, fake_dns):
     assert isinstance(node, NodeLayout)
     assert (node.node_rank, node.nnodes, node.nproc_per_node, node.master_addr) == (1, 2, 8, "algo-1")
     assert layout(node.dist_env(3)) == (11, 3, 16, 8, 1, 2)
-    with pytest.raises(HpcyoloError, match=r"one process per host, but algo-2 needs 8 .*hpcyolo.local.launch"):
+    with pytest.raises(HpcyoloError, match=r"one process per host, but algo-2 needs 8 .*hpcyolo train or hpcyolo exec"):
         node.standard_vars()
 
 
@@ -234,9 +234,10 @@ def test_sagemaker_worker_started_with_local_rank(tmp_path, fake_dns):
     assert d.master_port == node.master_port and 15_000 <= d.master_port < 30_000
 
 
-def test_sagemaker_cpu_host_is_one_process(tmp_path):
+def test_sagemaker_cpu_host_is_one_process(tmp_path, fake_dns):
+    fake_dns["algo-1"] = "127.0.0.21"  # on lo: the master keeps its name
     d = from_environ({"SM_NUM_GPUS": "0", "SM_NUM_CPUS": "96"}, sagemaker_config=resourceconfig(tmp_path, "algo-1",
-                                                                                               ["algo-1"]))
+                                                                                               ["algo-1"], "lo"))
     assert isinstance(d, DistEnv) and layout(d) == (0, 0, 1, 1, 0, 1) and d.master_addr == "algo-1"
     node = sagemaker_layout({"HPCYOLO_NPROC": "4"}, resourceconfig(tmp_path, "algo-1", ["algo-1"]))
     assert node.nproc_per_node == 4
