@@ -163,7 +163,8 @@ class NodeLayout:
         # A host process is no rank: training in it would silently use one GPU of several.
         raise HpcyoloError(
             f"{self.source} starts one process per host, but {self.host} needs {self.nproc_per_node} (one per GPU): "
-            f"run hpcyolo train or hpcyolo exec (they start them), or torchrun --nnodes={self.nnodes} --node-rank={self.node_rank} "
+            f"run hpcyolo train or hpcyolo exec (they start them), or torchrun --nnodes={self.nnodes} "
+            f"--node-rank={self.node_rank} "
             f"--nproc-per-node={self.nproc_per_node} --master-addr={self.master_addr} "
             f"--master-port={self.master_port}")
 
