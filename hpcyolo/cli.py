@@ -337,13 +337,12 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
     Example:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
-    from .distenv import from_environ
     from .preemption import PEER_LOST_EXIT_CODE, StopFlag
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.
     stop = StopFlag(signal_name)
-    os.environ.update(from_environ(os.environ).standard_vars())
+    os.environ.update(_this_process_vars(os.environ))
     from hpcyolo_trainer.dist import lost_peer_line
     from hpcyolo_trainer.train import main as train_main
 
@@ -356,6 +355,21 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
         print(line, file=sys.stderr, flush=True)
         code = PEER_LOST_EXIT_CODE
     sys.exit(code)
+
+
+def _this_process_vars(env: dict[str, str]) -> dict[str, str]:
+    """The standard variables of this process. A host process of a launcher
+    that starts one per host (SageMaker, a Kubernetes pod) on a host that
+    needs several starts one per GPU instead, each running this same command
+    line (they find their ranks set), and exits with their status."""
+    from .distenv import NodeLayout, from_environ
+
+    found = from_environ(env)
+    if isinstance(found, NodeLayout):
+        from .local import launch_layout
+
+        sys.exit(launch_layout([sys.executable, "-m", "hpcyolo.cli", *sys.argv[1:]], found, env=env))
+    return found.standard_vars()
 
 
 def train_config(run_dir: str, data: str, signal_name: str, **options):
@@ -422,9 +436,8 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
         hpcyolo val RUN/weights/best.pt --data shapes/data.yaml
         hpcyolo val yolov8n.pt --data coco.yaml --imgsz 640 --json
     """
-    from .distenv import from_environ
 
-    os.environ.update(from_environ(os.environ).standard_vars())
+    os.environ.update(_this_process_vars(os.environ))
     import json
     import math
 
@@ -657,10 +670,8 @@ def exec_(run_dir: str, data: str, signal_name: str, dist_timeout: int, command:
     Example:
         hpcyolo exec --run-dir RUN --data DATA -- python train.py --epochs 3
     """
-    from .distenv import from_environ
-
     env = dict(os.environ)
-    env.update(from_environ(env).standard_vars())
+    env.update(_this_process_vars(env))
     env.update(HPCYOLO_RUN_DIR=run_dir, HPCYOLO_DATA=data, HPCYOLO_SIGNAL=signal_name,
                HPCYOLO_DIST_TIMEOUT=str(dist_timeout))
     try:

@@ -21,22 +21,34 @@ together with another's; the reason is why the order is what it is):
                                                               OMPI_COMM_WORLD_* this process.
  3    Slurm       SLURM_PROCID (a job step: srun, one task    The sbatch script's own layout: one task per GPU.
                   per GPU)
- 4    SageMaker   the resource config file exists             Host-level facts only (one process per host):
-                  (/opt/ml/input/config/resourceconfig.json)  anything that describes the process itself wins.
- 5    none        -                                           One process, rank 0 of 1, on 127.0.0.1.
+ 4    PyTorchJob  PET_NODE_RANK, or RANK and WORLD_SIZE       Kubeflow's variables describe the pod (a node):
+                  without LOCAL_RANK                          RANK/WORLD_SIZE count pods, PET_* (torchrun's,
+                                                              also from Kubeflow Trainer's TrainJob) say the
+                                                              same and win. Before the Indexed Job: a TrainJob's
+                                                              pods are JobSet pods too, and PET_* are the more
+                                                              exact. A worker started in the pod has LOCAL_RANK
+                                                              as well: rule 1.
+ 5    Indexed     JOB_COMPLETION_INDEX (JobSet adds           A pod index and nothing else: the job's size is
+      Job/JobSet  JOBSET_NAME, REPLICATED_JOB_NAME)           HPCYOLO_NNODES, the master MASTER_ADDR, else
+                                                              JobSet's <jobset>-<replicated job>-0-0.<jobset>.
+ 6    SageMaker   the resource config file exists             Host-level facts only (one process per host), from
+                  (/opt/ml/input/config/resourceconfig.json,  a file that may be baked into an image: anything
+                  or the path in HPCYOLO_SM_RESOURCE_CONFIG)  that describes the process itself wins.
+ 7    none        -                                           One process, rank 0 of 1, on 127.0.0.1.
 ====  ==========  ==========================================  ==================================================
 
-SageMaker starts ONE process per host. `from_environ` then returns a
-`NodeLayout` (node rank = index of current_host in hosts, master = hosts[0],
-processes per node = HPCYOLO_NPROC, else the GPUs CUDA_VISIBLE_DEVICES or
-SM_NUM_GPUS show, else 1 on a CPU host), not a `DistEnv`: one process per GPU
-must still be started on each host, by hpcyolo's local launcher
-(`hpcyolo.local.launch`) or torchrun. A launcher gives process i the variables
-of `layout.dist_env(i).standard_vars()`; a child that gets only LOCAL_RANK
-(and no RANK/WORLD_SIZE) is mapped the same way by `from_environ`. With one
-process per host, the host process is the worker and gets a `DistEnv`.
-(`hpcyolo.local.launch` today lays out one machine: MASTER_ADDR=127.0.0.1 and
-RANK=LOCAL_RANK; on several hosts it must use the layout as above.)
+SageMaker, PyTorchJob and Indexed Jobs start ONE process per host (pod).
+`from_environ` then returns a `NodeLayout` (node rank, nodes, master;
+processes per node = HPCYOLO_NPROC, else a number in PET_NPROC_PER_NODE, else
+the GPUs CUDA_VISIBLE_DEVICES or SM_NUM_GPUS show, else 1 on a CPU host), not a
+`DistEnv`: one process per GPU must still be started on each host. `hpcyolo
+train`, `val` and `exec` do it themselves, through `hpcyolo.local.launch_layout`
+(process i of node n gets RANK = n * nproc + i, MASTER_ADDR = the master host,
+the rendezvous of all hosts); torchrun can do it too. A child that gets only
+LOCAL_RANK (and no RANK/WORLD_SIZE) is mapped the same way by `from_environ`.
+With one process per host, the host process is the worker and gets a
+`DistEnv`. SageMaker's network_interface_name is exported as
+NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME unless one of them is set.
 
 Checks (one clear line, `HpcyoloError`): rank and local rank in range; more
 processes on a node than CUDA_VISIBLE_DEVICES shows GPUs (when it shows more
@@ -55,8 +67,9 @@ given for more than one node.
 
 torchrun's MASTER_ADDR and MASTER_PORT name its own store: kept as they are.
 
-Port: HPCYOLO_MASTER_PORT, else MASTER_PORT, else derived from SLURM_JOB_ID
-over 15000 ports, else from the MPI or SageMaker job name. SLURM_JOB_ID is
+Port: HPCYOLO_MASTER_PORT, else MASTER_PORT (PyTorchJob: the master
+service's port), else PET_MASTER_PORT, else derived from SLURM_JOB_ID over
+15000 ports, else from the MPI, SageMaker or JobSet job name (JOB_NAME_VARS). SLURM_JOB_ID is
 unique for every job, each array task included (an array task's
 SLURM_ARRAY_JOB_ID + SLURM_ARRAY_TASK_ID, used before, equals a later plain
 job's id), so two jobs on a node share a port only when their ids differ by
@@ -85,6 +98,9 @@ from .errors import HpcyoloError, shown
 PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
 JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked at the rendezvous (hpcyolo.rendezvous)
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
+SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (tests, a SageMaker-like platform)
+# Names every process of one job shares, outside Slurm: its port and identity derive from them.
+JOB_NAME_VARS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "TRAINING_JOB_NAME", "JOBSET_NAME")
 # Exact addresses only: 127.0.0.11 and 127.0.0.12 (the Slurm testbed's nodes) must stay valid.
 LOCALHOST = frozenset({"localhost", "127.0.0.1", "::1", "127.0.1.1"})
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B  # <linux/sockios.h>
@@ -104,6 +120,7 @@ class DistEnv:
     master_port: int
     source: str  # which launcher the values came from
     job: str | None = None  # the job's identity, shared by all its ranks and by no other job
+    interface: str | None = None  # the network interface the launcher names (SageMaker), exported for NCCL/gloo
 
     def standard_vars(self) -> dict[str, str]:
         values = {
@@ -113,13 +130,16 @@ class DistEnv:
         }
         if self.job:
             values[JOB_ENV] = self.job
+        if self.interface:
+            values.update(NCCL_SOCKET_IFNAME=self.interface, GLOO_SOCKET_IFNAME=self.interface)
         return values
 
 
 @dataclass(frozen=True, kw_only=True)
 class NodeLayout:
     """One host's place in a job whose launcher starts one process per host
-    (SageMaker); a local launcher starts `nproc_per_node` processes from it."""
+    (SageMaker, a Kubernetes pod); hpcyolo's local launcher starts
+    `nproc_per_node` processes from it (`hpcyolo.local.launch_layout`)."""
 
     node_rank: int
     nnodes: int
@@ -129,6 +149,7 @@ class NodeLayout:
     host: str
     source: str = "sagemaker"
     job: str | None = None
+    interface: str | None = None
 
     def dist_env(self, local_rank: int) -> DistEnv:
         """The layout of the process with this local rank on this host."""
@@ -136,13 +157,14 @@ class NodeLayout:
         return DistEnv(rank=self.node_rank * n + local_rank, local_rank=local_rank, world_size=self.nnodes * n,
                        local_world_size=n, node_rank=self.node_rank, nnodes=self.nnodes,
                        master_addr=self.master_addr, master_port=self.master_port, source=self.source,
-                       job=self.job)
+                       job=self.job, interface=self.interface)
 
     def standard_vars(self) -> dict[str, str]:
         # A host process is no rank: training in it would silently use one GPU of several.
         raise HpcyoloError(
             f"{self.source} starts one process per host, but {self.host} needs {self.nproc_per_node} (one per GPU): "
-            f"start them with hpcyolo.local.launch, or torchrun --nnodes={self.nnodes} --node-rank={self.node_rank} "
+            f"run hpcyolo train or hpcyolo exec (they start them), or torchrun --nnodes={self.nnodes} "
+            f"--node-rank={self.node_rank} "
             f"--nproc-per-node={self.nproc_per_node} --master-addr={self.master_addr} "
             f"--master-port={self.master_port}")
 
@@ -163,7 +185,7 @@ def job_identity(env: Mapping[str, str]) -> str | None:
         return env[JOB_ENV]
     if env.get("SLURM_JOB_ID"):
         return f"slurm job {env['SLURM_JOB_ID']}"
-    for name in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "TRAINING_JOB_NAME"):
+    for name in JOB_NAME_VARS:
         if env.get(name):
             return f"{name} {env[name]}"
     return None
@@ -208,11 +230,12 @@ def _short_hostname() -> str:
 
 def from_environ(env: Mapping[str, str], *, sagemaker_config: str | os.PathLike | None = None) -> DistEnv | NodeLayout:
     """This process's layout, from the first launcher whose variables are
-    present (see the module docstring); a `NodeLayout` for a SageMaker host
-    process that must start several workers. Raises HpcyoloError when the
-    values disagree with each other or with the hardware. `sagemaker_config`:
-    the resource config's path (default SAGEMAKER_RESOURCE_CONFIG)."""
-    sagemaker_config = sagemaker_config or SAGEMAKER_RESOURCE_CONFIG
+    present (see the module docstring); a `NodeLayout` for a host process
+    (SageMaker, a Kubernetes pod) that must start several workers. Raises
+    HpcyoloError when the values disagree with each other or with the
+    hardware. `sagemaker_config`: the resource config's path (default
+    HPCYOLO_SM_RESOURCE_CONFIG, else SAGEMAKER_RESOURCE_CONFIG)."""
+    sagemaker_config = sagemaker_config or env.get(SAGEMAKER_CONFIG_ENV) or SAGEMAKER_RESOURCE_CONFIG
     job = job_identity(env)
     if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
         return _checked(replace(_from_torchrun(env), job=job), env)
@@ -220,14 +243,24 @@ def from_environ(env: Mapping[str, str], *, sagemaker_config: str | os.PathLike 
         return _checked(replace(_from_openmpi(env), job=job), env)
     if "SLURM_PROCID" in env:
         return _checked(replace(_from_slurm(env), job=job), env)
+    if "PET_NODE_RANK" in env or all(k in env for k in ("RANK", "WORLD_SIZE")):
+        return _host_or_worker(replace(_from_pytorchjob(env), job=job), env)
+    if "JOB_COMPLETION_INDEX" in env:
+        return _host_or_worker(replace(_from_indexed_job(env), job=job), env)
     if os.path.exists(sagemaker_config):
-        layout = replace(sagemaker_layout(env, sagemaker_config), job=job)
-        if "LOCAL_RANK" in env:  # a worker our launcher started on this host
-            return _checked(layout.dist_env(_int(env, "LOCAL_RANK")), env)
-        return _checked(layout.dist_env(0), env) if layout.nproc_per_node == 1 else layout
+        return _host_or_worker(replace(sagemaker_layout(env, sagemaker_config), job=job), env)
     return DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, nnodes=1,
                    master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_port(env), source="single process",
                    job=job)
+
+
+def _host_or_worker(layout: NodeLayout, env: Mapping[str, str]) -> DistEnv | NodeLayout:
+    """A process of a launcher that starts one per host: the worker itself
+    when the host runs one process (or when it got a LOCAL_RANK, from a
+    launcher that set nothing else), else the layout to start them from."""
+    if "LOCAL_RANK" in env:
+        return _checked(layout.dist_env(_int(env, "LOCAL_RANK")), env)
+    return _checked(layout.dist_env(0), env) if layout.nproc_per_node == 1 else layout
 
 
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
@@ -291,31 +324,92 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
 
 def sagemaker_layout(env: Mapping[str, str], path: str | os.PathLike) -> NodeLayout:
     """This host's layout from SageMaker's resource config
-    ({"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], ...})."""
+    ({"current_host": "algo-2", "hosts": ["algo-1", "algo-2"],
+    "network_interface_name": "eth0"}). The interface is exported as
+    NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME unless the environment names one."""
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
         host, hosts = config["current_host"], list(config["hosts"])
+        interface = config.get("network_interface_name")
     except OSError as e:
         raise HpcyoloError(f"{path}: cannot read: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise HpcyoloError(f"{path}: not a SageMaker resource config with current_host and hosts ({e})") from None
     if host not in hosts:
         raise HpcyoloError(f"{path}: current_host {shown(host)} is not one of hosts {shown(hosts)}")
+    return _host_layout(env, node_rank=hosts.index(host), nnodes=len(hosts), master=hosts[0], host=host,
+                        source="sagemaker", interface=None if _site_interface(env) else interface)
+
+
+def _from_pytorchjob(env: Mapping[str, str]) -> NodeLayout:
+    """Kubeflow's PyTorchJob: each pod gets RANK and WORLD_SIZE counting
+    pods (master pod 0, worker i is i+1) and MASTER_ADDR/MASTER_PORT naming
+    the master pod's service (training-operator v1, pytorch/envvar.go). With
+    nprocPerNode, and under Kubeflow Trainer's TrainJob, torchrun's PET_NNODES,
+    PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and PET_MASTER_PORT say
+    the same per node, and win: WORLD_SIZE may then count processes."""
+    node_rank = _int(env, "PET_NODE_RANK" if "PET_NODE_RANK" in env else "RANK")
+    nnodes_var = "PET_NNODES" if "PET_NNODES" in env else "WORLD_SIZE"
+    if ":" in env.get(nnodes_var, ""):
+        raise HpcyoloError(f"environment: {nnodes_var}={shown(env[nnodes_var])} is an elastic range; hpcyolo runs "
+                           f"a fixed number of nodes (run it under torchrun for elastic training)")
+    nnodes = _int(env, nnodes_var)
+    master = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+    if not master and nnodes > 1:
+        raise HpcyoloError("environment: PyTorchJob sets RANK and WORLD_SIZE but no MASTER_ADDR (or PET_MASTER_ADDR): "
+                           "give the master pod's address")
+    return _host_layout(env, node_rank=node_rank, nnodes=nnodes, master=master or "127.0.0.1",
+                        host=_short_hostname(), source="pytorchjob")
+
+
+def _from_indexed_job(env: Mapping[str, str]) -> NodeLayout:
+    """A Kubernetes Indexed Job, or a JobSet's: JOB_COMPLETION_INDEX is the
+    pod's node rank. Kubernetes does not tell a pod how many there are
+    (spec.completions): HPCYOLO_NNODES does. The master is pod 0: MASTER_ADDR,
+    else under JobSet its DNS name <jobset>-<replicated job>-0-0.<jobset>
+    (JobSet's default subdomain, the headless service it creates)."""
+    if env.get("JOB_INDEX", "0") != "0":
+        raise HpcyoloError(f"environment: JOB_INDEX={shown(env['JOB_INDEX'])}: a JobSet's replicated job must have "
+                           f"replicas: 1 (one Indexed Job, parallelism = nodes)")
+    if "HPCYOLO_NNODES" not in env:
+        raise HpcyoloError("environment: JOB_COMPLETION_INDEX is set (an Indexed Job) but HPCYOLO_NNODES is not: set "
+                           "it to the job's completions (= parallelism), the number of pods")
+    nnodes = _int(env, "HPCYOLO_NNODES")
+    jobset = env.get("JOBSET_NAME")
+    master = env.get("MASTER_ADDR") or (
+        f"{jobset}-{env.get('REPLICATED_JOB_NAME', '')}-0-0.{jobset}" if jobset and env.get("REPLICATED_JOB_NAME")
+        else None)
+    if not master and nnodes > 1:
+        raise HpcyoloError("environment: an Indexed Job of several pods needs MASTER_ADDR: pod 0's name "
+                           "<job>-0.<headless service>")
+    return _host_layout(env, node_rank=_int(env, "JOB_COMPLETION_INDEX"), nnodes=nnodes,
+                        master=master or "127.0.0.1", host=_short_hostname(),
+                        source="jobset" if jobset else "indexed job")
+
+
+def _host_layout(env: Mapping[str, str], *, node_rank: int, nnodes: int, master: str, host: str, source: str,
+                 interface: str | None = None) -> NodeLayout:
+    """The layout of one host of a launcher that starts one process per host."""
+    if not 0 <= node_rank < nnodes:
+        raise HpcyoloError(f"{host}: node rank {node_rank} is not below the {nnodes} nodes (from {source})")
     nproc = _procs_per_host(env)
     _check_gpus(nproc, env, host)
-    return NodeLayout(node_rank=hosts.index(host), nnodes=len(hosts), nproc_per_node=nproc,
-                      master_addr=resolve_master(hosts[0], _site_interface(env), hostname=host),
-                      master_port=_port(env), host=host)
+    return NodeLayout(node_rank=node_rank, nnodes=nnodes, nproc_per_node=nproc,
+                      master_addr=resolve_master(master, _site_interface(env) or interface, hostname=host),
+                      master_port=_port(env), host=host, source=source, interface=interface)
 
 
 def _procs_per_host(env: Mapping[str, str]) -> int:
-    """HPCYOLO_NPROC, else one per visible GPU, else one (a CPU host: one
-    process uses all cores; SM_NUM_CPUS counts cores, not processes)."""
-    if "HPCYOLO_NPROC" in env:
-        n = _int(env, "HPCYOLO_NPROC")
+    """HPCYOLO_NPROC, else a number in PET_NPROC_PER_NODE (Kubeflow), else
+    one per visible GPU, else one (a CPU host: one process uses all cores;
+    SM_NUM_CPUS counts cores, not processes)."""
+    name = "HPCYOLO_NPROC" if "HPCYOLO_NPROC" in env else "PET_NPROC_PER_NODE"
+    # PET_NPROC_PER_NODE may be torchrun's auto/gpu/cpu: then the GPUs decide.
+    if name == "HPCYOLO_NPROC" or env.get(name, "").strip().isdigit():
+        n = _int(env, name)
         if n < 1:
-            raise HpcyoloError(f"environment: HPCYOLO_NPROC={n} must be at least 1")
+            raise HpcyoloError(f"environment: {name}={n} must be at least 1")
         return n
     gpus = visible_gpus(env)
     if gpus is None and "SM_NUM_GPUS" in env:
@@ -324,14 +418,14 @@ def _procs_per_host(env: Mapping[str, str]) -> int:
 
 
 def _port(env: Mapping[str, str]) -> int:
-    for name in ("HPCYOLO_MASTER_PORT", "MASTER_PORT"):
+    for name in ("HPCYOLO_MASTER_PORT", "MASTER_PORT", "PET_MASTER_PORT"):
         if env.get(name):
             return _port_value(env, name)
     if "SLURM_JOB_ID" in env:
         return default_port(_int(env, "SLURM_JOB_ID"))
     # Outside Slurm: a name every process of the job shares (crc32: Python's
     # hash() differs between processes).
-    for name in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "TRAINING_JOB_NAME"):
+    for name in JOB_NAME_VARS:
         if env.get(name):
             return PORT_BASE + zlib.crc32(env[name].encode()) % PORT_SPAN
     return PORT_BASE

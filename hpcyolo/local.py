@@ -1,8 +1,10 @@
 """Run N training processes on this machine with the standard variables.
 
-What srun does on a cluster, for one node without Slurm: each process gets
-RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and a
-fair share of the cores. When one process fails, the others are stopped
+What srun does on a cluster, for one node without Slurm (`launch`), or for
+this host's share of a job whose launcher starts one process per host
+(`launch_layout`: SageMaker, a Kubernetes pod): each process gets RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and a fair
+share of the cores. When one process fails, the others are stopped
 (srun --kill-on-bad-exit), and a signal sent to the launcher is passed on.
 """
 
@@ -17,7 +19,7 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-from .distenv import JOB_ENV
+from .distenv import JOB_ENV, NodeLayout
 
 
 def free_port() -> int:
@@ -29,17 +31,26 @@ def free_port() -> int:
 
 def launch(argv: Sequence[str], nproc: int, *, env: Mapping[str, str] | None = None, port: int | None = None,
            grace: float = 30.0) -> int:
-    """Run `argv` nproc times; return 0, or the first failure's exit code."""
+    """Run `argv` nproc times, a job of this machine alone; return 0, or the
+    first failure's exit code."""
     base = dict(os.environ if env is None else env)
-    threads = str(max(1, (os.cpu_count() or 1) // nproc))
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or free_port()), WORLD_SIZE=str(nproc),
-                LOCAL_WORLD_SIZE=str(nproc))
     # This launch's identity, checked at the rendezvous: another launch that
     # got the same port is refused, never joined (hpcyolo.rendezvous).
-    base.setdefault(JOB_ENV, f"local launch {os.getpid()}-{secrets.token_hex(4)}")
-    base.setdefault("OMP_NUM_THREADS", threads)
-    procs = [subprocess.Popen(list(argv), env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(nproc)]
+    job = base.get(JOB_ENV) or f"local launch {os.getpid()}-{secrets.token_hex(4)}"
+    layout = NodeLayout(node_rank=0, nnodes=1, nproc_per_node=nproc, master_addr="127.0.0.1",
+                        master_port=port or free_port(), host=socket.gethostname(), source="local", job=job)
+    return launch_layout(argv, layout, env=base, grace=grace)
+
+
+def launch_layout(argv: Sequence[str], layout: NodeLayout, *, env: Mapping[str, str] | None = None,
+                  grace: float = 30.0) -> int:
+    """Run this host's processes of `layout`: process i gets
+    `layout.dist_env(i)`'s variables (RANK = node rank * nproc + i, the
+    master host's address), so the hosts of a job form one process group."""
+    base = dict(os.environ if env is None else env)
+    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // layout.nproc_per_node)))
+    procs = [subprocess.Popen(list(argv), env={**base, **layout.dist_env(i).standard_vars()})
+             for i in range(layout.nproc_per_node)]
 
     def forward(signum, frame):
         for p in procs:

@@ -207,9 +207,9 @@ def test_standard_vars():
 
 # ---- SageMaker: one process per host ----
 
-def resourceconfig(tmp_path, current="algo-2", hosts=("algo-1", "algo-2")):
+def resourceconfig(tmp_path, current="algo-2", hosts=("algo-1", "algo-2"), interface="eth0"):
     path = tmp_path / "resourceconfig.json"
-    path.write_text(json.dumps({"current_host": current, "hosts": list(hosts), "network_interface_name": "eth0"}))
+    path.write_text(json.dumps({"current_host": current, "hosts": list(hosts), "network_interface_name": interface}))
     return path
 
 
@@ -220,7 +220,7 @@ def test_sagemaker_host_process_gets_the_node_layout(tmp_path, fake_dns):
     assert isinstance(node, NodeLayout)
     assert (node.node_rank, node.nnodes, node.nproc_per_node, node.master_addr) == (1, 2, 8, "algo-1")
     assert layout(node.dist_env(3)) == (11, 3, 16, 8, 1, 2)
-    with pytest.raises(HpcyoloError, match=r"one process per host, but algo-2 needs 8 .*hpcyolo.local.launch"):
+    with pytest.raises(HpcyoloError, match=r"one process per host, but algo-2 needs 8 .*hpcyolo train or hpcyolo exec"):
         node.standard_vars()
 
 
@@ -234,9 +234,10 @@ def test_sagemaker_worker_started_with_local_rank(tmp_path, fake_dns):
     assert d.master_port == node.master_port and 15_000 <= d.master_port < 30_000
 
 
-def test_sagemaker_cpu_host_is_one_process(tmp_path):
+def test_sagemaker_cpu_host_is_one_process(tmp_path, fake_dns):
+    fake_dns["algo-1"] = "127.0.0.21"  # on lo: the master keeps its name
     d = from_environ({"SM_NUM_GPUS": "0", "SM_NUM_CPUS": "96"}, sagemaker_config=resourceconfig(tmp_path, "algo-1",
-                                                                                               ["algo-1"]))
+                                                                                               ["algo-1"], "lo"))
     assert isinstance(d, DistEnv) and layout(d) == (0, 0, 1, 1, 0, 1) and d.master_addr == "algo-1"
     node = sagemaker_layout({"HPCYOLO_NPROC": "4"}, resourceconfig(tmp_path, "algo-1", ["algo-1"]))
     assert node.nproc_per_node == 4
@@ -265,20 +266,127 @@ def test_sagemaker_more_processes_than_gpus(tmp_path):
         from_environ({"HPCYOLO_NPROC": "8", "CUDA_VISIBLE_DEVICES": "0,1"}, sagemaker_config=resourceconfig(tmp_path))
 
 
+# ---- Kubernetes: one process per pod ----
+
+def pytorchjob(**extra):
+    """A worker pod of a PyTorchJob with a master and 3 workers (training-operator v1)."""
+    env = {"MASTER_ADDR": "yolo-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "4", "RANK": "2",
+           "PYTHONUNBUFFERED": "0"}
+    env.update(extra)
+    return env
+
+
+def test_pytorchjob_pod_with_one_gpu_is_the_worker(fake_dns):
+    fake_dns["yolo-master-0"] = "10.0.0.1"
+    d = from_environ(pytorchjob(CUDA_VISIBLE_DEVICES="0"))
+    assert isinstance(d, DistEnv) and d.source == "pytorchjob"
+    assert layout(d) == (2, 0, 4, 1, 2, 4) and (d.master_addr, d.master_port) == ("yolo-master-0", 23456)
+
+
+def test_pytorchjob_pod_with_several_gpus_is_a_host(fake_dns):
+    fake_dns["yolo-master-0"] = "10.0.0.1"
+    node = from_environ(pytorchjob(CUDA_VISIBLE_DEVICES="0,1,2,3"))
+    assert isinstance(node, NodeLayout) and (node.node_rank, node.nnodes, node.nproc_per_node) == (2, 4, 4)
+    assert layout(node.dist_env(1)) == (9, 1, 16, 4, 2, 4) and node.dist_env(1).master_addr == "yolo-master-0"
+
+
+def test_pytorchjob_torchrun_variables_win(fake_dns):
+    # With nprocPerNode (and under Kubeflow Trainer), WORLD_SIZE may count processes: PET_* say the nodes.
+    fake_dns["train-node-0-0.train"] = "10.0.0.1"
+    env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1",
+           "PET_MASTER_ADDR": "train-node-0-0.train", "PET_MASTER_PORT": "29400", "WORLD_SIZE": "8", "RANK": "1", "JOB_COMPLETION_INDEX": "1",
+           "JOBSET_NAME": "train", "REPLICATED_JOB_NAME": "node", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    node = from_environ(env)
+    assert isinstance(node, NodeLayout) and node.source == "pytorchjob"
+    assert (node.node_rank, node.nnodes, node.nproc_per_node, node.master_addr, node.master_port) == (
+        1, 2, 4, "train-node-0-0.train", 29400)
+    assert node.job == "JOBSET_NAME train"
+
+
+def test_pytorchjob_nproc_auto_counts_the_gpus(fake_dns):
+    fake_dns["m"] = "10.0.0.1"
+    env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "m",
+           "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert from_environ(env).nproc_per_node == 2
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PET_NNODES": "1:4", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "m"}, "PET_NNODES='1:4' is an elastic range"),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "no MASTER_ADDR"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "m"}, "node rank 2 is not below the 2 nodes"),
+    ({"JOB_COMPLETION_INDEX": "1"}, "HPCYOLO_NNODES is not"),
+    ({"JOB_COMPLETION_INDEX": "1", "HPCYOLO_NNODES": "2"}, "needs MASTER_ADDR"),
+    ({"JOB_COMPLETION_INDEX": "0", "HPCYOLO_NNODES": "2", "JOBSET_NAME": "a", "REPLICATED_JOB_NAME": "b",
+      "JOB_INDEX": "1"}, "replicas: 1"),
+])
+def test_kubernetes_bad_environment(env, message):
+    with pytest.raises(HpcyoloError, match=re.escape(message)):
+        from_environ(env)
+
+
+def test_indexed_job_pod(fake_dns):
+    fake_dns["yolo-0.yolo"] = "10.0.0.1"
+    env = {"JOB_COMPLETION_INDEX": "3", "HPCYOLO_NNODES": "4", "MASTER_ADDR": "yolo-0.yolo", "MASTER_PORT": "29500"}
+    d = from_environ({**env, "CUDA_VISIBLE_DEVICES": "0"})
+    assert isinstance(d, DistEnv) and d.source == "indexed job"
+    assert layout(d) == (3, 0, 4, 1, 3, 4) and (d.master_addr, d.master_port) == ("yolo-0.yolo", 29500)
+    node = from_environ({**env, "HPCYOLO_NPROC": "2"})
+    assert layout(node.dist_env(1)) == (7, 1, 8, 2, 3, 4)
+
+
+def test_jobset_pod_finds_its_master_by_name(fake_dns):
+    fake_dns["yolo-workers-0-0.yolo"] = "10.0.0.1"
+    env = {"JOB_COMPLETION_INDEX": "1", "JOB_INDEX": "0", "HPCYOLO_NNODES": "2", "JOBSET_NAME": "yolo",
+           "REPLICATED_JOB_NAME": "workers"}
+    d = from_environ(env)
+    assert isinstance(d, DistEnv) and d.source == "jobset" and layout(d) == (1, 0, 2, 1, 1, 2)
+    assert d.master_addr == "yolo-workers-0-0.yolo" and d.job == "JOBSET_NAME yolo"
+    assert d.master_port == from_environ({**env, "JOB_COMPLETION_INDEX": "0"}).master_port  # from the JobSet's name
+
+
+def test_pod_worker_started_by_the_host_process_is_torchrun_like(fake_dns):
+    # What launch_layout gives process 1 of the pod: the pod's RANK/WORLD_SIZE are replaced.
+    fake_dns["yolo-master-0"] = "10.0.0.1"
+    node = from_environ(pytorchjob(CUDA_VISIBLE_DEVICES="0,1"))
+    d = from_environ({**pytorchjob(CUDA_VISIBLE_DEVICES="0,1"), **node.dist_env(1).standard_vars()})
+    assert layout(d) == (5, 1, 8, 2, 2, 4) and d.master_addr == "yolo-master-0"
+
+
+def test_sagemaker_interface_is_exported(tmp_path, fake_dns):
+    fake_dns["algo-1"] = "10.0.0.1"
+    d = from_environ({"TRAINING_JOB_NAME": "j"}, sagemaker_config=resourceconfig(tmp_path))
+    assert d.standard_vars()["NCCL_SOCKET_IFNAME"] == "eth0" and d.standard_vars()["GLOO_SOCKET_IFNAME"] == "eth0"
+    d = from_environ({"TRAINING_JOB_NAME": "j", "NCCL_SOCKET_IFNAME": "ens5"},
+                     sagemaker_config=resourceconfig(tmp_path))
+    assert "GLOO_SOCKET_IFNAME" not in d.standard_vars()
+
+
+def test_sagemaker_resource_config_path_from_the_environment(tmp_path, fake_dns):
+    fake_dns["algo-1"] = "10.0.0.1"
+    env = {distenv.SAGEMAKER_CONFIG_ENV: str(resourceconfig(tmp_path))}
+    assert from_environ(env).source == "sagemaker"
+
+
 # ---- precedence ----
 
 @pytest.mark.parametrize("launchers, source", [
-    (["torchrun", "openmpi", "slurm", "sagemaker"], "torchrun"),
-    (["openmpi", "slurm", "sagemaker"], "openmpi"),
-    (["slurm", "sagemaker"], "slurm"),
+    (["torchrun", "openmpi", "slurm", "pytorchjob", "jobset", "sagemaker"], "torchrun"),
+    (["openmpi", "slurm", "pytorchjob", "jobset", "sagemaker"], "openmpi"),
+    (["slurm", "pytorchjob", "jobset", "sagemaker"], "slurm"),
+    (["pytorchjob", "jobset", "sagemaker"], "pytorchjob"),
+    (["jobset", "sagemaker"], "jobset"),
     (["sagemaker"], "sagemaker"),
     ([], "single process"),
 ])
 def test_precedence(tmp_path, fake_dns, launchers, source):
-    fake_dns.update({"node1": "10.0.0.1", "algo-1": "10.0.0.2"})
+    fake_dns.update({"node1": "10.0.0.1", "algo-1": "10.0.0.2", "yolo-master-0": "10.0.0.3",
+                     "yolo-workers-0-0.yolo": "10.0.0.4"})
     env = {"CUDA_VISIBLE_DEVICES": "0"}
+    jobset = {"JOB_COMPLETION_INDEX": "0", "HPCYOLO_NNODES": "2", "JOBSET_NAME": "yolo",
+              "REPLICATED_JOB_NAME": "workers"}
     for name in reversed(launchers):  # the higher launcher's MASTER_ADDR wins, as when it starts the process
-        env.update({"torchrun": torchrun, "openmpi": openmpi, "slurm": slurm}.get(name, dict)())
+        env.update({"torchrun": torchrun, "openmpi": openmpi, "slurm": slurm, "pytorchjob": pytorchjob,
+                    "jobset": lambda: jobset}.get(name, dict)())
     config = resourceconfig(tmp_path, "algo-1") if "sagemaker" in launchers else tmp_path / "none.json"
     assert from_environ(env, sagemaker_config=config).source == source
 

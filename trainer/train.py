@@ -15,6 +15,7 @@ import math
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from contextlib import nullcontext
@@ -58,6 +59,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     settings = rundir.settings(cfg.to_dict())
     rundir.check_continues(run, settings)  # before anything is written, and before the rendezvous
     d = setup(cfg.dist_timeout)
+    say_ranks(d)
     seed_all(cfg.seed + d.rank)
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
@@ -330,6 +332,15 @@ def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:
     main process can checkpoint. Only the main process acts on it."""
     for name in names:
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+
+
+def say_ranks(d: Dist) -> None:
+    """Rank 0 prints where every rank runs: a wrong layout (two ranks on one
+    GPU, a host missing) shows at the start, not as a hang or a slow run."""
+    if d.distributed:
+        for rank, local, world, host in gather_objects(d, (d.rank, d.local_rank, d.world_size,
+                                                           socket.gethostname())):
+            print0(d, f"rank {rank}: local rank {local}, world size {world}, host {host}")
 
 
 def seed_all(seed: int) -> None:
