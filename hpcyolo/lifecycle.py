@@ -90,12 +90,17 @@ def jobs(run: Path) -> list[JobRecord]:
     return out
 
 
+# A question to Slurm that takes longer gets no answer: without a readable
+# slurm.conf, scontrol and sacct retry for a minute each before they fail.
+QUERY_TIMEOUT = 15
+
+
 def slurm_state(job: str) -> dict[str, str] | None:
     """What Slurm says of the job: scontrol, then sacct; None if neither
     knows. Raises SlurmError when Slurm cannot be reached at all (no
     scontrol here, or no answer from its controller)."""
     argv = ["scontrol", "show", "job", "-o", job]
-    r = slurm.run(argv)
+    r = slurm.run(argv, timeout=QUERY_TIMEOUT)
     if r.returncode == 0 and r.stdout.strip():
         fields = dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
         return {"state": fields.get("JobState", "?"), "elapsed": fields.get("RunTime", "?"),
@@ -104,7 +109,8 @@ def slurm_state(job: str) -> dict[str, str] | None:
                 "reason": fields.get("Reason", "None"), "stdout": fields.get("StdOut", ""), "source": "scontrol"}
     slurm.check_reachable(r, argv)
     try:
-        r = slurm.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State,Elapsed,Timelimit,NodeList,ExitCode"])
+        r = slurm.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State,Elapsed,Timelimit,NodeList,ExitCode"],
+                      timeout=QUERY_TIMEOUT)
     except SlurmError:  # no sacct here: no accounting
         return None
     line = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
