@@ -324,6 +324,11 @@ def _with_run_options(fn):
 @click.option("--augment/--no-augment", default=True, show_default=True,
               help="Training augmentation (mosaic, affine, HSV, flip); off: letterbox only, e.g. to check over-fitting.")
 @click.option("--close-mosaic", default=10, show_default=True, help="Last epochs trained without mosaic.")
+@click.option("--multi-scale", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Multi-scale training: each step's image size drawn from imgsz x [1 - F, 1 + F] (a multiple "
+                   "of 32, the same on every rank); 0: off.")
+@click.option("--rect/--no-rect", default=False, show_default=True,
+              help="Rectangular training batches (images sorted by aspect ratio, no mosaic, no affine).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Node-local folder for image caches (default: RUN_DIR/cache).")
 def train(run_dir: str, data: str, signal_name: str, **options) -> None:

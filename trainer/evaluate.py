@@ -24,36 +24,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 
 from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
-from hpcyolo.models import MAX_STRIDE as STRIDE
 
-from .augment import PAD_VALUE
+from .augment import PAD_VALUE, letterbox_to, rect_batches
 from .boxes import non_max_suppression, xywh2xyxy
 from .data import check_files, decode_resized, load_data_spec
 from .dist import Dist, gather_objects
 from .metrics import DetStats
 from .weights import build_from, read_weights
-
-
-def rect_batches(shapes: list[tuple[int, int]], batch: int, imgsz: int, stride: int = STRIDE,
-                 pad: float = 0.5) -> list[tuple[list[int], tuple[int, int]]]:
-    """Ultralytics' rectangular validation batches: [(image indices, (H, W))]
-    for images of `shapes` (h, w), sorted by aspect ratio h/w."""
-    ratios = np.array([h / w for h, w in shapes], dtype=np.float64)
-    order = ratios.argsort(kind="stable")
-    out = []
-    for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
-        lo, hi = ratios[idx].min(), ratios[idx].max()
-        shape = [hi, 1.0] if hi < 1 else [1.0, 1 / lo] if lo > 1 else [1.0, 1.0]
-        h, w = (np.ceil(np.array(shape) * imgsz / stride + pad).astype(int) * stride).tolist()
-        out.append(([int(i) for i in idx], (h, w)))
-    return out
 
 
 def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]:
@@ -63,20 +45,6 @@ def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]
     if r == 1:
         return (h0, w0), 1.0
     return (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)), r
-
-
-def letterbox_to(img: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float, tuple[int, int]]:
-    """Pad (and shrink if needed, never enlarge) to `shape` (H, W), centred;
-    an odd padding puts its extra pixel at the bottom/right. (canvas, gain, (left, top))."""
-    h, w = img.shape[:2]
-    gain = min(shape[0] / h, shape[1] / w, 1.0)
-    nh, nw = round(h * gain), round(w * gain)
-    if (nh, nw) != (h, w):
-        img = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
-    dh, dw = (shape[0] - nh) / 2, (shape[1] - nw) / 2
-    top, bottom, left, right = round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1)
-    canvas = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
-    return canvas, gain, (left, top)
 
 
 class ValBatches:
