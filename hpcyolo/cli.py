@@ -412,9 +412,11 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
               help="The split of the data YAML to measure.")
 @click.option("--conf", default=0.001, show_default=True, help="Confidence threshold.")
 @click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
+@click.option("--rect/--no-rect", default=True, show_default=True,
+              help="Rectangular batches (images sorted by aspect ratio); off: every image on an imgsz square.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf: float, iou: float,
-        as_json: bool) -> None:
+        rect: bool, as_json: bool) -> None:
     """Measure WEIGHTS (hpcyolo's or an ultralytics checkpoint) on a dataset split.
 
     mAP50, mAP50-95, precision and recall, overall and per class, computed as
@@ -439,7 +441,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     d = setup()
     try:
         result = evaluate(d, weights, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,
-                          warn=lambda m: click.echo(m, err=True))
+                          rect=rect, warn=lambda m: click.echo(m, err=True))
     finally:
         cleanup()
     if result is None:  # not rank 0

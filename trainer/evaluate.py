@@ -50,13 +50,15 @@ def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]
 class ValBatches:
     """The rectangular batches of one split; `load(k)` reads batch k."""
 
-    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int):
+    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True):
         items, self.problems, _ = check_files(list(files), nc)
         self.paths = [it.path for it in items]
         self.shapes = [it.shape for it in items]
         self.labels = [it.labels for it in items]
         self.imgsz = imgsz
         self.batches = rect_batches(self.shapes, batch, imgsz)
+        if not rect:  # the same batches, each on an imgsz x imgsz canvas
+            self.batches = [(indices, (imgsz, imgsz)) for indices, _ in self.batches]
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -94,10 +96,11 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
 
 @torch.no_grad()
 def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
-             conf: float = 0.001, iou: float = 0.7, warn=print) -> dict | None:
+             conf: float = 0.001, iou: float = 0.7, rect: bool = True, warn=print) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
-    row per class (name, images, instances, precision, recall, map50, map50_95)."""
+    row per class (name, images, instances, precision, recall, map50, map50_95).
+    `rect=False` letterboxes every image to imgsz x imgsz (slower: more padding)."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = read_weights(weights)
@@ -110,7 +113,7 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
     labels = check_labels(spec, (split,))
-    sets = ValBatches(files, w.nc, size, batch)
+    sets = ValBatches(files, w.nc, size, batch, rect)
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
