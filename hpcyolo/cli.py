@@ -324,6 +324,11 @@ def _with_run_options(fn):
 @click.option("--augment/--no-augment", default=True, show_default=True,
               help="Training augmentation (mosaic, affine, HSV, flip); off: letterbox only, e.g. to check over-fitting.")
 @click.option("--close-mosaic", default=10, show_default=True, help="Last epochs trained without mosaic.")
+@click.option("--multi-scale", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Multi-scale training: each step's image size drawn from imgsz x [1 - F, 1 + F] (a multiple "
+                   "of 32, the same on every rank); 0: off.")
+@click.option("--rect/--no-rect", default=False, show_default=True,
+              help="Rectangular training batches (images sorted by aspect ratio, no mosaic, no affine).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Node-local folder for image caches (default: RUN_DIR/cache).")
 def train(run_dir: str, data: str, signal_name: str, **options) -> None:
@@ -421,9 +426,11 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
               help="The split of the data YAML to measure.")
 @click.option("--conf", default=0.001, show_default=True, help="Confidence threshold.")
 @click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
+@click.option("--rect/--no-rect", default=True, show_default=True,
+              help="Rectangular batches (images sorted by aspect ratio); off: every image on an imgsz square.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf: float, iou: float,
-        as_json: bool) -> None:
+        rect: bool, as_json: bool) -> None:
     """Measure WEIGHTS (hpcyolo's or an ultralytics checkpoint) on a dataset split.
 
     mAP50, mAP50-95, precision and recall, overall and per class, computed as
@@ -447,7 +454,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     d = setup()
     try:
         result = evaluate(d, weights, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,
-                          warn=lambda m: click.echo(m, err=True))
+                          rect=rect, warn=lambda m: click.echo(m, err=True))
     finally:
         cleanup()
     if result is None:  # not rank 0

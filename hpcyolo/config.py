@@ -138,6 +138,11 @@ def check_sbatch_options(value: tuple) -> None:
                              "(no spaces, quotes or '#': sbatch reads a '#' there as the start of a comment)")
 
 
+def check_multi_scale(value: float) -> None:
+    if not 0 <= value < 1:
+        raise ValueError(f"must be a fraction in [0, 1) (0.5: sizes from half to 1.5 times imgsz), got {value}")
+
+
 def check_path(value: str) -> None:
     """Absolute, or starting with an environment variable ($SCRATCH/runs)."""
     if not (value.startswith("/") or PATH_VAR.match(value)):
@@ -394,6 +399,11 @@ class Train:
     nbs: int = spec(64, doc="Nominal batch: gradients accumulate until about this many images per step.",
                     check=check_positive)
     close_mosaic: int = spec(10, doc="Train the last N epochs without mosaic.", check=check_non_negative)
+    multi_scale: float = spec(0.0, doc="Multi-scale training: each step's image size drawn from imgsz x "
+                                       "[1 - f, 1 + f], a multiple of 32, the same on every rank; 0: off.",
+                              check=check_multi_scale)
+    rect: bool = spec(False, doc="Rectangular training batches: images sorted by aspect ratio, each batch "
+                                 "letterboxed to its own shape; no mosaic and no affine augmentation.")
 
 
 @dataclass(frozen=True, kw_only=True)

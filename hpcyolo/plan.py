@@ -314,6 +314,10 @@ def _train_argv(site: SiteConfig, job: JobSpec, signal: str, weights: str | None
         argv += ["--cache-dir", Var("SCRATCH_DIR", "/cache")]
     if t.lr0 is not None:
         argv += ["--lr0", repr(t.lr0)]
+    if t.multi_scale:  # defaults add nothing: the command lines of existing jobs stay as they were
+        argv += ["--multi-scale", repr(t.multi_scale)]
+    if t.rect:
+        argv.append("--rect")
     if weights:
         argv += ["--weights", weights]
     return tuple(argv)

@@ -91,6 +91,10 @@ SAME_RUN = (
     Setting("close_mosaic", "train.close_mosaic", _AUGMENT),
     Setting("mosaic", None, _AUGMENT),
     Setting("augment", None, _AUGMENT),
+    # Absent from the config.yaml of runs begun before they existed: their defaults then.
+    Setting("multi_scale", "train.multi_scale", "the image size of every step", lambda c: c.get("multi_scale", 0.0)),
+    Setting("rect", "train.rect", "the batches of every epoch (rectangular ones are other images together)",
+            lambda c: c.get("rect", False)),
 )
 # May differ from one start of a run to the next, and why.
 MAY_DIFFER = {

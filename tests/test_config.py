@@ -225,3 +225,15 @@ def test_cli_validate_missing_weights_is_one_line(tmp_path):
     r = cli("validate", s, j)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [f"hpcyolo: error: {j}: train.weights: file not found: {tmp_path / 'gone.pt'}"]
+
+
+def test_multi_scale_and_rect_reach_the_trainer_only_when_set(tmp_path):
+    assert not {"--multi-scale", "--rect"} & set(plan_of(tmp_path).train_argv)  # defaults: the old command line
+    plan = plan_of(tmp_path, job=JOB.replace("train: {batch: 64}", "train: {batch: 64, multi_scale: 0.5, rect: true}"))
+    assert _argv_value(plan.train_argv, "--multi-scale") == "0.5" and "--rect" in plan.train_argv
+
+
+@pytest.mark.parametrize("value", ["1.0", "-0.1", "1.5"])
+def test_multi_scale_is_a_fraction_below_one(tmp_path, value):
+    msg = error_of(tmp_path, job=JOB.replace("train: {batch: 64}", f"train: {{batch: 64, multi_scale: {value}}}"))
+    assert "job.yaml: train.multi_scale: must be a fraction in [0, 1)" in msg, msg

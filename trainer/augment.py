@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields
 import cv2
 import numpy as np
 
+from hpcyolo.models import MAX_STRIDE
+
 PAD_VALUE = 114  # grey fill for letterbox borders, mosaic gaps and affine borders
 
 # A box that the augmentation shrank below this many pixels on a side, kept
@@ -87,6 +89,44 @@ def letterbox(img: np.ndarray, size: int) -> tuple[np.ndarray, tuple[int, int]]:
     return canvas, (left, top)
 
 
+def rect_batches(shapes: list[tuple[int, int]], batch: int, imgsz: int, stride: int = MAX_STRIDE,
+                 pad: float = 0.5) -> list[tuple[list[int], tuple[int, int]]]:
+    """Ultralytics' rectangular batches (`set_rectangle`): [(image indices, (H, W))]
+    for images of `shapes` (h, w), sorted by aspect ratio h/w, `batch` at a
+    time; each batch's canvas fits its flattest or tallest image at imgsz:
+    ceil(ratio * imgsz / stride + pad) * stride."""
+    ratios = np.array([h / w for h, w in shapes], dtype=np.float64)
+    order = ratios.argsort(kind="stable")
+    out = []
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        lo, hi = ratios[idx].min(), ratios[idx].max()
+        shape = [hi, 1.0] if hi < 1 else [1.0, 1 / lo] if lo > 1 else [1.0, 1.0]
+        h, w = (np.ceil(np.array(shape) * imgsz / stride + pad).astype(int) * stride).tolist()
+        out.append(([int(i) for i in idx], (h, w)))
+    return out
+
+
+def centred_pad(shape: tuple[int, int], canvas: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) borders that centre an image of `shape` on
+    `canvas` (both (h, w)); an odd padding puts its extra pixel at the bottom/right."""
+    dh, dw = (canvas[0] - shape[0]) / 2, (canvas[1] - shape[1]) / 2
+    return round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1)
+
+
+def letterbox_to(img: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """Pad (and shrink if needed, never enlarge) to `shape` (H, W), centred as
+    ultralytics' LetterBox. (canvas, gain, (left, top))."""
+    h, w = img.shape[:2]
+    gain = min(shape[0] / h, shape[1] / w, 1.0)
+    nh, nw = round(h * gain), round(w * gain)
+    if (nh, nw) != (h, w):
+        img = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    top, bottom, left, right = centred_pad((nh, nw), shape)
+    canvas = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
+    return canvas, gain, (left, top)
+
+
 def to_pixel_boxes(labels: np.ndarray, shape: tuple[int, int], offset: tuple[float, float]) -> np.ndarray:
     """Normalised (cls, cx, cy, w, h) of an image of `shape` -> (cls, x1, y1, x2, y2)
     pixels, shifted by `offset` (x, y) where the image sits on a canvas."""
@@ -100,14 +140,15 @@ def to_pixel_boxes(labels: np.ndarray, shape: tuple[int, int], offset: tuple[flo
     return out
 
 
-def to_normalised(boxes: np.ndarray, size: int) -> np.ndarray:
-    """(cls, x1, y1, x2, y2) pixels on a size x size image -> normalised (cls, cx, cy, w, h)."""
+def to_normalised(boxes: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(cls, x1, y1, x2, y2) pixels on an image of `shape` (h, w) -> normalised (cls, cx, cy, w, h)."""
+    h, w = shape
     out = np.empty((len(boxes), 5), dtype=np.float32)
     out[:, 0] = boxes[:, 0]
-    out[:, 1] = (boxes[:, 1] + boxes[:, 3]) / (2 * size)
-    out[:, 2] = (boxes[:, 2] + boxes[:, 4]) / (2 * size)
-    out[:, 3] = (boxes[:, 3] - boxes[:, 1]) / size
-    out[:, 4] = (boxes[:, 4] - boxes[:, 2]) / size
+    out[:, 1] = (boxes[:, 1] + boxes[:, 3]) / (2 * w)
+    out[:, 2] = (boxes[:, 2] + boxes[:, 4]) / (2 * h)
+    out[:, 3] = (boxes[:, 3] - boxes[:, 1]) / w
+    out[:, 4] = (boxes[:, 4] - boxes[:, 2]) / h
     return out
 
 

@@ -29,6 +29,8 @@ class TrainConfig:
     clip_norm: float = 10.0
     close_mosaic: int = 10  # last epochs without mosaic
     mosaic: float = 1.0
+    multi_scale: float = 0.0  # each step's size drawn from imgsz x [1 - f, 1 + f]; 0: off
+    rect: bool = False  # rectangular training batches (no mosaic, no affine)
     augment: bool = True
     cache: str = "none"
     cache_dir: str | None = None  # node-local folder for image caches

@@ -5,7 +5,8 @@
 - `YoloDataset(files, imgsz, ...)` checks every image and label file once, at
   construction, dropping what is broken and recording one line per problem in
   `dataset.problems` (nothing is printed or raised: the trainer prints them on
-  rank 0). Items are (img uint8 [3, S, S] RGB, labels float32 [n, 5], path, meta).
+  rank 0). Items are (img uint8 [3, S, S] RGB, or [3, H, W] with rectangular
+  batches, labels float32 [n, 5] normalised to the image, path, meta).
 - Augmentation randomness of item i in epoch e comes only from
   `np.random.default_rng((seed, e, i))`, never from global or worker RNG state,
   so a resumed run sees bit-identical batches whatever the worker count.
@@ -42,8 +43,9 @@ from torch.utils.data import Dataset
 from hpcyolo.dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from hpcyolo.fsutil import fsync_dir
 
-from .augment import (PAD_VALUE, AugmentHyp, box_areas, flip_lr, hsv_jitter, letterbox, letterbox_pad, mosaic4,
-                      random_affine, resized_shape, to_normalised, to_pixel_boxes)
+from .augment import (PAD_VALUE, AugmentHyp, box_areas, centred_pad, flip_lr, hsv_jitter, letterbox, letterbox_pad,
+                      letterbox_to, mosaic4, random_affine, rect_batches, resized_shape, to_normalised,
+                      to_pixel_boxes)
 
 # The data YAML and label paths live in hpcyolo.dataset (no torch: the CLI
 # checks a dataset with them on a login node); re-exported for the trainer.
@@ -380,23 +382,35 @@ class YoloDataset(Dataset):
     Set `dataset.mosaic = False` for the close-mosaic epochs, and call
     `set_epoch(e)` before each epoch's DataLoader iterator is created (workers
     receive a copy of the dataset then; see the module notes).
+
+    `rect_batch=B`: rectangular batches as ultralytics' `rect` (images sorted
+    by aspect ratio, B at a time, `dataset.batches`); each item is letterboxed
+    to its batch's shape, without mosaic or affine warp. Load it with a batch
+    sampler that keeps those batches together (sampler.RectBatchSampler).
     """
 
     def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
                  seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
-                 names_count: int):
+                 names_count: int, rect_batch: int = 0):
         if imgsz < 1 or seed < 0 or names_count < 1:
             raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
             raise ValueError(f"cache must be none, ram or disk (ram and disk need a cache_dir), got {cache!r}")
         self.imgsz, self.augment, self.hyp, self.seed = imgsz, augment, hyp, seed
         self.epoch = 0
-        self.mosaic = augment
         items, self.problems, self.counts = check_files(list(files), names_count)
         self.paths = [it.path for it in items]
         self.shapes = [it.shape for it in items]
         self.labels = [it.labels for it in items]
         self.resized = [resized_shape(s, imgsz) for s in self.shapes]
+        # Rectangular batches of `rect_batch` images (ultralytics' rect): each
+        # image's canvas is its batch's shape; batch with `self.batches`.
+        self.batches = rect_batches(self.shapes, rect_batch, imgsz) if rect_batch and items else []
+        self.canvas = [(imgsz, imgsz)] * len(items)
+        for indices, shape in self.batches:
+            for i in indices:
+                self.canvas[i] = shape
+        self.mosaic = augment and not self.batches
         self.cache: ImageCache | None = None
         self.cache_built = False
         if cache != "none" and items:
@@ -447,7 +461,12 @@ class YoloDataset(Dataset):
         ratio and pad as (x, y). Exact for validation items; for augmented
         training items it describes the image before augmentation."""
         (h0, w0), (h, w) = self.shapes[i], self.resized[i]
-        return {"orig_shape": (h0, w0), "ratio": (w / w0, h / h0), "pad": letterbox_pad((h, w), self.imgsz)}
+        if self.batches:
+            top, _, left, _ = centred_pad((h, w), self.canvas[i])
+            pad = (left, top)
+        else:
+            pad = letterbox_pad((h, w), self.imgsz)
+        return {"orig_shape": (h0, w0), "ratio": (w / w0, h / h0), "pad": pad}
 
     # -- items
 
@@ -458,22 +477,28 @@ class YoloDataset(Dataset):
             img, boxes = self._train_sample(i, np.random.default_rng((self.seed, self.epoch, i)))
         else:
             img, boxes = self._val_sample(i)
-        labels = to_normalised(boxes, self.imgsz)
+        labels = to_normalised(boxes, img.shape[:2])
         tensor = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
         return tensor, torch.from_numpy(labels), str(self.paths[i]), self.meta(i)
 
     def _val_sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         img, labels = self.load(i)
-        canvas, pad = letterbox(img, self.imgsz)
+        if self.batches:
+            canvas, _, pad = letterbox_to(img, self.canvas[i])
+        else:
+            canvas, pad = letterbox(img, self.imgsz)
         return canvas, to_pixel_boxes(labels, img.shape[:2], pad)
 
     def _train_sample(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        if self.mosaic and rng.random() < self.hyp.mosaic:
-            img, boxes, areas = self._mosaic(i, rng)
-        else:
+        if self.batches:  # rectangular: mosaic and the affine warp would make a square image
             img, boxes = self._val_sample(i)
-            areas = box_areas(boxes)
-        img, boxes = random_affine(img, boxes, areas, self.imgsz, self.hyp, rng)
+        else:
+            if self.mosaic and rng.random() < self.hyp.mosaic:
+                img, boxes, areas = self._mosaic(i, rng)
+            else:
+                img, boxes = self._val_sample(i)
+                areas = box_areas(boxes)
+            img, boxes = random_affine(img, boxes, areas, self.imgsz, self.hyp, rng)
         img = hsv_jitter(img, self.hyp, rng)
         if rng.random() < self.hyp.fliplr:
             img, boxes = flip_lr(img, boxes)
@@ -488,7 +513,7 @@ class YoloDataset(Dataset):
 
 
 def collate(batch):
-    """-> (imgs uint8 [B, 3, S, S], targets float32 [M, 6] = (index in batch,
+    """-> (imgs uint8 [B, 3, H, W], targets float32 [M, 6] = (index in batch,
     cls, cx, cy, w, h), paths, metas)."""
     imgs, labels, paths, metas = zip(*batch)
     targets = [torch.cat((torch.full((len(lb), 1), float(k)), lb), dim=1) for k, lb in enumerate(labels)]

@@ -24,36 +24,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 
 from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
-from hpcyolo.models import MAX_STRIDE as STRIDE
 
-from .augment import PAD_VALUE
+from .augment import PAD_VALUE, letterbox_to, rect_batches
 from .boxes import non_max_suppression, xywh2xyxy
 from .data import check_files, decode_resized, load_data_spec
 from .dist import Dist, gather_objects
 from .metrics import DetStats
 from .weights import build_from, read_weights
-
-
-def rect_batches(shapes: list[tuple[int, int]], batch: int, imgsz: int, stride: int = STRIDE,
-                 pad: float = 0.5) -> list[tuple[list[int], tuple[int, int]]]:
-    """Ultralytics' rectangular validation batches: [(image indices, (H, W))]
-    for images of `shapes` (h, w), sorted by aspect ratio h/w."""
-    ratios = np.array([h / w for h, w in shapes], dtype=np.float64)
-    order = ratios.argsort(kind="stable")
-    out = []
-    for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
-        lo, hi = ratios[idx].min(), ratios[idx].max()
-        shape = [hi, 1.0] if hi < 1 else [1.0, 1 / lo] if lo > 1 else [1.0, 1.0]
-        h, w = (np.ceil(np.array(shape) * imgsz / stride + pad).astype(int) * stride).tolist()
-        out.append(([int(i) for i in idx], (h, w)))
-    return out
 
 
 def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]:
@@ -65,30 +47,18 @@ def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]
     return (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)), r
 
 
-def letterbox_to(img: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, float, tuple[int, int]]:
-    """Pad (and shrink if needed, never enlarge) to `shape` (H, W), centred;
-    an odd padding puts its extra pixel at the bottom/right. (canvas, gain, (left, top))."""
-    h, w = img.shape[:2]
-    gain = min(shape[0] / h, shape[1] / w, 1.0)
-    nh, nw = round(h * gain), round(w * gain)
-    if (nh, nw) != (h, w):
-        img = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
-    dh, dw = (shape[0] - nh) / 2, (shape[1] - nw) / 2
-    top, bottom, left, right = round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1)
-    canvas = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
-    return canvas, gain, (left, top)
-
-
 class ValBatches:
     """The rectangular batches of one split; `load(k)` reads batch k."""
 
-    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int):
+    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True):
         items, self.problems, _ = check_files(list(files), nc)
         self.paths = [it.path for it in items]
         self.shapes = [it.shape for it in items]
         self.labels = [it.labels for it in items]
         self.imgsz = imgsz
         self.batches = rect_batches(self.shapes, batch, imgsz)
+        if not rect:  # the same batches, each on an imgsz x imgsz canvas
+            self.batches = [(indices, (imgsz, imgsz)) for indices, _ in self.batches]
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -126,10 +96,11 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
 
 @torch.no_grad()
 def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
-             conf: float = 0.001, iou: float = 0.7, warn=print) -> dict | None:
+             conf: float = 0.001, iou: float = 0.7, rect: bool = True, warn=print) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
-    row per class (name, images, instances, precision, recall, map50, map50_95)."""
+    row per class (name, images, instances, precision, recall, map50, map50_95).
+    `rect=False` letterboxes every image to imgsz x imgsz (slower: more padding)."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = read_weights(weights)
@@ -142,7 +113,7 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
     labels = check_labels(spec, (split,))
-    sets = ValBatches(files, w.nc, size, batch)
+    sets = ValBatches(files, w.nc, size, batch, rect)
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")

@@ -47,3 +47,45 @@ class EvenShardSampler(Sampler[int]):
 def steps_per_epoch(n: int, world: int, batch_per_rank: int) -> int:
     """Batches each rank runs in one epoch (the last may be short)."""
     return math.ceil(math.ceil(n / world) / batch_per_rank)
+
+
+class RectBatchSampler(Sampler[list[int]]):
+    """Rectangular training batches that keep ranks in step.
+
+    `batches` are the global batches (dataset.batches: images of like aspect
+    ratio, one canvas shape each). Each epoch shuffles them as wholes with
+    (seed, epoch) alone, fills the short last one up to the global batch by
+    repeating its own images, and gives rank r the r-th slice of each. So
+    every rank runs ceil(n / global batch) steps, the same count as
+    steps_per_epoch, and at every step all ranks' batches share one shape,
+    a pure function of (seed, epoch, step): ranks never disagree on a shape
+    or run out of batches at different times, and a resume sees the same.
+    """
+
+    def __init__(self, batches: list[list[int]], batch_per_rank: int, rank: int, world: int, seed: int):
+        if not batches:
+            raise ValueError("cannot sample from an empty dataset")
+        self.batches, self.per_rank, self.rank, self.world, self.seed = batches, batch_per_rank, rank, world, seed
+        self.epoch = 0
+        self.start = 0  # batches of this epoch already run (resume mid-epoch)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """As EvenShardSampler's: `start` counts this rank's samples already consumed."""
+        self.epoch, self.start = epoch, start // self.per_rank
+
+    def order(self) -> list[list[int]]:
+        """This rank's batches for the epoch, the same on every run."""
+        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        total = self.per_rank * self.world
+        mine = []
+        for k in torch.randperm(len(self.batches), generator=g).tolist():
+            indices = self.batches[k]
+            full = (indices * math.ceil(total / len(indices)))[:total]
+            mine.append(full[self.rank * self.per_rank:(self.rank + 1) * self.per_rank])
+        return mine
+
+    def __iter__(self):
+        return iter(self.order()[self.start:])
+
+    def __len__(self) -> int:
+        return len(self.batches) - self.start

@@ -44,11 +44,15 @@ from .loss import DetectionLoss
 from .metrics import DetStats
 from .model import ALIASES, build_model
 from .progress import Progress
-from .sampler import EvenShardSampler, steps_per_epoch
+from .sampler import EvenShardSampler, RectBatchSampler, steps_per_epoch
+from .scale import rescale, step_size
 from .schedule import Schedule, build_optimizer
 from .weights import Weights, load_into, read_weights
 
 NO_STOP = Decision(NONE)
+# A folder: each rank appends `epoch batch height width` of every training
+# batch to rank-R.txt in it, so tests can check that the ranks agree.
+SHAPES_ENV = "HPCYOLO_STEP_SHAPES"
 CSV_FIELDS = ["epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
               "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", "time"]  # time: seconds in the training loop
 
@@ -72,15 +76,20 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     batch_per_rank = cfg.batch // d.world_size
     cache_dir = cache_folder(cfg)
     train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=AugmentHyp(mosaic=cfg.mosaic), seed=cfg.seed,
-                            cache=cfg.cache, cache_dir=cache_dir / "train", names_count=nc)
+                            cache=cfg.cache, cache_dir=cache_dir / "train", names_count=nc,
+                            rect_batch=cfg.batch if cfg.rect else 0)
     # Validation shards need no padding: no collective runs inside that loop.
+    # Rectangular batches, as ultralytics validates: less padding to compute.
     val_set = YoloDataset(spec.val[d.rank::d.world_size], cfg.imgsz, augment=False, hyp=AugmentHyp(),
-                          seed=cfg.seed, cache=cfg.cache, cache_dir=cache_dir / f"val-{d.rank}", names_count=nc)
+                          seed=cfg.seed, cache=cfg.cache, cache_dir=cache_dir / f"val-{d.rank}", names_count=nc,
+                          rect_batch=batch_per_rank)
     for problem in train_set.problems + val_set.problems:
         warn0(d, problem)
     refuse_unlearnable(cfg.data, train_set, nc)
-    sampler = EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
+    sampler = RectBatchSampler([idx for idx, _ in train_set.batches], batch_per_rank, d.rank, d.world_size, cfg.seed) \
+        if cfg.rect else EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
+    assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
 
     # -- the newest valid checkpoint, if any: it wins over --weights, and it
     # must be this run's (its settings, its shapes) before a file is written
@@ -148,13 +157,17 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         # Never fork loader workers while the checkpoint thread writes: a child
         # forked amid another thread's lock can hang, and the job with it.
         writer.wait()
-        loader = DataLoader(train_set, batch_size=batch_per_rank, sampler=sampler, num_workers=cfg.workers,
-                            collate_fn=collate, pin_memory=d.device.type == "cuda",
+        batching = dict(batch_sampler=sampler) if cfg.rect else dict(batch_size=batch_per_rank, sampler=sampler)
+        loader = DataLoader(train_set, **batching, num_workers=cfg.workers, collate_fn=collate,
+                            pin_memory=d.device.type == "cuda",
                             worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
         progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
         t0 = time.time() - seconds_before  # a resumed epoch counts the time before the stop too
         for i, (imgs, targets, _, _) in enumerate(loader, start=start_batch):
             imgs = imgs.to(d.device, non_blocking=True).float() / 255
+            if cfg.multi_scale:
+                imgs = rescale(imgs, step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, epoch * batches + i), cfg.imgsz)
+            record_shape(d, epoch, i, imgs.shape)
             last_micro = (i + 1) % accumulate == 0 or i + 1 == batches
             sync = nullcontext() if last_micro or not d.distributed else net.no_sync()
             with sync:
@@ -326,6 +339,14 @@ def settle_buckets(net, model, loss_fn, imgsz: int, device, amp: bool, amp_dtype
             b.copy_(saved)
 
 
+def record_shape(d: Dist, epoch: int, batch: int, shape: torch.Size) -> None:
+    """Append this batch's image size to the SHAPES_ENV folder, where set."""
+    folder = os.environ.get(SHAPES_ENV)
+    if folder:
+        with open(Path(folder) / f"rank-{d.rank}.txt", "a") as f:
+            f.write(f"{epoch} {batch} {shape[2]} {shape[3]}\n")
+
+
 def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:
     """In data-loader workers: Slurm signals the whole process group, and a
     worker killed by the warning signal would crash the loader before the
@@ -423,7 +444,7 @@ def cache_folder(cfg: TrainConfig) -> Path:
 def validate(d: Dist, model, dataset, cfg: TrainConfig, names: list[str], run: Path) -> dict:
     model.eval()
     stats = DetStats()
-    loader = DataLoader(dataset, batch_size=max(1, cfg.batch // d.world_size), num_workers=cfg.workers,
+    loader = DataLoader(dataset, batch_sampler=[indices for indices, _ in dataset.batches], num_workers=cfg.workers,
                         collate_fn=collate, worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
     drawn = 0
     for imgs, targets, _, _ in loader:

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from hpcyolo.local import free_port
-from hpcyolo_trainer.sampler import EvenShardSampler, steps_per_epoch
+from hpcyolo_trainer.sampler import EvenShardSampler, RectBatchSampler, steps_per_epoch
 
 SIZES = (1, 2, 5, 7, 10, 13)
 BATCH_PER_RANK = 3
@@ -58,3 +58,27 @@ def test_order_is_reproducible_and_resumable():
     assert list(b) == full[2:] and len(b) == len(full) - 2
     a.set_epoch(5)
     assert list(a) != full
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_rect_batches_split_whole_global_batches_across_ranks(world):
+    """Every rank gets one slice of the same global batch at every step (so one
+    canvas shape), the short last batch filled from its own images, the order
+    a function of (seed, epoch) alone."""
+    batch_per_rank, n = 2, 23  # 23: no world size divides it
+    batches = [list(range(k, min(k + world * batch_per_rank, n))) for k in range(0, n, world * batch_per_rank)]
+    samplers = [RectBatchSampler(batches, batch_per_rank, r, world, seed=7) for r in range(world)]
+    for s in samplers:
+        s.set_epoch(2)
+    orders = [s.order() for s in samplers]
+    assert {len(o) for o in orders} == {steps_per_epoch(n, world, batch_per_rank)} == {len(batches)}
+    for step in zip(*orders):
+        union = set().union(*step)
+        assert all(len(part) == batch_per_rank for part in step)
+        assert any(union <= set(b) for b in batches)  # one global batch per step
+    assert {i for o in orders for part in o for i in part} == set(range(n))  # every image, some twice
+    again = RectBatchSampler(batches, batch_per_rank, 1, world, seed=7)
+    again.set_epoch(2, start=2 * batch_per_rank)  # resumed after two steps
+    assert list(again) == orders[1][2:]
+    again.set_epoch(3)
+    assert again.order() != orders[1]
