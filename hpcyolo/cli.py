@@ -331,7 +331,10 @@ def _with_run_options(fn):
               help="Rectangular training batches (images sorted by aspect ratio, no mosaic, no affine).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Node-local folder for image caches (default: RUN_DIR/cache).")
-def train(run_dir: str, data: str, signal_name: str, **options) -> None:
+@click.option("--check-run", is_flag=True, help="Only check that --run-dir may take this run (it holds none, or "
+              "one with the same settings), writing nothing: the batch script of a job with run.resume: true asks "
+              "before it records a start.")
+def train(run_dir: str, data: str, signal_name: str, check_run: bool, **options) -> None:
     """Train the built-in detector: run once per GPU (the sbatch script does this).
 
     Reads the rank layout from Slurm or torchrun, resumes from the newest valid
@@ -342,6 +345,14 @@ def train(run_dir: str, data: str, signal_name: str, **options) -> None:
     Example:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
+    if check_run:
+        import pathlib
+
+        from . import rundir
+
+        config = train_config(run_dir, data, signal_name, **options).to_dict()
+        rundir.check_continues(pathlib.Path(run_dir), rundir.settings(config), for_job=True)
+        return
     from .preemption import PEER_LOST_EXIT_CODE, StopFlag
 
     # Catch the warning signal from the first moment: importing torch takes
@@ -377,7 +388,7 @@ def _this_process_vars(env: dict[str, str]) -> dict[str, str]:
     return found.standard_vars()
 
 
-def train_config(run_dir: str, data: str, signal_name: str, **options):
+def train_config(run_dir: str, data: str, signal_name: str, check_run: bool = False, **options):
     """The trainer's config of a `hpcyolo train` command line; also how a
     job's own command line is read before it runs (hpcyolo.rundir). No torch."""
     from hpcyolo_trainer.config import TrainConfig

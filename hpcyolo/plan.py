@@ -60,6 +60,22 @@ class JobPlan:
     peer_lost_exit_code: int = PEER_LOST_EXIT_CODE
 
     @property
+    def check_run_argv(self) -> tuple[str, ...] | None:
+        """The training command with --check-run: the batch script asks it,
+        before recording a start, whether RUN_DIR may take this run (None for
+        a custom entrypoint, whose run directory is its own). Where the
+        cache lives is left out: it may differ between starts, and the
+        script names SCRATCH_DIR only later."""
+        if self.job.entrypoint:
+            return None
+        words = list(self.train_argv)
+        words = words[words.index("hpcyolo"):]  # after torchrun's words, if any
+        if "--cache-dir" in words:
+            i = words.index("--cache-dir")
+            del words[i:i + 2]
+        return (*self.step_prefix, *words, "--check-run")
+
+    @property
     def batch_per_rank(self) -> int:
         return self.job.train.batch // self.world_size
 

@@ -172,12 +172,14 @@ def refusal(run_dir: Path, saved: dict, request: dict, new_run: str, job_keys: b
             f"{', '.join(found)}: use a new run directory ({new_run}) to start a new run")
 
 
-def check_continues(run_dir: Path, request: dict, saved: dict | None = None) -> None:
+def check_continues(run_dir: Path, request: dict, saved: dict | None = None, for_job: bool = False) -> None:
     """The trainer's rule: refuse, before anything is written, a request that
     would continue the run in `run_dir` (its config.yaml, or `saved`: a
-    checkpoint's settings) with other settings."""
+    checkpoint's settings) with other settings. `for_job`: said to the
+    author of a job spec, in its keys."""
     saved = read_settings(run_dir) if saved is None else saved
-    why = refusal(run_dir, saved, request, "--run-dir") if saved is not None else None
+    new_run = JOB_NEW_RUN if for_job else "--run-dir"
+    why = refusal(run_dir, saved, request, new_run, job_keys=for_job) if saved is not None else None
     if why:
         raise HpcyoloError(why)
 

@@ -77,6 +77,14 @@ def test_train_refuses_another_run_and_resumes_the_same(tmp_path, datasets):
     other_seed = train(run, a, "--epochs", "1", "--seed", "1", "--imgsz", "96")
     assert_refused(other_seed, run, before, "seed (0 -> 1)", "imgsz (64 -> 96)")
 
+    # What a job's batch script asks before it records a start: the same rule,
+    # said in the job spec's keys, and nothing written either way.
+    check = train(run, a, "--epochs", "1", "--seed", "1", "--check-run")
+    assert_refused(check, run, before, "train.seed (0 -> 1)", "(run.name, or another job name)")
+    assert train(run, a, "--epochs", "5", "--check-run").returncode == 0 and snapshot(run) == before
+    assert train(tmp_path / "runs" / "new", a, "--check-run").returncode == 0
+    assert not (tmp_path / "runs" / "new").exists()
+
     # The same run, asked for more epochs from another folder (a relative --data): it resumes.
     same = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", os.path.relpath(a, tmp_path),
                            *TINY, "--epochs", "2"], capture_output=True, text=True, cwd=tmp_path,

@@ -285,3 +285,25 @@ def test_h_checkpoint_write_killed_half_way_resumes_from_the_previous(uninterrup
     assert "resumed from ckpt-000000006.pt" in log
     assert_identical(a_tmp / "runs" / "train-a", tmp_path / "runs" / "train-h")
     assert leftovers(scratch_root) == []
+
+
+def test_i_resume_with_other_settings_stops_before_the_script_writes(uninterrupted, tmp_path, shapes, slurm_env,
+                                                                      scratch_root):
+    # run.resume: true lets a job continue a run, but only the same run: the
+    # script asks the trainer's rule before it records a start or copies itself.
+    a_tmp, _, a_info, _ = uninterrupted
+    assert a_info["JobState"] == "COMPLETED"
+    run = tmp_path / "runs" / "train-a"
+    shutil.copytree(a_tmp / "runs" / "train-a", run)
+    files = lambda: {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+    spec = json.loads(job_file(tmp_path, "train-a", shapes).read_text())
+    spec["run"], spec["train"]["seed"] = {"resume": True}, 1
+    job = write(tmp_path / "train-a.yaml", json.dumps(spec))
+    job_id = submit(site_file(tmp_path, scratch_root), job, slurm_env, tmp_path)
+    info = slurm.wait(job_id, timeout=300, env=slurm_env)
+    log = job_log(tmp_path, "train-a", job_id)
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), log[-2000:]
+    assert f"hpcyolo: error: {run} holds a run of yolov8n on " in log and "differs in train.seed (0 -> 1)" in log, log
+    assert files() == before  # no start recorded, no script copied, nothing else touched
+    assert leftovers(scratch_root) == []
