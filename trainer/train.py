@@ -240,6 +240,11 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
 
         plot_results(run / "results.csv", run / "results.png")
     print0(d, f"done: results in {run}")
+    if d.distributed:
+        # Rank 0 draws the plot above while the others are done: none leaves
+        # the process group while another still holds it (a gloo rank that
+        # tore down meanwhile was seen to abort at exit).
+        torch.distributed.barrier()
     return finish(d, 0, keep_scratch=True)  # the batch script removes scratch after a success
 
 
