@@ -139,7 +139,7 @@ def validate(site: str, job: str) -> None:
     for warning in check_data(plan.data):
         click.echo(f"warning: {warning}", err=True)
     warn_job(plan, plan.run_dir)
-    click.echo(f"ok: {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world size {plan.world_size}, "
+    click.echo(f"ok: {plan.layout} = world size {plan.world_size}, "
                f"{plan.batch_per_rank} images per rank, launcher {plan.launcher}, time {plan.time}, "
                f"run {plan.run_dir}")
 
@@ -667,7 +667,7 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
         click.echo(report(checks))
         sys.exit(1 if any(c.status == "FAIL" for c in checks) else 0)
     plan = _load_plan(site, job) if job else None  # the job must validate against the site first
-    checks = run_doctor(site_config, plan.job if plan else None, plan.data if plan else None)
+    checks = run_doctor(site_config, plan.job if plan else None, plan.data if plan else None, plan=plan)
     click.echo(report(checks))
     if any(c.status == "FAIL" for c in checks):
         sys.exit(1)

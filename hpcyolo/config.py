@@ -361,11 +361,20 @@ class SiteConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Resources:
-    nodes: int = spec(1, doc="Number of nodes.", check=check_positive)
+    nodes: int = spec(1, doc="Number of nodes (with resources.gpus or tasks: at least this many).",
+                      check=check_positive)
     gpus_per_node: int | None = spec(None, doc="GPUs per node (one training process each); empty: all the site has.",
                                      check=check_positive)
     tasks_per_node: int | None = spec(None, doc="CPU sites only: training processes per node (default 1).",
                                       check=check_positive)
+    gpus: int | None = spec(None, doc="Instead of gpus_per_node, for nodes with different free GPU counts: this "
+                                      "many GPUs in all, one process each, as many on each node as Slurm finds "
+                                      "(--ntasks with --gpus-per-task=1).", check=check_positive)
+    tasks: int | None = spec(None, doc="CPU sites: instead of tasks_per_node, this many processes in all, as many "
+                                       "on each node as Slurm finds room for (--ntasks).", check=check_positive)
+    max_nodes: int | None = spec(None, doc="With resources.gpus or tasks: Slurm may spread them over up to this "
+                                           "many nodes (--nodes=nodes-max_nodes); empty: exactly resources.nodes.",
+                                 check=check_positive)
     cpus_per_task: int | None = spec(None, doc="CPUs per task (--cpus-per-task), to use part of a node; empty: "
                                                "the node's share (node.cpus over the tasks, or per GPU).",
                                      check=check_positive)

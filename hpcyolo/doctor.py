@@ -330,10 +330,30 @@ def check_dataset(data: str) -> Check:
     return Check("data", "PASS", f"{data}: splits and labels as the trainer needs them")
 
 
-def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None) -> list[Check]:
-    """Every check; `data`: the job's data YAML, resolved (plan.data)."""
-    slurm, _ = check_slurm(site)
+def check_layout(plan, version: tuple[int, int] | None) -> Check:
+    """The processes the job asks for, in words and in sbatch's options; an
+    uneven layout asks --gpus-per-task, which older Slurm lacks."""
+    asks = " ".join(f"--{name.replace('_', '-')}={value}" for name, value in plan.sbatch
+                    if name in ("nodes", "ntasks", "ntasks_per_node", "gpus_per_task", "gpus_per_node", "gres"))
+    text = f"{plan.layout} = world size {plan.world_size}, {plan.batch_per_rank} images per rank ({asks})"
+    if plan.uneven and plan.gpus_per_node and version and version < GPU_STYLE_SINCE["gpus-per-task"]:
+        need = GPU_STYLE_SINCE["gpus-per-task"]
+        return Check("layout", "FAIL", f"{text}: Slurm {version[0]}.{version[1]} does not know --gpus-per-task "
+                     f"(needs {need[0]}.{need[1]})", "use resources.gpus_per_node (the same count on every node)")
+    if plan.uneven:
+        text += "; each node gets as many processes as it has free " + ("GPUs" if plan.gpus_per_node else "CPUs") \
+                + ", and rank, local rank and local world size come from Slurm (SLURM_PROCID, SLURM_LOCALID, " \
+                  "SLURM_STEP_TASKS_PER_NODE)"
+    return Check("layout", "PASS", text)
+
+
+def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None, plan=None) -> list[Check]:
+    """Every check; `data`: the job's data YAML, resolved (plan.data);
+    `plan`: the job's plan, whose layout is explained."""
+    slurm, version = check_slurm(site)
     checks = [slurm]
+    if plan is not None:
+        checks.append(check_layout(plan, version))
     partition_ok = False
     if slurm.status == "PASS":
         partition = check_partition(site, job)

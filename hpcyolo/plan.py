@@ -33,10 +33,11 @@ class JobPlan:
     job_file: str
     command: str  # the command line that produced the plan, for the header
     launcher: str  # srun | torchrun
-    nodes: int
-    gpus_per_node: int
-    procs_per_node: int  # training processes per node
-    tasks_per_node: int  # Slurm tasks per node in the training step
+    nodes: int  # exactly this many, or with max_nodes at least this many
+    max_nodes: int | None  # an uneven layout: Slurm may use up to this many nodes
+    gpus_per_node: int  # an uneven layout: 1, a GPU per task
+    procs_per_node: int | None  # training processes per node; None: uneven, as Slurm places them
+    tasks_per_node: int | None  # Slurm tasks per node in the training step; None: uneven
     world_size: int
     cpus_per_task: int | None
     omp_threads: int
@@ -79,18 +80,41 @@ class JobPlan:
     def batch_per_rank(self) -> int:
         return self.job.train.batch // self.world_size
 
+    @property
+    def uneven(self) -> bool:
+        """resources.gpus or tasks: a total that Slurm spreads over the nodes."""
+        return self.procs_per_node is None
+
+    @property
+    def node_count(self) -> str:
+        """The nodes as sbatch's --nodes takes them: N, or MIN-MAX."""
+        return f"{self.nodes}-{self.max_nodes}" if self.max_nodes and self.max_nodes > self.nodes else str(self.nodes)
+
+    @property
+    def layout(self) -> str:
+        """The layout in words (the script's header, validate, doctor)."""
+        if not self.uneven:
+            return f"{self.nodes} node(s) x {self.procs_per_node} process(es)"
+        per = "free GPUs" if self.gpus_per_node else "room for"
+        return f"{self.world_size} process(es) over {self.node_count} node(s), as many on each as Slurm finds {per}"
+
 
 def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, command: str = "hpcyolo render",
               check_paths: bool = True) -> JobPlan:
-    gpus, procs = _processes_per_node(site, job, job_file)
     launcher = job.resources.launcher or site.slurm.launcher
-    tasks = 1 if launcher == "torchrun" else procs
-    world = job.resources.nodes * procs
+    total = _uneven_total(site, job, job_file, launcher)
+    if total:
+        gpus, procs, tasks, world = (1 if site.node.gpus else 0), None, None, total
+        cpus_per_task = _uneven_cpus_per_task(site, job, job_file, total)
+        omp = max(1, cpus_per_task // site.node.threads_per_core) if cpus_per_task else 1
+    else:
+        gpus, procs = _processes_per_node(site, job, job_file)
+        tasks = 1 if launcher == "torchrun" else procs
+        world = job.resources.nodes * procs
+        cpus_per_task = _cpus_per_task(site, job, job_file, gpus, procs, tasks)
+        # One OpenMP thread per physical core of the process's share.
+        omp = max(1, cpus_per_task // (procs // tasks) // site.node.threads_per_core) if cpus_per_task else 1
     _check_limits(site, job, job_file, world)
-
-    cpus_per_task = _cpus_per_task(site, job, job_file, gpus, procs, tasks)
-    # One OpenMP thread per physical core of the process's share.
-    omp = max(1, cpus_per_task // (procs // tasks) // site.node.threads_per_core) if cpus_per_task else 1
 
     data = (Path(job_file).parent / job.data.yaml).resolve() if not Path(job.data.yaml).is_absolute() \
         else Path(job.data.yaml)
@@ -107,18 +131,15 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
 
     return JobPlan(
         site=site, job=job, site_file=site_file, job_file=job_file, command=command,
-        launcher=launcher, nodes=job.resources.nodes, gpus_per_node=gpus, procs_per_node=procs,
-        tasks_per_node=tasks, world_size=world, cpus_per_task=cpus_per_task, omp_threads=omp,
+        launcher=launcher, nodes=job.resources.nodes, max_nodes=job.resources.max_nodes, gpus_per_node=gpus,
+        procs_per_node=procs, tasks_per_node=tasks, world_size=world, cpus_per_task=cpus_per_task, omp_threads=omp,
         time=format_time(parse_time(job.resources.time)), signal=signal,
-        sbatch=_sbatch_options(site, job, gpus, tasks, cpus_per_task, signal),
+        sbatch=_sbatch_options(site, job, gpus, tasks, cpus_per_task, signal, total),
         run_name=run_name, run_dir=f"{site.storage.runs}/{run_name}", data=str(data),
         scratch_dir=f"{site.storage.scratch}/hpcyolo-${{SLURM_JOB_USER}}/{run_name}", uses_scratch=uses_scratch,
         network_env=_network_env(site, gpus),
-        # --ntasks too: srun would otherwise take the allocation's SLURM_NTASKS
-        # (every training task) and refuse one task per node.
-        stage_srun=(f"--nodes={job.resources.nodes}", f"--ntasks={job.resources.nodes}", "--ntasks-per-node=1",
-                    *([f"--cpus-per-task={cpus_per_task * tasks}"] if cpus_per_task else []), *_container_options(site)),
-        train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus),
+        stage_srun=_stage_srun(site, job.resources.nodes, tasks, cpus_per_task),
+        train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus, total),
         step_prefix=_step_prefix(site, gpus),
         stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", "/data")),
         unstage_argv=("hpcyolo", "stage", "--remove", Var("SCRATCH_DIR")),
@@ -164,6 +185,78 @@ def _processes_per_node(site: SiteConfig, job: JobSpec, job_file: str) -> tuple[
     return gpus, gpus
 
 
+def _uneven_total(site: SiteConfig, job: JobSpec, job_file: str, launcher: str) -> int | None:
+    """The processes of an uneven layout (resources.gpus, or tasks on a CPU
+    site), checked against the site; None for an even one (N per node).
+
+    How it is asked of Slurm, and why so: `--ntasks=TOTAL` with one GPU per
+    task (`--gpus-per-task=1`) and `--nodes=MIN[-MAX]`. man sbatch: -n,
+    --ntasks "controller will ... allocate enough resources for N tasks";
+    -N, --nodes "minnodes[-maxnodes] ... as many nodes as possible within the
+    range specified and without delaying the initiation of the job";
+    --gpus-per-task "requires an explicit task count, e.g. -n ... This option
+    will implicitly set --gpu-bind=per_task:<gpus_per_task>", so each task
+    sees its own GPU (cuda:0). Slurm guarantees the total and a GPU per task,
+    and places as many tasks on a node as it has free GPUs (and CPUs): a node
+    with 2 free GPUs and two with 4 make one job of 10. Not a heterogeneous
+    job (`#SBATCH hetjob`, one component per node size): its components are
+    fixed shapes that must all be free at once, it cannot be a job array
+    (a sweep), and only the backfill scheduler starts it (Slurm's
+    heterogeneous_jobs page, Limitations)."""
+    res = job.resources
+    gpu_site = site.node.gpus > 0
+    key = "resources.gpus" if res.gpus is not None else "resources.tasks"
+    total = res.gpus if res.gpus is not None else res.tasks
+    if total is None:
+        if res.max_nodes is not None:
+            raise ConfigError(job_file, "resources.max_nodes", "only goes with resources.gpus or resources.tasks "
+                                                               "(a total spread over the nodes); an even layout "
+                                                               "has exactly resources.nodes")
+        return None
+    if res.gpus is not None and res.tasks is not None:
+        raise ConfigError(job_file, "resources.tasks", "give resources.gpus (GPU sites) or resources.tasks (CPU "
+                                                       "sites), not both")
+    if res.gpus is not None and not gpu_site:
+        raise ConfigError(job_file, key, f"site '{site.name}' has no GPUs; on a CPU site use resources.tasks")
+    if res.tasks is not None and gpu_site:
+        raise ConfigError(job_file, key, f"is for CPU sites; site '{site.name}' runs one process per GPU: use "
+                                         "resources.gpus")
+    per_node = "gpus_per_node" if gpu_site else "tasks_per_node"
+    if getattr(res, per_node) is not None:
+        raise ConfigError(job_file, key, f"is a total over all nodes: give it or resources.{per_node}, not both")
+    if launcher == "torchrun":
+        raise ConfigError(job_file, key, "torchrun starts the same number of workers on every node; an uneven "
+                                         "layout needs resources.launcher: srun (one Slurm task per process)")
+    most = res.max_nodes or res.nodes
+    if res.max_nodes is not None and res.max_nodes < res.nodes:
+        raise ConfigError(job_file, "resources.max_nodes", f"{res.max_nodes} is below resources.nodes "
+                                                           f"({res.nodes})")
+    if total < res.nodes:
+        raise ConfigError(job_file, key, f"{total} process(es) cannot cover {res.nodes} nodes (at least one each); "
+                                         "lower resources.nodes")
+    if gpu_site and total > most * site.node.gpus:
+        raise ConfigError(job_file, key, f"{total} GPUs do not fit on {most} node(s) of site '{site.name}' "
+                                         f"({site.node.gpus} each); raise resources.max_nodes")
+    return total
+
+
+def _uneven_cpus_per_task(site: SiteConfig, job: JobSpec, job_file: str, total: int) -> int | None:
+    """CPUs for each process of an uneven layout: resources.cpus_per_task,
+    else a GPU's share of a node, else (CPU site) a share of a node that
+    holds the most tasks when they fill the fewest nodes."""
+    cpus, asked = site.node.cpus, job.resources.cpus_per_task
+    if asked is not None:
+        if cpus is not None and asked > cpus:
+            raise ConfigError(job_file, "resources.cpus_per_task", f"{asked} is more than site '{site.name}' "
+                                                                   f"nodes have ({cpus})")
+        return asked
+    if cpus is None:
+        return None
+    if site.node.gpus:
+        return max(1, cpus // site.node.gpus)
+    return max(1, cpus // -(-total // job.resources.nodes))
+
+
 def _cpus_per_task(site: SiteConfig, job: JobSpec, job_file: str, gpus: int, procs: int,
                    tasks: int) -> int | None:
     """The job's resources.cpus_per_task, checked against the node; else a
@@ -202,20 +295,28 @@ def _check_limits(site: SiteConfig, job: JobSpec, job_file: str, world: int) -> 
                                                    f"got {job.train.batch}")
 
 
-def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int, cpus_per_task: int | None,
-                    signal: str) -> tuple[tuple[str, object], ...]:
+def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int | None, cpus_per_task: int | None,
+                    signal: str, total: int | None) -> tuple[tuple[str, object], ...]:
     s = site.slurm
-    gpu = {
-        "gres": ("gres", f"{s.gres_name}:{gpus}"),
-        "gpus-per-node": ("gpus_per_node", gpus),
-        "gpus-per-task": ("gpus_per_task", gpus // tasks),
-        "none": None,
-    }[s.gpu_request]
+    res = job.resources
+    if total:  # uneven: a total, one GPU per task (see _uneven_total)
+        nodes = f"{res.nodes}-{res.max_nodes}" if res.max_nodes and res.max_nodes > res.nodes else res.nodes
+        gpu = ("gpus_per_task", 1) if gpus else None
+        tasks_option = ("ntasks", total)
+    else:
+        nodes = res.nodes
+        gpu = {
+            "gres": ("gres", f"{s.gres_name}:{gpus}"),
+            "gpus-per-node": ("gpus_per_node", gpus),
+            "gpus-per-task": ("gpus_per_task", gpus // tasks),
+            "none": None,
+        }[s.gpu_request]
+        tasks_option = ("ntasks_per_node", tasks)
     logs = f"{site.storage.logs}/%x-%j.out" if site.storage.logs else "%x-%j.out"
     options = [
         ("job_name", job.name),
-        ("nodes", job.resources.nodes),
-        ("ntasks_per_node", tasks),
+        ("nodes", nodes),
+        tasks_option,
         ("cpus_per_task", cpus_per_task),
         gpu,
         ("mem", site.node.memory),
@@ -260,14 +361,35 @@ def _container_options(site: SiteConfig) -> tuple[str, ...]:
     return (*options, *(c.options or ()))
 
 
-def _train_srun(site: SiteConfig, nodes: int, tasks: int, cpus_per_task: int | None, gpus: int) -> tuple[str, ...]:
+def _stage_srun(site: SiteConfig, nodes: int, tasks: int | None, cpus_per_task: int | None) -> tuple[str, ...]:
+    """One task per node. --ntasks too: srun would otherwise take the
+    allocation's SLURM_NTASKS (every training task) and refuse one task per
+    node. An uneven layout may get more nodes than its minimum: the script
+    asks Slurm how many it got."""
+    if tasks is None:
+        options = [Raw('--nodes="$SLURM_JOB_NUM_NODES"'), Raw('--ntasks="$SLURM_JOB_NUM_NODES"')]
+    else:
+        options = [f"--nodes={nodes}", f"--ntasks={nodes}"]
+    options.append("--ntasks-per-node=1")
+    if cpus_per_task:
+        options.append(f"--cpus-per-task={cpus_per_task * (tasks or 1)}")
+    return (*options, *_container_options(site))
+
+
+def _train_srun(site: SiteConfig, nodes: int, tasks: int | None, cpus_per_task: int | None, gpus: int,
+                total: int | None) -> tuple[str, ...]:
     # --kill-on-bad-exit: one failed rank ends the step instead of leaving the
     # others blocked in a collective. --cpus-per-task is repeated on purpose:
     # since Slurm 22.05 srun no longer inherits it from the batch allocation.
-    options = ["--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks-per-node={tasks}"]
+    if total:  # uneven: every node of the allocation, its tasks where Slurm placed them
+        options = ["--kill-on-bad-exit=1", Raw('--nodes="$SLURM_JOB_NUM_NODES"'), f"--ntasks={total}"]
+    else:
+        options = ["--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks-per-node={tasks}"]
     if cpus_per_task:
         options.append(f"--cpus-per-task={cpus_per_task}")
-    if site.slurm.gpu_request == "gpus-per-task":
+    if total and gpus:
+        options.append("--gpus-per-task=1")
+    elif site.slurm.gpu_request == "gpus-per-task":
         options.append(f"--gpus-per-task={gpus // tasks}")
     return (*options, *site.slurm.extra_srun, *_container_options(site))
 

@@ -12,6 +12,7 @@ import re
 SBATCH_FLAGS: dict[str, str] = {
     "job_name": "--job-name",
     "nodes": "--nodes",
+    "ntasks": "--ntasks",
     "ntasks_per_node": "--ntasks-per-node",
     "cpus_per_task": "--cpus-per-task",
     "gres": "--gres",

@@ -48,7 +48,7 @@ SUBMITIT_PARAMETERS = {
 # Passed as sbatch options verbatim (submitit has no parameter for them, or
 # would spell them differently: its `time` is whole minutes, its signal is
 # always USR2).
-VERBATIM = {"reservation": "reservation", "requeue": "requeue", "signal": "signal", "time": "time"}
+VERBATIM = {"ntasks": "ntasks", "reservation": "reservation", "requeue": "requeue", "signal": "signal", "time": "time"}
 # Chosen by submitit itself: logs in its folder, opened in append mode.
 SUBMITIT_OWN = {"output", "open_mode"}
 
@@ -330,6 +330,10 @@ def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, swe
         names.append(plans[-1].run_name)
     if len(plans) > 1 and via != "submitit":
         raise HpcyoloError(f"--sweep runs as one submitit job array; drop --via {via}")
+    if plans[0].uneven and via != "sbatch":
+        # submitit counts tasks as nodes x tasks per node; the local launcher starts N per node.
+        raise HpcyoloError(f"{job_path}: resources.{'gpus' if plans[0].gpus_per_node else 'tasks'}: an uneven layout "
+                           f"is submitted with --via sbatch (or hpcyolo render SITE JOB | sbatch), not --via {via}")
     check_datasets(plans)
     if via == "sbatch":
         return submit_sbatch(plans[0], dry_run)

@@ -57,7 +57,7 @@ def test_a_key_one_level_too_high_names_its_section(tmp_path):
 @pytest.mark.parametrize("which, line, meant", [
     ("site", "partition: gpu", "slurm.partition"),  # not the look-alike 'preemption' at the top
     ("site", "account: proj", "slurm.account"),
-    ("job", "gpus: 2", "resources.gpus_per_node"),
+    ("job", "gpus: 2", "resources.gpus"),
     ("job", "epochs: 3", "train.epochs"),
 ])
 def test_a_key_at_the_wrong_level_suggests_its_section_before_a_look_alike(tmp_path, which, line, meant):

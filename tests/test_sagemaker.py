@@ -77,7 +77,8 @@ def test_two_hosts_train_to_completion(tmp_path):
                 p.kill()
     for name, p in procs.items():
         assert p.returncode == 0, f"{name}:\n{logs[name][-3000:]}"
-    ranks = sorted(re.findall(r"^rank (\d+): local rank (\d+), world size (\d+), host (\S+)$", logs["algo-1"], re.M))
-    assert ranks == [("0", "0", "4", "algo-1"), ("1", "1", "4", "algo-1"), ("2", "0", "4", "algo-2"),
-                     ("3", "1", "4", "algo-2")], logs["algo-1"][-3000:]
+    ranks = sorted(re.findall(r"^rank (\d+): local rank (\d+) of (\d+) on host (\S+), world size (\d+), device cpu$",
+                              logs["algo-1"], re.M))
+    assert ranks == [("0", "0", "2", "algo-1", "4"), ("1", "1", "2", "algo-1", "4"), ("2", "0", "2", "algo-2", "4"),
+                     ("3", "1", "2", "algo-2", "4")], logs["algo-1"][-3000:]
     assert (run / "weights" / "last.pt").is_file() and len((run / "results.csv").read_text().splitlines()) == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -306,4 +307,95 @@ def test_i_resume_with_other_settings_stops_before_the_script_writes(uninterrupt
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), log[-2000:]
     assert f"hpcyolo: error: {run} holds a run of yolov8n on " in log and "differs in train.seed (0 -> 1)" in log, log
     assert files() == before  # no start recorded, no script copied, nothing else touched
+    assert leftovers(scratch_root) == []
+
+
+RANK_LINE = re.compile(r"^rank (\d+): local rank (\d+) of (\d+) on host (\S+), world size (\d+), device (\S+)$", re.M)
+STAGE_LINE = re.compile(r"^hpcyolo stage: (?:copying .* on|.* already staged on) (node\d+)\b", re.M)
+
+
+def uneven_job(tmp_path: Path, name: str, data: Path, resources: dict) -> Path:
+    spec = {"name": name, "resources": {**resources, "time": "00:10:00"},
+            "data": {"yaml": str(data), "stage": True},
+            "train": {"model": "n", "epochs": 1, "batch": 6, "nbs": 6, "imgsz": 64, "workers": 2,
+                      "close_mosaic": 1, "seed": 0}}
+    return write(tmp_path / f"{name}.yaml", json.dumps(spec))
+
+
+def rank_layout(log: str) -> dict[int, tuple[int, int, str]]:
+    """rank -> (local rank, local world size, host), from the trainer's own lines."""
+    ranks = {}
+    for rank, local, local_world, host, world, device in RANK_LINE.findall(log):
+        assert (int(world), device) == (3, "cpu")
+        ranks[int(rank)] = (int(local), int(local_world), host)
+    return ranks
+
+
+def assert_uneven_run(tmp_path: Path, name: str, job_id: int, info: dict, expected: dict | None = None) -> None:
+    log = job_log(tmp_path, name, job_id)
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    ranks = rank_layout(log)
+    assert sorted(ranks) == [0, 1, 2], log[-3000:]
+    if expected is not None:
+        assert ranks == expected, log[-3000:]
+    by_host: dict[str, list[tuple[int, int]]] = {}
+    for local, local_world, host in ranks.values():
+        by_host.setdefault(host, []).append((local, local_world))
+    # Uneven: one node runs 2 processes, the other 1; on each node the local
+    # ranks are 0..n-1 and the local world size is n.
+    assert sorted(len(v) for v in by_host.values()) == [1, 2] and set(by_host) == {"node1", "node2"}
+    for pairs in by_host.values():
+        assert sorted(pairs) == [(i, len(pairs)) for i in range(len(pairs))]
+    # Staging: one stage task per node (they share this machine's /dev/shm:
+    # one copies, the other finds the copy complete).
+    assert sorted(STAGE_LINE.findall(log)) == ["node1", "node2"], log[-3000:]
+    assert (tmp_path / "runs" / name / "results.csv").read_text().count("\n") == 2
+    assert (tmp_path / "runs" / name / "weights" / "last.pt").is_file()
+
+
+def test_j_uneven_cpu_layout_three_tasks_over_two_nodes(tmp_path, shapes, slurm_env, scratch_root):
+    """A CPU site's `resources.tasks: 3` over 2 nodes: Slurm places 2 on one
+    node and 1 on the other; every rank learns its place from Slurm."""
+    job = uneven_job(tmp_path, "uneven-cpu", shapes, {"nodes": 2, "tasks": 3})
+    site = site_file(tmp_path, scratch_root)
+    r = subprocess.run([str(VENV_BIN / "hpcyolo"), "render", str(site), str(job)], env=slurm_env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks=3\n" in r.stdout and "--ntasks-per-node" not in r.stdout.split(
+        "set -euo")[0]
+    job_id = submit(site, job, slurm_env, tmp_path)
+    info = slurm.wait(job_id, timeout=900, env=slurm_env)
+    assert_uneven_run(tmp_path, "uneven-cpu", job_id, info)
+    assert leftovers(scratch_root) == []
+
+
+def test_k_uneven_gpus_where_one_node_has_one_free(tmp_path, shapes, slurm_env, scratch_root):
+    """`resources.gpus: 3` over 2 nodes of 8 GPUs, while another job holds 7
+    of node1's: Slurm must give node1 one process and node2 two. The GPUs are
+    the testbed's GRES (real scheduling, CUDA_VISIBLE_DEVICES per task, no
+    CUDA), so the processes train on the CPU."""
+    blocker = subprocess.run(["sbatch", "--parsable", "--nodelist=node1", "--nodes=1", "--gres=gpu:7",
+                              "--time=00:20:00", "--output=/dev/null", "--wrap", "sleep 900"],
+                             env=slurm_env, capture_output=True, text=True)
+    assert blocker.returncode == 0, blocker.stderr
+    blocker_id = int(blocker.stdout.strip().split(";")[0])
+    try:
+        wait_for(lambda: slurm.show_job(blocker_id, env=slurm_env).get("JobState") == "RUNNING", 60,
+                 "the job holding 7 GPUs of node1")
+        site = site_file(tmp_path, scratch_root)
+        spec = yaml.safe_load(site.read_text())
+        spec["node"].update(gpus=8, cpus=8)
+        spec["slurm"]["gpu_request"] = "gres"
+        write(site, yaml.safe_dump(spec))
+        job = uneven_job(tmp_path, "uneven-gpu", shapes, {"nodes": 2, "gpus": 3})
+        job_id = submit(site, job, slurm_env, tmp_path)
+        info = slurm.wait(job_id, timeout=900, env=slurm_env)
+        # Block distribution: rank 0 on the first node, where the batch script runs.
+        assert_uneven_run(tmp_path, "uneven-gpu", job_id, info,
+                          {0: (0, 1, "node1"), 1: (0, 2, "node2"), 2: (1, 2, "node2")})
+        log = job_log(tmp_path, "uneven-gpu", job_id)
+        assert "--gpus-per-task=1" in (tmp_path / "runs" / "uneven-gpu" / f"sbatch-{job_id}.sh").read_text()
+        assert "Traceback" not in log
+    finally:
+        subprocess.run(["scancel", str(blocker_id)], env=slurm_env, capture_output=True)
     assert leftovers(scratch_root) == []

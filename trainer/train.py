@@ -364,9 +364,11 @@ def say_ranks(d: Dist) -> None:
     """Rank 0 prints where every rank runs: a wrong layout (two ranks on one
     GPU, a host missing) shows at the start, not as a hang or a slow run."""
     if d.distributed:
-        for rank, local, world, host in gather_objects(d, (d.rank, d.local_rank, d.world_size,
-                                                           socket.gethostname())):
-            print0(d, f"rank {rank}: local rank {local}, world size {world}, host {host}")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        mine = (d.rank, d.local_rank, local_world, d.world_size, socket.gethostname(), str(d.device))
+        for rank, local, local_world, world, host, device in gather_objects(d, mine):
+            print0(d, f"rank {rank}: local rank {local} of {local_world} on host {host}, world size {world}, "
+                      f"device {device}")
 
 
 def seed_all(seed: int) -> None:
