@@ -305,7 +305,8 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
     free = shutil.disk_usage(where).free
     if not (job and job.data.stage and data):
         return Check("storage.scratch", "PASS", f"{where}: {free / 2**30:.1f} GiB free on this node")
-    from .stage import dataset_root, read_data_yaml, walk
+    from .dataset import dataset_root, read_data_yaml
+    from .stage import walk
 
     root = dataset_root(Path(data), read_data_yaml(data))
     need = walk(root).nbytes
