@@ -1,6 +1,10 @@
 """The dataset as every command sees it, without torch: the data YAML's
 splits and names, and whether the images have labels.
 
+Reading a data YAML (`read_data_yaml`, `dataset_root`, the splits) is here,
+once, for the trainer, `hpcyolo stage`, doctor and the preflight; so is what
+counts as a dataset archive (`archive_flags`), which staging unpacks.
+
 `hpcyolo validate` and `hpcyolo doctor` check a dataset on a login node with
 the same functions the trainer uses in the job, so a dataset that cannot be
 trained on is refused before it waits in the queue, and not only after.
@@ -12,16 +16,73 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, shown
-from .stage import archive_flags, dataset_root, read_data_yaml
+from .errors import ConfigError, HpcyoloError, shown
+from .yamlfile import as_written, read_yaml
 
 IMG_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 # More images without a label file than this share of a split is most likely
 # a labels/ folder half copied or misnamed, not background images on purpose.
 UNLABELLED_WARN = 0.5
+SPLITS = ("train", "val", "test", "minival")
+ARCHIVE_FLAGS = {  # suffix -> GNU tar's decompression option
+    ".tar": (), ".tar.gz": ("-z",), ".tgz": ("-z",), ".tar.zst": ("--zstd",), ".tar.zstd": ("--zstd",),
+    ".tzst": ("--zstd",), ".tar.xz": ("-J",), ".txz": ("-J",), ".tar.bz2": ("-j",), ".tbz2": ("-j",),
+}
 
 
 # == the data YAML ==========================================================
+
+def archive_flags(path: Path) -> tuple[str, ...] | None:
+    """tar's decompression options for an archive name, None if not an archive."""
+    name = path.name.lower()
+    suffix = next((s for s in sorted(ARCHIVE_FLAGS, key=len, reverse=True) if name.endswith(s)), None)
+    return None if suffix is None else ARCHIVE_FLAGS[suffix]
+
+
+def dataset_root(data_yaml: Path, spec: dict) -> Path:
+    """Ultralytics semantics: `path` is the root (relative to the YAML's
+    folder); empty means the YAML's folder itself."""
+    root = Path(spec.get("path") or ".")
+    return root if root.is_absolute() else (data_yaml.parent / root).resolve()
+
+
+def read_data_yaml(data_yaml: str | Path) -> dict:
+    path = Path(data_yaml)
+    return data_spec(read_yaml(path), path)
+
+
+def data_spec(raw: object, path: Path) -> dict:
+    """A parsed data YAML with numbers taken as written where a folder or a
+    class name is expected (`val: 2017`, `names: [3.10]`)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), "(top level)", "a data YAML must be a mapping")
+    spec = dict(raw)
+    for key in ("path", *SPLITS, "names"):
+        value = spec.get(key)
+        if isinstance(value, list):
+            spec[key] = [as_written(v) for v in value]
+        elif isinstance(value, dict) and key == "names":
+            spec[key] = {k: as_written(v) for k, v in value.items()}
+        elif key in spec:
+            spec[key] = as_written(value)
+    if not isinstance(spec.get("path") or "", str):
+        raise ConfigError(str(path), "path", f"must be a folder (a string), got {shown(spec['path'])}")
+    return spec
+
+
+def split_entries(data_yaml: Path, spec: dict) -> list[tuple[str, str]]:
+    """(key, entry) for every path the splits name: a folder, a .txt list or an image."""
+    out = []
+    for key in SPLITS:
+        value = spec.get(key)
+        for entry in value if isinstance(value, list) else [value]:
+            if entry is None or entry == "":
+                continue
+            if not isinstance(entry, str):
+                raise HpcyoloError(f"{data_yaml}: {key}: entries must be paths (strings), got {shown(entry)}")
+            out.append((key, entry))
+    return out
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:

@@ -22,8 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import slurm
 from .config import JobSpec, SiteConfig, limit_seconds
 from .errors import HpcyoloError, shown
+from .preemption import EXIT_CODE
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -37,13 +39,30 @@ class Check:
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
+    """A shell command of this node (not Slurm's: those go through
+    hpcyolo.slurm): (exit status, its output, or on failure what it said)."""
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"
     except subprocess.TimeoutExpired:
         return 124, f"{argv[0]}: no answer in 30 s"
+    return _said(r)
+
+
+def _said(r: subprocess.CompletedProcess) -> tuple[int, str]:
     return r.returncode, (r.stdout if r.returncode == 0 else (r.stderr.strip() or r.stdout.strip()))
+
+
+def _ask(question, *args) -> tuple[int, str]:
+    """A question to Slurm (a function of hpcyolo.slurm): (exit status, its
+    output, or on failure what it said); 127 when the command is not here,
+    124 when it gives no answer."""
+    try:
+        return _said(question(*args))
+    except slurm.NoAnswer as e:
+        return (127, f"{e.command}: not found") if e.missing else \
+            (124, f"{e.command}: no answer in {slurm.ASK_TIMEOUT} s")
 
 
 def _gres_gpus(gres: str) -> int:
@@ -57,7 +76,11 @@ def _gres_gpus(gres: str) -> int:
 
 
 def check_slurm(site: SiteConfig) -> tuple[Check, tuple[int, int] | None]:
-    code, out = _run(["scontrol", "--version"])
+    return slurm_check(site, *_ask(slurm.version))
+
+
+def slurm_check(site: SiteConfig, code: int, out: str) -> tuple[Check, tuple[int, int] | None]:
+    """The check of `scontrol --version`'s answer (exit status, output)."""
     m = re.search(r"(\d+)\.(\d+)", out) if code == 0 else None
     if not m:
         last = (out.strip().splitlines() or ["no output"])[-1][:160]
@@ -73,16 +96,22 @@ def check_slurm(site: SiteConfig) -> tuple[Check, tuple[int, int] | None]:
 
 
 def partition_rows() -> tuple[list[dict], str]:
-    code, out = _run(["sinfo", "-h", "-o", "%P|%l|%D|%c|%m|%G"])
+    code, out = _ask(slurm.partitions)
     if code != 0:
         return [], out
+    return parse_partitions(out), ""
+
+
+def parse_partitions(out: str) -> list[dict]:
+    """sinfo's lines (slurm.SINFO_FORMAT) as rows: name, default, limit,
+    nodes, cpus, mem, gpus."""
     rows = []
     for line in out.splitlines():
         name, limit, nodes, cpus, mem, gres = (line.split("|") + [""] * 6)[:6]
         rows.append({"name": name.rstrip("*"), "default": name.endswith("*"), "limit": limit, "nodes": int(nodes),
                      "cpus": int(re.sub(r"\D.*", "", cpus) or 0), "mem": int(re.sub(r"\D.*", "", mem) or 0),
                      "gpus": _gres_gpus(gres)})
-    return rows, ""
+    return rows
 
 
 def check_partition(site: SiteConfig, job: JobSpec | None) -> list[Check]:
@@ -126,7 +155,11 @@ def check_account(site: SiteConfig) -> Check:
     if not (site.slurm.account or site.slurm.qos):
         return Check("account/qos", "SKIP", "the site names no account or QOS")
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
-    code, out = _run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=account,qos"])
+    return account_check(site, *_ask(slurm.associations, user))
+
+
+def account_check(site: SiteConfig, code: int, out: str) -> Check:
+    """The check of sacctmgr's associations of the user (exit status, output)."""
     if code != 0 or not out.strip():
         return Check("account/qos", "SKIP", f"sacctmgr does not answer ({out.strip()[:100] or 'no associations'})")
     pairs = [line.split("|") for line in out.splitlines() if "|" in line]
@@ -172,7 +205,7 @@ def compute_node_interfaces(site: SiteConfig) -> tuple[str, list[str]] | str:
     """(host, interface names) of a compute node of the site's partition, from
     a one-task srun; or why no task ran."""
     s = site.slurm
-    argv = ["srun", "--nodes=1", "--ntasks=1", f"--immediate={PROBE_WAIT_S}", "--time=00:01:00",
+    argv = ["--nodes=1", "--ntasks=1", f"--immediate={PROBE_WAIT_S}", "--time=00:01:00",
             "--job-name=hpcyolo-doctor", "--quiet"]
     argv += [f"--{flag}={value}" for flag, value in (("partition", s.partition), ("account", s.account),
                                                       ("qos", s.qos), ("constraint", s.constraint),
@@ -181,13 +214,16 @@ def compute_node_interfaces(site: SiteConfig) -> tuple[str, list[str]] | str:
     # without, and the node probed is then one a training job gets.
     argv += {"gres": [f"--gres={s.gres_name}:1"], "gpus-per-node": ["--gpus-per-node=1"],
              "gpus-per-task": ["--gpus-per-task=1"], "none": []}[s.gpu_request]
-    argv += ["sh", "-c", "hostname; ls /sys/class/net"]
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_WAIT_S + 60)
-    except FileNotFoundError:
-        return "srun is not here"
-    except subprocess.TimeoutExpired:
-        return f"srun got no answer in {PROBE_WAIT_S + 60} s"
+        r = slurm.one_task(argv, ["sh", "-c", "hostname; ls /sys/class/net"], timeout=PROBE_WAIT_S + 60)
+    except slurm.NoAnswer as e:
+        return "srun is not here" if e.missing else f"srun got no answer in {PROBE_WAIT_S + 60} s"
+    return node_interfaces(r)
+
+
+def node_interfaces(r: subprocess.CompletedProcess) -> tuple[str, list[str]] | str:
+    """(host, interface names) from the probe's output (the host name, then
+    one interface per line); or why there is none."""
     lines = r.stdout.split()
     if r.returncode != 0 or len(lines) < 2:
         said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}, no output"])[-1]
@@ -305,7 +341,8 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
     free = shutil.disk_usage(where).free
     if not (job and job.data.stage and data):
         return Check("storage.scratch", "PASS", f"{where}: {free / 2**30:.1f} GiB free on this node")
-    from .stage import dataset_root, read_data_yaml, walk
+    from .dataset import dataset_root, read_data_yaml
+    from .stage import walk
 
     root = dataset_root(Path(data), read_data_yaml(data))
     need = walk(root).nbytes
@@ -423,11 +460,10 @@ def signal_wait(signal_name: str, result: str, timeout: float = 240.0) -> int:
         time.sleep(0.1)
     with open(result, "a") as f:
         f.write(f"got SIG{signal_name} on {host}\n" if got else f"no signal on {host}\n")
-    return 75 if got else 1
+    return EXIT_CODE if got else 1
 
 
 def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> list[Check]:
-    from . import slurm
     from .config import JobSpec
     from .loader import build
     from .plan import make_plan
@@ -462,7 +498,7 @@ def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> lis
         container=" and the container" if plan.step_prefix or site.container.runtime == "pyxis" else "",
         directives="\n".join(f"#SBATCH {d}" for d in directives), setup=render_setup(plan),
         result=quote(str(result)), srun=" ".join(quote(str(o)) for o in plan.train_srun),
-        command=" ".join(quote(w) for w in command), code=75)
+        command=" ".join(quote(w) for w in command), code=EXIT_CODE)
     (folder / "signal-test.sh").write_text(script)
     job_id = slurm.sbatch(script)
     checks = []

@@ -24,10 +24,6 @@ from . import slurm
 from .errors import HpcyoloError, SlurmError
 from .rundir import JOBS, RECORD
 
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE"}
-
-
 @dataclass
 class JobRecord:
     job: str
@@ -99,21 +95,29 @@ def slurm_state(job: str) -> dict[str, str] | None:
     """What Slurm says of the job: scontrol, then sacct; None if neither
     knows. Raises SlurmError when Slurm cannot be reached at all (no
     scontrol here, or no answer from its controller)."""
-    argv = ["scontrol", "show", "job", "-o", job]
-    r = slurm.run(argv, timeout=QUERY_TIMEOUT)
-    if r.returncode == 0 and r.stdout.strip():
-        fields = dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
-        return {"state": fields.get("JobState", "?"), "elapsed": fields.get("RunTime", "?"),
-                "limit": fields.get("TimeLimit", "?"), "nodes": fields.get("NodeList", "?"),
-                "restarts": fields.get("Restarts", "0"), "exit": fields.get("ExitCode", "?"),
-                "reason": fields.get("Reason", "None"), "stdout": fields.get("StdOut", ""), "source": "scontrol"}
-    slurm.check_reachable(r, argv)
+    record = slurm.job_record(job, timeout=QUERY_TIMEOUT)
+    if record is not None:
+        return scontrol_state(record)
     try:
-        r = slurm.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State,Elapsed,Timelimit,NodeList,ExitCode"],
-                      timeout=QUERY_TIMEOUT)
+        accounted = slurm.accounting(job, timeout=QUERY_TIMEOUT)
     except SlurmError:  # no sacct here: no accounting
         return None
-    line = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
+    return sacct_state(accounted or "")
+
+
+def scontrol_state(record: str) -> dict[str, str]:
+    """The state of a job from its `scontrol show job -o` line."""
+    fields = dict(w.split("=", 1) for w in record.split() if "=" in w)
+    return {"state": fields.get("JobState", "?"), "elapsed": fields.get("RunTime", "?"),
+            "limit": fields.get("TimeLimit", "?"), "nodes": fields.get("NodeList", "?"),
+            "restarts": fields.get("Restarts", "0"), "exit": fields.get("ExitCode", "?"),
+            "reason": fields.get("Reason", "None"), "stdout": fields.get("StdOut", ""), "source": "scontrol"}
+
+
+def sacct_state(text: str) -> dict[str, str] | None:
+    """The state of a job from sacct's lines (slurm.SACCT_FIELDS, `|`
+    between them; the last line is the newest allocation); None for none."""
+    line = text.strip().splitlines()[-1] if text.strip() else ""
     if not line:
         return None
     state, elapsed, limit, nodes, exit_code = (line.split("|") + ["?"] * 5)[:5]
@@ -177,7 +181,7 @@ def status(run: Path) -> str:
         restarts = f", {state['restarts']} requeue(s)" if state["restarts"] not in ("0", "?") else ""
         where = f" on {state['nodes']}" if state["nodes"] not in ("", "(null)", "None assigned") else ""
         reason = f" ({state['reason']})" if state["reason"] not in ("None", "") else ""
-        exit_code = f", exit {state['exit']}" if state["state"] in FINAL else ""
+        exit_code = f", exit {state['exit']}" if state["state"] in slurm.FINAL_STATES else ""
         took = f" for {state['elapsed']} of {state['limit']}" if state["elapsed"] != "?" else ""
         lines.append(f"state     {state['state']}{reason}{took}{where}{restarts}{exit_code}  [{state['source']}]")
     lines.append(f"progress  {progress(run)}")
@@ -227,7 +231,7 @@ def logs(run: Path, rank: int | None, follow: bool, out=sys.stdout) -> None:
             if not follow:
                 return
             state = local_state(latest) if latest.via == "local" else slurm_state(latest.job)
-            if state is None or state["state"] in FINAL:
+            if state is None or state["state"] in slurm.FINAL_STATES:
                 out.write(f.read())  # what came while we asked
                 return
             time.sleep(1)
@@ -245,14 +249,11 @@ def cancel(run: Path) -> str:
         raise HpcyoloError(f"job {job} of {run} is process {job} on this machine, not a Slurm job: stop it with "
                            f"kill -TERM {job}")
     state = slurm_state(job)
-    if state and state["state"] in FINAL:
+    if state and state["state"] in slurm.FINAL_STATES:
         return _finished(job, run, state)
-    argv = ["scancel", job]
-    r = slurm.run(argv)
-    slurm.check_reachable(r, argv)
-    said = (r.stderr.strip() or r.stdout.strip()).replace("\n", "; ")
-    ended = "already completing or completed" in said or "Invalid job id" in said
-    if r.returncode == 0 and not ended:
+    code, said = slurm.try_cancel(job)
+    ended = cancel_too_late(said)
+    if code == 0 and not ended:
         return f"cancelled job {job} of {run}"
     if not ended:
         raise HpcyoloError(f"scancel {job}: {said or 'failed'}")
@@ -260,10 +261,16 @@ def cancel(run: Path) -> str:
     # job after MinJobAge (slurm.conf), and scancel then says only "Invalid
     # job id specified".
     state = slurm_state(job)
-    if state and state["state"] in FINAL:
+    if state and state["state"] in slurm.FINAL_STATES:
         return _finished(job, run, state)
     return (f"job {job} of {run} is not running: Slurm no longer knows it (it forgets finished jobs) and "
             "accounting (sacct) has no record of it, so its final state is unknown; nothing to cancel")
+
+
+def cancel_too_late(said: str) -> bool:
+    """Whether what scancel said means the job had ended: it is completing
+    or completed, or Slurm no longer knows it."""
+    return "already completing or completed" in said or "Invalid job id" in said
 
 
 def _finished(job: str, run: Path, state: dict[str, str]) -> str:

@@ -108,7 +108,8 @@ def check_room(scratch: str | None, data: str | None) -> Check:
         return Check("scratch room", "SKIP", "no staging")
     from pathlib import Path
 
-    from .stage import dataset_root, read_data_yaml, walk
+    from .dataset import dataset_root, read_data_yaml
+    from .stage import walk
 
     os.makedirs(scratch, exist_ok=True)
     free = shutil.disk_usage(scratch).free

@@ -54,7 +54,7 @@ def run_local(plan: JobPlan, resume: bool = False) -> int:
               file=sys.stderr)
         return code
     if plan.uses_scratch:  # every ending but one to resume from: the scratch goes
-        from .stage import remove
+        from .staged import remove
 
         remove(scratch)
     if code == 0:

@@ -36,7 +36,7 @@ def dataset_of(data: str) -> str:
     """The dataset a data YAML stands for: a staged copy's source (its
     marker names it), else the path made absolute. The ranks of a staged job
     read a copy in node-local scratch whose path is not the dataset's."""
-    from .entry import read_marker
+    from .staged import read_marker
 
     source = (read_marker(Path(data).parent) or {}).get("source") or {}
     return source.get("yaml") or source.get("archive") or os.path.abspath(data)

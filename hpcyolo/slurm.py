@@ -1,7 +1,10 @@
 """The thin wrapper around Slurm's commands: the only place hpcyolo runs them.
 
 Each call turns a missing command or a failure into a SlurmError that says
-which command failed and what it printed.
+which command failed and what it printed; NoAnswer where the command is not
+here or did not answer in time. The questions of `hpcyolo status|cancel`
+(hpcyolo.lifecycle) and `hpcyolo doctor` return what Slurm printed, which
+those modules parse and report.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_F
                           "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
 
 
+class NoAnswer(SlurmError):
+    """`command` is not here (`missing`), or gave no answer in time."""
+
+    def __init__(self, message: str, *, command: str, missing: bool) -> None:
+        super().__init__(message)
+        self.command = command
+        self.missing = missing
+
+
 def run(argv: list[str], *, input: str | None = None, env: Mapping[str, str] | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess:
     try:
@@ -27,9 +39,11 @@ def run(argv: list[str], *, input: str | None = None, env: Mapping[str, str] | N
         return subprocess.run(argv, input=input, env=None if env is None else dict(env), capture_output=True,
                               text=True, errors="surrogateescape", timeout=timeout)
     except FileNotFoundError:
-        raise SlurmError(f"{argv[0]}: command not found (is this a Slurm login node?)") from None
+        raise NoAnswer(f"{argv[0]}: command not found (is this a Slurm login node?)", command=argv[0],
+                       missing=True) from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{shlex.join(argv)}: no answer after {timeout:.0f} s") from None
+        raise NoAnswer(f"{shlex.join(argv)}: no answer after {timeout:.0f} s", command=argv[0],
+                       missing=False) from None
 
 
 # What Slurm's commands print when slurmctld does not answer, or when they
@@ -107,3 +121,69 @@ def requeue(job_id: int, env: Mapping[str, str] | None = None) -> None:
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
     argv = ["scontrol", "show", "hostnames", nodelist]
     return _check(run(argv, env=env if env is not None else os.environ), argv).split()
+
+
+# == questions whose answers the caller parses (lifecycle, doctor) ===========
+
+def job_record(job: str, *, timeout: float) -> str | None:
+    """`scontrol show job -o JOB`: the job's one line of KEY=VALUE words, or
+    None where slurmctld does not know the job (any more). SlurmError when
+    Slurm cannot be reached at all."""
+    argv = ["scontrol", "show", "job", "-o", job]
+    r = run(argv, timeout=timeout)
+    if r.returncode == 0 and r.stdout.strip():
+        return r.stdout
+    check_reachable(r, argv)
+    return None
+
+
+# The fields `accounting` asks sacct for, in this order.
+SACCT_FIELDS = "State,Elapsed,Timelimit,NodeList,ExitCode"
+
+
+def accounting(job: str, *, timeout: float) -> str | None:
+    """`sacct -j JOB -X -n -P -o SACCT_FIELDS`: one `|`-separated line per
+    allocation, or None where sacct fails (accounting off). SlurmError where
+    there is no sacct, or no answer."""
+    r = run(["sacct", "-j", job, "-X", "-n", "-P", "-o", SACCT_FIELDS], timeout=timeout)
+    return r.stdout if r.returncode == 0 else None
+
+
+def try_cancel(job: str) -> tuple[int, str]:
+    """`scancel JOB`: its exit status and what it said (stderr, else stdout,
+    on one line), for the caller to read; SlurmError when Slurm cannot be
+    reached at all."""
+    argv = ["scancel", job]
+    r = run(argv)
+    check_reachable(r, argv)
+    return r.returncode, (r.stderr.strip() or r.stdout.strip()).replace("\n", "; ")
+
+
+# How long doctor waits for each of its questions.
+ASK_TIMEOUT = 30
+
+
+def version() -> subprocess.CompletedProcess:
+    """`scontrol --version` ("slurm 23.11.4")."""
+    return run(["scontrol", "--version"], timeout=ASK_TIMEOUT)
+
+
+# The columns `partitions` asks sinfo for: name (a default one ends in *),
+# time limit, node count, CPUs, memory (MB), GRES.
+SINFO_FORMAT = "%P|%l|%D|%c|%m|%G"
+
+
+def partitions() -> subprocess.CompletedProcess:
+    """`sinfo -h -o SINFO_FORMAT`: one line per partition and node state."""
+    return run(["sinfo", "-h", "-o", SINFO_FORMAT], timeout=ASK_TIMEOUT)
+
+
+def associations(user: str) -> subprocess.CompletedProcess:
+    """`sacctmgr show assoc` of `user`: `account|qos,qos` lines."""
+    return run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=account,qos"], timeout=ASK_TIMEOUT)
+
+
+def one_task(options: list[str], command: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+    """`srun OPTIONS COMMAND`: one step (an allocation of its own), as doctor
+    runs it to look at a compute node."""
+    return run(["srun", *options, *command], timeout=timeout)

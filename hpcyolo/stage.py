@@ -15,8 +15,8 @@ its marker inside, so a directory at DEST is always complete. An exclusive
 lock next to DEST makes other tasks on the node wait for the one copying; a
 later stage of the same source (a requeued job on the same node) finds the
 marker and returns at once. The marker records what was stat'ed of the source;
-whether a copy is still current is decided in hpcyolo.entry, which the
-`hpcyolo` command runs before importing this module (or yaml, or click).
+whether a copy is still current is decided in hpcyolo.staged, which the
+`hpcyolo` command asks before importing this module (or yaml, or click).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import threading
 import time
 from pathlib import Path
 
-from .entry import (
+from .dataset import SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml, split_entries
+from .errors import HpcyoloError, shown
+from .staged import (
     MARKER,
     OWNER,
     already_staged,
@@ -41,17 +43,12 @@ from .entry import (
     is_current,
     node_name,
     read_marker,
+    remove,
     say,
     source_identity,
 )
-from .errors import ConfigError, HpcyoloError, shown
-from .yamlfile import as_written, dump_yaml, loads, read_yaml
+from .yamlfile import dump_yaml, loads
 
-SPLITS = ("train", "val", "test", "minival")
-ARCHIVE_FLAGS = {  # suffix -> GNU tar's decompression option
-    ".tar": (), ".tar.gz": ("-z",), ".tgz": ("-z",), ".tar.zst": ("--zstd",), ".tar.zstd": ("--zstd",),
-    ".tzst": ("--zstd",), ".tar.xz": ("-J",), ".txz": ("-J",), ".tar.bz2": ("-j",), ".tbz2": ("-j",),
-}
 # Room left free after the copy: filesystem overhead, the staged YAML, and (on
 # a tmpfs) memory the training processes still need.
 MARGIN_BYTES = 64 << 20
@@ -61,53 +58,6 @@ SMALL_FILE = 1 << 20  # copied with read + write; larger files with sendfile
 PARALLEL_FROM = 1024  # files; fewer are done in-process (a fork costs ~1 ms)
 MAX_WORKERS = 16
 GiB = 1 << 30
-
-
-# == data YAML (shared with the trainer) =====================================
-
-def dataset_root(data_yaml: Path, spec: dict) -> Path:
-    """Ultralytics semantics: `path` is the root (relative to the YAML's
-    folder); empty means the YAML's folder itself."""
-    root = Path(spec.get("path") or ".")
-    return root if root.is_absolute() else (data_yaml.parent / root).resolve()
-
-
-def read_data_yaml(data_yaml: str | Path) -> dict:
-    path = Path(data_yaml)
-    return data_spec(read_yaml(path), path)
-
-
-def data_spec(raw: object, path: Path) -> dict:
-    """A parsed data YAML with numbers taken as written where a folder or a
-    class name is expected (`val: 2017`, `names: [3.10]`)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(str(path), "(top level)", "a data YAML must be a mapping")
-    spec = dict(raw)
-    for key in ("path", *SPLITS, "names"):
-        value = spec.get(key)
-        if isinstance(value, list):
-            spec[key] = [as_written(v) for v in value]
-        elif isinstance(value, dict) and key == "names":
-            spec[key] = {k: as_written(v) for k, v in value.items()}
-        elif key in spec:
-            spec[key] = as_written(value)
-    if not isinstance(spec.get("path") or "", str):
-        raise ConfigError(str(path), "path", f"must be a folder (a string), got {shown(spec['path'])}")
-    return spec
-
-
-def _split_entries(data_yaml: Path, spec: dict) -> list[tuple[str, str]]:
-    """(key, entry) for every path the splits name: a folder, a .txt list or an image."""
-    out = []
-    for key in SPLITS:
-        value = spec.get(key)
-        for entry in value if isinstance(value, list) else [value]:
-            if entry is None or entry == "":
-                continue
-            if not isinstance(entry, str):
-                raise HpcyoloError(f"{data_yaml}: {key}: entries must be paths (strings), got {shown(entry)}")
-            out.append((key, entry))
-    return out
 
 
 def _inside(path: str, root: str) -> bool:
@@ -142,7 +92,7 @@ def _relocated_splits(data_yaml: Path, spec: dict, root: Path) -> dict:
 def _check_list_files(data_yaml: Path, spec: dict, root: Path) -> None:
     """A .txt split lists images relative to the root, or absolute: absolute
     lines would still be read from where they are, not from the copy."""
-    for key, entry in _split_entries(data_yaml, spec):
+    for key, entry in split_entries(data_yaml, spec):
         listing = root / entry
         if listing.suffix.lower() != ".txt" or not listing.is_file():
             continue
@@ -454,13 +404,6 @@ _C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 
 _ESCAPE = re.compile(rb"\\([0-7]{1,3}|.)", re.DOTALL)
 
 
-def archive_flags(path: Path) -> tuple[str, ...] | None:
-    """tar's decompression options for an archive name, None if not an archive."""
-    name = path.name.lower()
-    suffix = next((s for s in sorted(ARCHIVE_FLAGS, key=len, reverse=True) if name.endswith(s)), None)
-    return None if suffix is None else ARCHIVE_FLAGS[suffix]
-
-
 def _unquote(text: str) -> str:
     """GNU tar's --quoting-style=c: C escapes, octal for any other byte."""
     if "\\" not in text:
@@ -560,7 +503,7 @@ class Source:
                  spec: dict | None = None) -> None:
         self.path = path  # the data YAML, or the archive
         self.flags = flags  # tar options of an archive; None for a YAML
-        self.identity = identity  # what the marker records: see entry.source_identity
+        self.identity = identity  # what the marker records: see staged.source_identity
         self.root = root  # the dataset root of a YAML
         self.spec = spec
 
@@ -593,7 +536,7 @@ def _watched(data_yaml: Path, spec: dict, root: Path) -> set[str]:
     in any of them, without walking the tree. (A file rewritten in place is
     not noticed: touch the data YAML after that.)"""
     watched = {"."}
-    for _, entry in _split_entries(data_yaml, spec):
+    for _, entry in split_entries(data_yaml, spec):
         rel = os.path.relpath(os.path.normpath(os.path.join(root, entry)), root)
         head, sep, tail = f"/{rel}".rpartition("/images/")
         for p in {rel, f"{head}/labels/{tail}".lstrip("/")} if sep else {rel}:
@@ -830,18 +773,3 @@ def _mount_point(path: Path) -> str:
     while not os.path.ismount(path):
         path = path.parent
     return str(path)
-
-
-def remove(dest: str | Path) -> None:
-    """Remove a staged copy (or a whole scratch folder) and its lock file; a
-    missing one is fine."""
-    dest = Path(os.path.abspath(dest))
-    if dest == Path(dest.anchor):
-        raise HpcyoloError(f"stage: refusing to remove {dest}")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.parent.joinpath(f".{dest.name}.lock").unlink(missing_ok=True)
-    if dest.parent.name.startswith("hpcyolo-"):  # the user's folder in hpcyolo's layout, once empty
-        try:
-            dest.parent.rmdir()
-        except OSError:
-            pass  # another run of the user's is there

@@ -149,7 +149,7 @@ class TrainTask:
             return EXIT_CODE
         # Every ending but a requeue: the node's first task removes its scratch.
         if env.get("SLURM_LOCALID", "0") == "0" and self.plan.uses_scratch:
-            from .stage import remove
+            from .staged import remove
 
             remove(self.scratch_dir)
         if code != 0:

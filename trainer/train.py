@@ -311,7 +311,7 @@ def finish(d: Dist, code: int, keep_scratch: bool) -> int:
     cleanup()
     scratch = os.environ.get(SCRATCH_ENV)
     if not keep_scratch and scratch and d.local_rank == 0:
-        from hpcyolo.stage import remove
+        from hpcyolo.staged import remove
 
         remove(scratch)
     return code

@@ -1,0 +1,147 @@
+"""lifecycle (`hpcyolo status|cancel`) and doctor as parsers and reporters:
+what Slurm's commands printed, recorded in tests/slurm_output/, read by the
+functions that turn it into a job state or a check. No process is started:
+hpcyolo.slurm runs the commands, and its questions are replaced here by
+their recorded answers."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import write
+
+from hpcyolo import doctor, lifecycle, slurm
+from hpcyolo.config import load_site
+
+RECORDED = Path(__file__).parent / "slurm_output"
+
+
+def recorded(name: str) -> str:
+    return (RECORDED / name).read_text()
+
+
+def answer(name: str, code: int = 0) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess([], code, recorded(name) if code == 0 else "", "" if code == 0 else
+                                       recorded(name))
+
+
+SITE = {"name": "gpusite", "slurm": {"partition": "gpu", "account": "proj1", "qos": "long", "gpu_request": "gres",
+                                     "max_time": "2-00:00:00"},
+        "node": {"gpus": 4, "cpus": 64}, "network": {"interface": "ib0"},
+        "storage": {"runs": "/tmp/hpcyolo-doctor-test-runs"}}
+
+
+@pytest.fixture
+def site(tmp_path):
+    return load_site(write(tmp_path / "site.yaml", yaml.safe_dump(SITE)))
+
+
+# == lifecycle ===============================================================
+
+def test_a_running_job_from_scontrol():
+    state = lifecycle.scontrol_state(recorded("scontrol_show_job_running.txt"))
+    assert state == {"state": "RUNNING", "elapsed": "00:03:12", "limit": "01:00:00", "nodes": "node[1-2]",
+                     "restarts": "1", "exit": "0:0", "reason": "None", "stdout": "/home/u/shapes-4242.out",
+                     "source": "scontrol"}
+
+
+def test_a_pending_job_from_scontrol_has_a_reason_and_no_nodes():
+    state = lifecycle.scontrol_state(recorded("scontrol_show_job_pending.txt"))
+    assert (state["state"], state["reason"], state["nodes"], state["restarts"]) == ("PENDING", "Priority", "", "0")
+
+
+def test_sacct_gives_the_newest_allocation_and_the_state_without_who_cancelled():
+    state = lifecycle.sacct_state(recorded("sacct_requeued_then_cancelled.txt"))
+    assert state == {"state": "CANCELLED", "elapsed": "00:00:41", "limit": "01:00:00", "nodes": "node3",
+                     "restarts": "?", "exit": "0:15", "reason": "None", "stdout": "", "source": "sacct"}
+    assert lifecycle.sacct_state("") is None and lifecycle.sacct_state("\n") is None
+
+
+def test_slurm_state_asks_scontrol_then_sacct_with_the_query_timeout(monkeypatch):
+    asked = []
+    monkeypatch.setattr(slurm, "job_record", lambda job, timeout: asked.append(("scontrol", job, timeout)))
+    monkeypatch.setattr(slurm, "accounting", lambda job, timeout: asked.append(("sacct", job, timeout))
+                        or recorded("sacct_requeued_then_cancelled.txt"))
+    assert lifecycle.slurm_state("4242")["state"] == "CANCELLED"
+    assert asked == [("scontrol", "4242", 15), ("sacct", "4242", 15)] and lifecycle.QUERY_TIMEOUT == 15
+
+
+@pytest.mark.parametrize("name, too_late", [("scancel_completed.txt", True), ("scancel_forgotten.txt", True),
+                                            ("scancel_denied.txt", False)])
+def test_what_scancel_says_of_a_job_that_had_ended(name, too_late):
+    assert lifecycle.cancel_too_late(recorded(name)) is too_late
+
+
+def test_a_job_that_ended_between_scontrol_and_scancel_is_reported_finished(tmp_path, monkeypatch):
+    run = write(tmp_path / "run" / "hpcyolo-run", "job 4242 restart 0 on node1\n").parent
+    records = iter([recorded("scontrol_show_job_running.txt"),
+                    recorded("scontrol_show_job_running.txt").replace("JobState=RUNNING", "JobState=COMPLETED")])
+    monkeypatch.setattr(slurm, "job_record", lambda job, timeout: next(records))
+    monkeypatch.setattr(slurm, "try_cancel", lambda job: (1, recorded("scancel_completed.txt").strip()))
+    assert lifecycle.cancel(run) == (f"job 4242 of {run} had already finished: COMPLETED, exit 0:0 [scontrol]; "
+                                     "nothing to cancel")
+
+
+def test_final_states_have_one_home():
+    assert not hasattr(lifecycle, "FINAL")
+    assert {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED"} <= slurm.FINAL_STATES
+
+
+# == doctor ==================================================================
+
+def test_the_slurm_version(site):
+    check, version = doctor.slurm_check(site, 0, recorded("scontrol_version.txt"))
+    assert (check.status, version) == ("PASS", (23, 11))
+    check, version = doctor.slurm_check(site, 127, "scontrol: not found")
+    assert (check.status, version) == ("FAIL", None) and "(scontrol: not found)" in check.detail
+
+
+def test_sinfo_rows():
+    rows = doctor.parse_partitions(recorded("sinfo.txt"))
+    assert [(r["name"], r["default"], r["limit"], r["nodes"], r["cpus"], r["mem"], r["gpus"]) for r in rows] == [
+        ("gpu", True, "2-00:00:00", 4, 64, 480000, 4), ("gpu", True, "2-00:00:00", 2, 64, 480000, 4),
+        ("debug", False, "30:00", 1, 8, 16000, 0), ("long", False, "infinite", 2, 128, 1000000, 8)]
+
+
+def test_the_partition_check_reads_sinfo(site, monkeypatch):
+    monkeypatch.setattr(slurm, "partitions", lambda: answer("sinfo.txt"))
+    checks = doctor.check_partition(site, None)
+    assert [(c.name, c.status) for c in checks] == [("partition", "PASS"), ("gpus", "PASS")]
+    assert checks[0].detail == "gpu: 6 node(s), time limit 2-00:00:00"
+
+
+def test_accounts_and_qos_from_sacctmgr(site):
+    assert doctor.account_check(site, 0, recorded("sacctmgr_assoc.txt")).status == "PASS"
+    check = doctor.account_check(site, 0, "proj2|normal\n")
+    assert check.status == "FAIL" and check.fix == "set slurm.account to one of: proj2"
+    assert doctor.account_check(site, 1, "").status == "SKIP"
+
+
+def test_a_missing_or_silent_slurm_command_is_reported_not_raised(monkeypatch):
+    def missing():
+        raise slurm.NoAnswer("sinfo: command not found", command="sinfo", missing=True)
+
+    def silent():
+        raise slurm.NoAnswer("sinfo -h: no answer after 30 s", command="sinfo", missing=False)
+
+    monkeypatch.setattr(slurm, "partitions", missing)
+    assert doctor.partition_rows() == ([], "sinfo: not found")
+    monkeypatch.setattr(slurm, "partitions", silent)
+    assert doctor.partition_rows() == ([], "sinfo: no answer in 30 s")
+
+
+def test_the_interfaces_of_a_compute_node_from_the_probe():
+    assert doctor.node_interfaces(answer("srun_interfaces.txt")) == ("gpu017", ["lo", "ib0", "hsn0"])
+    failed = subprocess.CompletedProcess([], 1, "", "srun: error: Unable to allocate resources: Invalid account\n")
+    assert doctor.node_interfaces(failed) == ("srun could not run a task on a compute node (srun: error: Unable to "
+                                              "allocate resources: Invalid account)")
+
+
+def test_the_preemption_exit_code_is_named_once():
+    from hpcyolo import preemption
+
+    assert "75" not in Path(doctor.__file__).read_text().replace("0.75", "")
+    assert preemption.EXIT_CODE == 75
