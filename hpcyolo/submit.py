@@ -293,7 +293,7 @@ def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     run_dir = Path(expand(plan.run_dir))
     check_job(plan, run_dir, plan.resume)
     job_id = slurm.sbatch(script)
-    logs = dict(plan.sbatch).get("output", "%x-%j.out").replace("%x", plan.job.name).replace("%j", str(job_id))
+    logs = dict(plan.sbatch).get("output", "%x-%j.out").replace("%x", plan.job_name).replace("%j", str(job_id))
     record_job(run_dir, {"job": str(job_id), "via": "sbatch", "name": plan.run_name,
                      "logs": str(Path(os.getcwd(), logs))})
     return [(str(job_id), run_dir)]
