@@ -176,10 +176,9 @@ def account_check(site: SiteConfig, code: int, out: str) -> Check:
 
 
 def _expand(path: str) -> str | None:
-    import getpass
+    from .rundir import try_expand
 
-    expanded = os.path.expandvars(path.replace("${SLURM_JOB_USER}", getpass.getuser()))
-    return None if "$" in expanded else expanded
+    return try_expand(path)
 
 
 def check_runs_writable(site: SiteConfig) -> Check:
@@ -420,31 +419,7 @@ def report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-# == the signal self-test ====================================================
-
-SIGNAL_TEST_SCRIPT = """\
-#!/bin/bash
-# hpcyolo doctor --signal-test: does the site's signal reach a task through
-# srun{container}, and may this user requeue a job?
-{directives}
-set -euo pipefail
-{setup}
-result={result}
-if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
-    echo "requeued: restart $SLURM_RESTART_COUNT" >> "$result"
-    exit 0
-fi
-set +e
-srun {srun} {command}
-status=$?
-set -e
-if [ "$status" -eq {code} ]; then
-    scontrol requeue "$SLURM_JOB_ID" && exit 0
-    echo "requeue refused" >> "$result"
-fi
-exit "$status"
-"""
-
+# == the signal self-test (its job script: templates/signal-test.sh.j2) =======
 
 def signal_wait(signal_name: str, result: str, timeout: float = 240.0) -> int:
     """In the test job's task: say ready, wait for the signal, record it."""
@@ -467,8 +442,7 @@ def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> lis
     from .config import JobSpec
     from .loader import build
     from .plan import make_plan
-    from .shell import quote
-    from .slurm_flags import sbatch_option
+    from .render import render_signal_test
 
     raw = {"name": "hpcyolo-signal-test", "resources": {"nodes": 1, "time": "00:10:00"},
            "data": {"yaml": "/dev/null"}, "train": {"batch": 1}}
@@ -489,16 +463,7 @@ def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> lis
         return [Check("signal test", "FAIL", f"cannot write in {root}: {e.strerror}",
                       "set storage.runs to a shared folder you can write")]
     result = folder / "result"
-    directives = [sbatch_option(k, v) for k, v in plan.sbatch if k not in ("output", "signal")]
-    directives += [sbatch_option("output", f"{folder}/%j.out"), *site.slurm.extra_sbatch]
-    from .render import render_setup
-
-    command = [*map(str, plan.step_prefix), "hpcyolo", "doctor", "--signal-wait", plan.signal, str(result)]
-    script = SIGNAL_TEST_SCRIPT.format(
-        container=" and the container" if plan.step_prefix or site.container.runtime == "pyxis" else "",
-        directives="\n".join(f"#SBATCH {d}" for d in directives), setup=render_setup(plan),
-        result=quote(str(result)), srun=" ".join(quote(str(o)) for o in plan.train_srun),
-        command=" ".join(quote(w) for w in command), code=EXIT_CODE)
+    script = render_signal_test(plan, result, f"{folder}/%j.out")
     (folder / "signal-test.sh").write_text(script)
     job_id = slurm.sbatch(script)
     checks = []

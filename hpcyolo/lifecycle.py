@@ -11,10 +11,7 @@ directory alone tells what happened.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +19,8 @@ from pathlib import Path
 
 from . import slurm
 from .errors import HpcyoloError, SlurmError
-from .rundir import JOBS, RECORD
+from .rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
+from .rundir import Start  # noqa: F401  (a start of a job, as callers of starts() know it)
 
 @dataclass
 class JobRecord:
@@ -31,49 +29,13 @@ class JobRecord:
     logs: str | None  # a path; submitit's has {rank} for per-rank logs
 
 
-@dataclass
-class Start:
-    """One line of RUN/hpcyolo-run: a start of a job (its first, or a requeue)."""
-
-    job: str
-    restart: str
-    host: str
-    log: str | None  # the job's output file, as the batch script saw it
-
-
-# `job ID restart N on HOST[ log PATH]` from the batch script (the path is
-# the rest of the line and may hold spaces; older scripts wrote no log),
-# `job ID restart N on HOST via submitit` from a submitit task.
-_START = re.compile(r"job (\S+) restart (\S+) on (\S*)(.*)")
-
-
-def starts(run: Path) -> list[Start]:
-    """The starts recorded in RUN/hpcyolo-run, oldest first."""
-    record = run / RECORD
-    out = []
-    for line in (record.read_text(errors="replace").splitlines() if record.exists() else []):
-        m = _START.fullmatch(line)
-        if m:
-            rest = m[4]
-            out.append(Start(m[1], m[2], m[3], rest[len(" log "):] if rest.startswith(" log ") else None))
-    return out
-
-
 def jobs(run: Path) -> list[JobRecord]:
     """The run's jobs, oldest first. The log path a batch script recorded
     for its job wins over the one guessed at submission: it is what Slurm
     used, and it outlives Slurm's memory of the job."""
     if not run.is_dir():
         raise HpcyoloError(f"{run}: no such run directory")
-    out: list[JobRecord] = []
-    submitted = run / JOBS
-    if submitted.exists():
-        for line in submitted.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            out.append(JobRecord(str(entry["job"]), entry.get("via", "?"), entry.get("logs")))
+    out = [JobRecord(str(entry["job"]), entry.get("via", "?"), entry.get("logs")) for entry in submitted(run)]
     known = {r.job: r for r in out}
     for start in starts(run):
         if start.job not in known:  # a job submitted by `hpcyolo render | sbatch`
@@ -148,18 +110,13 @@ def _alive(pid: int) -> bool:
 def progress(run: Path) -> str:
     """What the run directory says of the training."""
     parts = []
-    results = run / "results.csv"
-    if results.exists():
-        rows = list(csv.DictReader(results.open()))
-        if rows:
-            last = rows[-1]
-            parts.append(f"epoch {last['epoch']} done: mAP50 {float(last['metrics/mAP50']):.3f}, "
-                         f"mAP50-95 {float(last['metrics/mAP50-95']):.3f}")
-    ckpts = sorted((run / "checkpoints").glob("ckpt-*.pt")) if (run / "checkpoints").is_dir() else []
+    rows = read_results(run)
+    if rows:
+        parts.append(f"epoch {rows[-1]['epoch']} done: {scores(rows[-1])}")
+    ckpts = sorted((run / CHECKPOINTS).glob("ckpt-*.pt")) if (run / CHECKPOINTS).is_dir() else []
     if ckpts:
         parts.append(f"newest checkpoint {ckpts[-1].name}")
-    starts = (run / RECORD).read_text().count("\n") if (run / RECORD).exists() else 0
-    parts.append(f"{starts} start(s) recorded")
+    parts.append(f"{start_count(run)} start(s) recorded")
     return "; ".join(parts)
 
 
@@ -189,13 +146,13 @@ def status(run: Path) -> str:
     if log:
         lines.append(f"log       {log}")
     elif unreachable:
-        lines.append(f"log       unknown: {unreachable}, and RUN/hpcyolo-run records no log path")
+        lines.append(f"log       unknown: {unreachable}, and RUN/{RECORD} records no log path")
     else:
         lines.append(f"log       unknown: {NO_LOG_PATH}")
     return "\n".join(lines)
 
 
-NO_LOG_PATH = ("Slurm no longer knows the job, and RUN/hpcyolo-run records no log path (a script rendered by an "
+NO_LOG_PATH = (f"Slurm no longer knows the job, and RUN/{RECORD} records no log path (a script rendered by an "
                "older hpcyolo); by default it is NAME-JOBID.out in the folder the job was submitted from")
 
 

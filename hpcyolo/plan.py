@@ -12,7 +12,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import JobSpec, SiteConfig, format_time, limit_seconds, parse_time
+from . import rundir
+from .config import EnvironmentSite, JobSpec, SiteConfig, format_time, limit_seconds, parse_time
 from .errors import ConfigError
 from .models import DEFAULT as DEFAULT_MODEL
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
@@ -27,11 +28,15 @@ TORCHRUN_SIGNALS = ("TERM", "INT", "HUP")
 
 @dataclass(frozen=True, kw_only=True)
 class JobPlan:
+    """Everything the job does; the batch script's template reads nothing else."""
+
     site: SiteConfig
     job: JobSpec
     site_file: str
     job_file: str
     command: str  # the command line that produced the plan, for the header
+    site_name: str
+    job_name: str
     launcher: str  # srun | torchrun
     nodes: int  # exactly this many, or with max_nodes at least this many
     max_nodes: int | None  # an uneven layout: Slurm may use up to this many nodes
@@ -57,8 +62,22 @@ class JobPlan:
     unstage_argv: tuple[str, ...]
     preflight_argv: tuple[str, ...]
     train_argv: tuple[str, ...]
+    environment: EnvironmentSite  # the site's modules, venv and variables (templates/env.sh.j2)
+    extra_sbatch: tuple[str, ...]  # the site's own #SBATCH options, after the table's
+    container: str  # the site's container runtime for the steps (none, apptainer, singularity, pyxis)
+    master_suffix: str  # after the first host's name in MASTER_ADDR
+    resume: bool  # continue the run in run_dir if there is one (run.resume)
+    preflight: bool  # check the network, the port and scratch on every task first
+    stage: bool  # copy the dataset into node-local scratch first (data.stage)
+    sigterm: str  # the site's preemption.sigterm: requeue (when Slurm says so) or stop
+    max_requeues: int  # requeues after a checkpoint before the script stops asking
     preempt_exit_code: int = PREEMPT_EXIT_CODE
     peer_lost_exit_code: int = PEER_LOST_EXIT_CODE
+    # The run directory's files and words, from hpcyolo.rundir (shell forms).
+    record: Var = Var("RUN_DIR", f"/{rundir.RECORD}")  # the start record
+    start_line: Raw = Raw(f'"{rundir.SHELL_START}"')  # a line of it
+    preempt_marker: Raw = Raw(f'"{rundir.SHELL_PREEMPT_MARKER}"')  # the trainer's "checkpointed" file
+    already_holds: Raw = Raw(f'"hpcyolo: {rundir.already_holds("$RUN_DIR")}"')  # the never-overwrite refusal
 
     @property
     def check_run_argv(self) -> tuple[str, ...] | None:
@@ -131,6 +150,10 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
 
     return JobPlan(
         site=site, job=job, site_file=site_file, job_file=job_file, command=command,
+        site_name=site.name, job_name=job.name, environment=site.environment,
+        extra_sbatch=tuple(site.slurm.extra_sbatch), container=site.container.runtime,
+        master_suffix=site.network.master_suffix, resume=job.run.resume, preflight=job.preflight,
+        stage=job.data.stage, sigterm=site.preemption.sigterm, max_requeues=site.preemption.max_requeues,
         launcher=launcher, nodes=job.resources.nodes, max_nodes=job.resources.max_nodes, gpus_per_node=gpus,
         procs_per_node=procs, tasks_per_node=tasks, world_size=world, cpus_per_task=cpus_per_task, omp_threads=omp,
         time=format_time(parse_time(job.resources.time)), signal=signal,

@@ -1,7 +1,8 @@
 """Render a plan into an sbatch script: a pure function of the plan.
 
 One Jinja environment, strict about undefined names, with the shell-quoting
-filters of hpcyolo.shell for every interpolated value.
+filters of hpcyolo.shell for every interpolated value. The templates read the
+plan (and hpcyolo's version) only: what the script does is what the plan says.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .plan import JobPlan
-from .rundir import RECORD
-from .shell import Var, comment, join, quote, quote_path, wrap
+from .shell import comment, join, quote, quote_path, wrap
 from .slurm_flags import sbatch_option
 
 
@@ -41,22 +41,26 @@ def _environment():
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.filters.update(q=quote, qpath=quote_path, args=join, wrap=wrap, comment=comment)
+    # `name | sbatch(value)`: a generic resource as its sbatch option (hpcyolo.slurm_flags).
+    env.filters.update(q=quote, qpath=quote_path, args=join, wrap=wrap, comment=comment, sbatch=sbatch_option)
     return env
 
 
 def render_sbatch(plan: JobPlan) -> str:
-    template = _environment().get_template("sbatch.sh.j2")
-    return template.render(
-        plan=plan,
-        site=plan.site,
-        job=plan.job,
-        version=__version__,
-        record=Var("RUN_DIR", f"/{RECORD}"),  # the run's journal (hpcyolo.rundir)
-        sbatch_lines=[sbatch_option(name, value) for name, value in plan.sbatch] + list(plan.site.slurm.extra_sbatch),
-    )
+    return _environment().get_template("sbatch.sh.j2").render(plan=plan, version=__version__)
 
 
 def render_setup(plan: JobPlan) -> str:
     """The script's software-environment section alone (for submitit's setup)."""
-    return _environment().get_template("env.sh.j2").render(plan=plan, site=plan.site)
+    return _environment().get_template("env.sh.j2").render(plan=plan)
+
+
+def render_signal_test(plan: JobPlan, result: Path, output: str) -> str:
+    """`hpcyolo doctor --signal-test`'s job: one task of `plan`'s shape
+    waits for the site's signal, records it in `result`, and the job
+    requeues itself once; its log goes to `output`."""
+    # The step's words as plain strings: a site's $VAR in them stays literal
+    # (quoted whole), as the test job has always run them.
+    return _environment().get_template("signal-test.sh.j2").render(
+        plan=plan, result=str(result), output=output,
+        srun=[str(o) for o in plan.train_srun], prefix=[str(w) for w in plan.step_prefix])

@@ -9,8 +9,6 @@ stop, and running the same command again resumes.
 
 from __future__ import annotations
 
-import csv
-import getpass
 import os
 import sys
 from pathlib import Path
@@ -18,38 +16,28 @@ from pathlib import Path
 from .errors import HpcyoloError
 from .local import launch
 from .plan import JobPlan
-from .rundir import RECORD, check_job
+from . import rundir
 from .shell import Raw, Var
 
 
-def _expand(path: str, values: dict[str, str]) -> str:
-    """A plan path with $VARs, as the batch shell would expand it."""
-    expanded = os.path.expandvars(path.replace("${SLURM_JOB_USER}", values["SLURM_JOB_USER"]))
-    if "$" in expanded:
-        raise HpcyoloError(f"{path}: a variable in it is not set here")
-    return expanded
-
-
 def run_local(plan: JobPlan, resume: bool = False) -> int:
-    values = {"SLURM_JOB_USER": getpass.getuser()}
-    run_dir = Path(_expand(plan.run_dir, values))
-    scratch = Path(_expand(plan.scratch_dir, values))
-    check_job(plan, run_dir, resume or plan.job.run.resume, "add --resume (or set run.resume: true)")
+    run_dir = Path(rundir.expand(plan.run_dir))
+    scratch = Path(rundir.expand(plan.scratch_dir))
+    rundir.check_job(plan, run_dir, resume or plan.resume, rundir.LOCAL_RESUME_HOW)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / RECORD).open("a") as f:
-        f.write(f"local run on {os.uname().nodename}\n")
+    rundir.record_start(run_dir, rundir.local_start_line(os.uname().nodename))
     data = plan.data
-    if plan.job.data.stage:
+    if plan.stage:
         from .stage import stage
 
         data = str(stage(data, scratch / "data"))
-    values.update(RUN_DIR=str(run_dir), DATA=data, SCRATCH_DIR=str(scratch))
+    values = {"RUN_DIR": str(run_dir), "DATA": data, "SCRATCH_DIR": str(scratch)}
     argv = [_resolve(word, values) for word in plan.train_argv]
     if argv[0] == "hpcyolo":  # this very installation, whether or not it is on PATH
         argv[:1] = [sys.executable, "-m", "hpcyolo.cli"]
     print(f"hpcyolo run: {plan.world_size} process(es) on this machine, run directory {run_dir}", file=sys.stderr)
     code = launch(argv, plan.world_size, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if code == plan.preempt_exit_code:
+    if rundir.checkpointed(code):
         print("hpcyolo run: stopped after a checkpoint; add --resume to the same command to go on",
               file=sys.stderr)
         return code
@@ -71,10 +59,8 @@ def _resolve(word: object, values: dict[str, str]) -> str:
 
 
 def _summary(run_dir: Path) -> None:
-    results = run_dir / "results.csv"
-    if not results.exists():  # a custom entrypoint writes what it writes
+    rows = rundir.read_results(run_dir)
+    if not rows:  # a custom entrypoint writes what it writes
         return
-    last = list(csv.DictReader(results.open()))[-1]
-    print(f"hpcyolo run: epoch {last['epoch']}: mAP50 {float(last['metrics/mAP50']):.3f}, "
-          f"mAP50-95 {float(last['metrics/mAP50-95']):.3f}; plot {run_dir / 'results.png'}, "
-          f"weights {run_dir / 'weights'}", file=sys.stderr)
+    print(f"hpcyolo run: epoch {rows[-1]['epoch']}: {rundir.scores(rows[-1])}; plot {run_dir / rundir.RESULTS_PLOT}, "
+          f"weights {run_dir / rundir.WEIGHTS}", file=sys.stderr)

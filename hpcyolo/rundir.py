@@ -13,23 +13,41 @@ exactly one of the two tables (tests/test_rundir.py keeps them complete).
 
 The trainer checks (hpcyolo_trainer.train), and so do the commands that start
 a job before they submit or launch it; validate, render and submit --dry-run
-say beforehand what the job will do. No torch here.
+say beforehand what the job will do.
+
+This module is the one place that names the run directory's files and writes
+and reads its records: the start record (RECORD), the job journal (JOBS),
+results.csv, the preemption marker, and the refusal of a second run. The
+batch script keeps its shell form of the rule, with its text and file names
+from here (through the plan). No torch here.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .errors import HpcyoloError
 from .models import ALIASES, DEFAULT
+from .preemption import EXIT_CODE
 
 RECORD = "hpcyolo-run"  # a line per start of a job on the run (the batch script, submit, `hpcyolo run`)
 JOBS = "hpcyolo-jobs"  # what `hpcyolo submit` submitted for the run (JSON lines)
 CONFIG = "config.yaml"  # the trainer's settings, written by rank 0 once the request is accepted
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = "checkpoints"  # the trainer's checkpoints (hpcyolo_trainer.checkpoint names the files)
+WEIGHTS = "weights"  # last.pt and best.pt: the EMA model, for inference
+RESULTS = "results.csv"  # a row per finished epoch (RESULTS_COLUMNS)
+RESULTS_PLOT = "results.png"  # drawn from results.csv at the end of the run
+PREEMPTED = ".preempted-"  # + JOB-RESTART: the trainer checkpointed for a requeue (preempt_marker)
+RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
+                   "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr",
+                   "time")  # time: seconds in the training loop
 
 
 def dataset_of(data: str) -> str:
@@ -187,6 +205,8 @@ def check_continues(run_dir: Path, request: dict, saved: dict | None = None, for
 # == a job's run directory, before the job starts ============================
 
 JOB_NEW_RUN = "run.name, or another job name"
+RESUME_HOW = "set run.resume: true"  # how a job spec asks to continue its run
+LOCAL_RESUME_HOW = "add --resume (or set run.resume: true)"  # and `hpcyolo run`
 
 
 def planned_settings(plan, run_dir: Path) -> dict | None:
@@ -218,11 +238,17 @@ def job_verdict(plan, run_dir: Path, resume: bool, resume_how: str) -> tuple[boo
     if why:
         return False, why
     if not resume:
-        return False, f"{run_dir} already holds a run; {resume_how} to continue it, or choose another run.name"
+        return False, already_holds(run_dir, resume_how)
     return True, f"{run_dir} holds a run{' of ' + _what(saved) if saved else ''}: the job continues it"
 
 
-def check_job(plan, run_dir: Path, resume: bool, resume_how: str = "set run.resume: true") -> None:
+def already_holds(run_dir: Path | str, resume_how: str = RESUME_HOW) -> str:
+    """The never-overwrite rule's refusal of a request that does not ask to
+    continue the run (the batch script says it too, with "$RUN_DIR")."""
+    return f"{run_dir} already holds a run; {resume_how} to continue it, or choose another run.name"
+
+
+def check_job(plan, run_dir: Path, resume: bool, resume_how: str = RESUME_HOW) -> None:
     """The no-clobber rule, before a job is launched or submitted: a run
     directory that holds a run is continued only on request, and only by the
     same run."""
@@ -238,13 +264,170 @@ def warn_job(plan, run_dir: str) -> None:
     where the directory's path needs variables this shell lacks."""
     import sys
 
-    from .submit import expand
-
     try:
         path = Path(expand(run_dir))
     except HpcyoloError:
         return
-    verdict = job_verdict(plan, path, plan.job.run.resume, "set run.resume: true")
+    verdict = job_verdict(plan, path, plan.resume, RESUME_HOW)
     if verdict is not None:
         print(f"hpcyolo: warning: {verdict[1] if verdict[0] else 'the job would be refused: ' + verdict[1]}",
               file=sys.stderr)
+
+
+# == paths with variables ====================================================
+
+def expand(path: str, where: str = "") -> str:
+    """A plan path with $VARs ($SCRATCH, ${SLURM_JOB_USER}), as the batch
+    shell would expand it; outside a job SLURM_JOB_USER is this user. `where`
+    ends the error: what to do instead."""
+    expanded = try_expand(path)
+    if expanded is None:
+        raise HpcyoloError(f"{path}: a variable in it is not set here{where}")
+    return expanded
+
+
+def try_expand(path: str) -> str | None:
+    """expand(), or None where a variable in `path` is not set here."""
+    import getpass
+
+    expanded = os.path.expandvars(path.replace("${SLURM_JOB_USER}", getpass.getuser()))
+    return None if "$" in expanded else expanded
+
+
+# == the start record: a line per start of a job on the run ==================
+
+_LOG, _VIA = " log ", " via "
+# `job ID restart N on HOST[ log PATH]` from the batch script (the path is
+# the rest of the line and may hold spaces; older scripts wrote no log),
+# `job ID restart N on HOST via submitit` from a submitit task.
+_START = re.compile(r"job (\S+) restart (\S+) on (\S*)(.*)")
+
+
+@dataclass
+class Start:
+    """One line of RUN/hpcyolo-run: a start of a job (its first, or a requeue)."""
+
+    job: str
+    restart: str
+    host: str
+    log: str | None  # the job's output file, as the batch script saw it
+
+
+def start_line(job: str, restart: str, host: str, via: str = "") -> str:
+    """The record of a job's start (the batch script adds its log's path)."""
+    return f"job {job} restart {restart} on {host}" + (f"{_VIA}{via}" if via else "")
+
+
+def local_start_line(host: str) -> str:
+    """The record of `hpcyolo run`'s start: no job, no requeue."""
+    return f"local run on {host}"
+
+
+# What the batch script appends to RECORD: its job, its restart, the master
+# host, and the log file's path when scontrol told it (shell words, in "").
+SHELL_START = start_line("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}", "$MASTER_ADDR") + \
+    "${LOG_FILE:+" + _LOG + "$LOG_FILE}"
+
+
+def record_start(run_dir: Path, line: str) -> None:
+    """Append one start (start_line, local_start_line) to the run's record."""
+    with open(run_dir / RECORD, "a") as f:
+        f.write(f"{line}\n")
+
+
+def starts(run: Path) -> list[Start]:
+    """The starts of jobs recorded in RUN/hpcyolo-run, oldest first."""
+    record = run / RECORD
+    out = []
+    for line in (record.read_text(errors="replace").splitlines() if record.exists() else []):
+        m = _START.fullmatch(line)
+        if m:
+            rest = m[4]
+            out.append(Start(m[1], m[2], m[3], rest[len(_LOG):] if rest.startswith(_LOG) else None))
+    return out
+
+
+def start_count(run: Path) -> int:
+    """Every start recorded, `hpcyolo run`'s too."""
+    return (run / RECORD).read_text().count("\n") if (run / RECORD).exists() else 0
+
+
+# == the job journal: what `hpcyolo submit` submitted for the run ============
+
+def record_job(run_dir: Path, entry: dict) -> None:
+    """One JSON line in RUN/hpcyolo-jobs: what was submitted, how, where its logs go."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / JOBS, "a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **entry}) + "\n")
+
+
+def submitted(run: Path) -> list[dict]:
+    """The journal's entries, oldest first (a line that is not JSON is skipped)."""
+    path = run / JOBS
+    entries = []
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
+
+
+# == results.csv =============================================================
+
+def read_results(run: Path) -> list[dict[str, str]]:
+    """results.csv's rows, oldest epoch first; none without the file (a
+    custom entrypoint writes what it writes)."""
+    path = run / RESULTS
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_result(run: Path, values: tuple) -> None:
+    """Add an epoch's row (RESULTS_COLUMNS' values, epoch first, counted
+    from 1) to results.csv, atomically: a resumed epoch replaces its old row."""
+    import io
+
+    from .fsutil import write_atomic
+
+    row = dict(zip(RESULTS_COLUMNS, values, strict=True))
+    rows = [r for r in read_results(run) if int(r["epoch"]) < int(row["epoch"])]
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(RESULTS_COLUMNS))
+    writer.writeheader()
+    writer.writerows([*rows, row])
+    write_atomic(run / RESULTS, text.getvalue().encode())
+
+
+def scores(row: dict[str, str]) -> str:
+    """`mAP50 0.123, mAP50-95 0.045`: an epoch's row in words."""
+    return f"mAP50 {float(row['metrics/mAP50']):.3f}, mAP50-95 {float(row['metrics/mAP50-95']):.3f}"
+
+
+# == the preemption marker, and what a job's end means =======================
+
+def preempt_marker(run_dir: Path | str, job: str, restart: str) -> str:
+    """The file the trainer leaves once its checkpoint is written, before it
+    exits EXIT_CODE (hpcyolo.preemption.MARKER_ENV names it to the trainer)."""
+    return f"{run_dir}/{PREEMPTED}{job}-{restart}"
+
+
+def preempt_markers(run: Path) -> list[Path]:
+    """Every marker in the run directory (a finished run removes them)."""
+    return sorted(run.glob(f"{PREEMPTED}*"))
+
+
+# The batch script's marker: this job, this start (shell words, in "").
+SHELL_PREEMPT_MARKER = preempt_marker("$RUN_DIR", "$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")
+
+
+def checkpointed(code: int, marker: str | None = None) -> bool:
+    """Whether a training step that ended with `code` stopped after a
+    checkpoint to be continued (requeue the job, or resume the run), rather
+    than ending in a way to pass on. The marker counts too: with srun
+    --kill-on-bad-exit, the first rank to exit EXIT_CODE gets the others
+    killed, and srun may then report their signal instead. The batch script
+    decides the same in shell (templates/sbatch.sh.j2)."""
+    return code == EXIT_CODE or (marker is not None and os.path.exists(marker))

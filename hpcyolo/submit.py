@@ -20,14 +20,12 @@ directory.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +33,8 @@ from .errors import HpcyoloError
 from .config import parse_time
 from .plan import JobPlan
 from .preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV, SIGTERM_ENV
-from .rundir import JOBS, RECORD, check_job, warn_job
+from .rundir import check_job, checkpointed, preempt_marker, record_job, record_start, start_line, warn_job
+from .rundir import expand as _expand
 from .shell import Raw, Var
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
@@ -65,7 +64,7 @@ def submitit_parameters(plan: JobPlan) -> dict:
             extra[VERBATIM[name]] = value
         elif name not in SUBMITIT_OWN:
             raise AssertionError(f"no submitit mapping for plan resource {name!r}")
-    for line in plan.site.slurm.extra_sbatch:
+    for line in plan.extra_sbatch:
         key, sep, value = line.lstrip("-").partition("=")
         extra[key] = value if sep else True
     # submitit's own clock (when a signal counts as a time-out) wants minutes.
@@ -108,23 +107,22 @@ class TrainTask:
         rank = int(env.get("SLURM_PROCID", "0"))
         run = Path(self.run_dir)
         job = _job_id(env)
+        restart = env.get("SLURM_RESTART_COUNT", "0")
         if rank == 0:
             run.mkdir(parents=True, exist_ok=True)
-            with open(run / RECORD, "a") as f:
-                f.write(f"job {job} restart {env.get('SLURM_RESTART_COUNT', '0')} on {os.uname().nodename} "
-                        f"via submitit\n")
+            record_start(run, start_line(job, restart, os.uname().nodename, via="submitit"))
         for name, value in self.plan.network_env:
             env[name] = os.path.expandvars(str(value))
         env["PYTHONUNBUFFERED"] = "1"
         env["OMP_NUM_THREADS"] = str(self.plan.omp_threads)
-        marker = f"{self.run_dir}/.preempted-{job}-{env.get('SLURM_RESTART_COUNT', '0')}"
+        marker = preempt_marker(self.run_dir, job, restart)
         env[MARKER_ENV] = marker
         if self.plan.uses_scratch:  # the trainer removes it when the job is cancelled or timed out
             env[SCRATCH_ENV] = self.scratch_dir
-        if self.plan.site.preemption.sigterm == "stop":
+        if self.plan.sigterm == "stop":
             env[SIGTERM_ENV] = "stop"
         data = self.plan.data
-        if self.plan.job.data.stage:
+        if self.plan.stage:
             from .stage import stage
 
             data = str(stage(data, Path(self.scratch_dir) / "data"))
@@ -141,7 +139,7 @@ class TrainTask:
         for s in {sig, signal.SIGTERM}:
             signal.signal(s, lambda signum, frame: caught.append(signum))
         code = subprocess.call(argv)
-        if code == EXIT_CODE or os.path.exists(marker):
+        if checkpointed(code, marker):
             if rank == 0 and callable(submitit_handler):
                 reason = Path(marker).read_text().strip() if os.path.exists(marker) else f"exit {EXIT_CODE}"
                 print(f"hpcyolo: checkpointed ({reason}); requeueing through submitit", file=sys.stderr, flush=True)
@@ -224,26 +222,15 @@ def point_name(base: str, point: dict[str, object]) -> str:
 # == submitting ==============================================================
 
 def expand(path: str) -> str:
-    import getpass
-
-    expanded = os.path.expandvars(path.replace("${SLURM_JOB_USER}", getpass.getuser()))
-    if "$" in expanded:
-        raise HpcyoloError(f"{path}: a variable in it is not set here; submit from where it is set")
-    return expanded
-
-
-def record(run_dir: Path, entry: dict) -> None:
-    """One JSON line in RUN/hpcyolo-jobs: what was submitted, how, where its logs go."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / JOBS, "a") as f:
-        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **entry}) + "\n")
+    """A run or scratch path as the job will see it (hpcyolo.rundir.expand)."""
+    return _expand(path, "; submit from where it is set")
 
 
 def executor_for(plans: list[JobPlan], folder: Path, parallel: int | None):
     import submitit
 
     plan = plans[0]
-    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=plan.site.preemption.max_requeues)
+    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=plan.max_requeues)
     params = submitit_parameters(plan)
     if len(plans) > 1:
         params["array_parallelism"] = parallel or plan.site.slurm.array_parallelism or len(plans)
@@ -260,7 +247,7 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
         if dry_run:
             warn_job(plan, str(run_dir))
         else:
-            check_job(plan, run_dir, plan.job.run.resume)
+            check_job(plan, run_dir, plan.resume)
     folder = (run_dirs[0] if len(plans) == 1 else run_dirs[0].parent / f".sweep-{first.job.name}") / "submitit"
     folder = Path(str(folder) + ("/%j" if len(plans) == 1 else "/%A_%a"))
     tasks = [TrainTask(p, str(r), expand(p.scratch_dir), p.signal) for p, r in zip(plans, run_dirs)]
@@ -286,7 +273,7 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
         why = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         raise HpcyoloError(f"sbatch refused the job (through submitit): {why[-1]}") from None
     for job, run_dir, name in zip(jobs, run_dirs, names):
-        record(run_dir, {"job": job.job_id, "via": "submitit", "name": name,
+        record_job(run_dir, {"job": job.job_id, "via": "submitit", "name": name,
                          "logs": str(folder.parent / f"{job.job_id}_{{rank}}_log.out"),
                          "submission": str(folder.parent / f"{job.job_id}_submission.sh")})
     return [(job.job_id, run_dir) for job, run_dir in zip(jobs, run_dirs)]
@@ -304,10 +291,10 @@ def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
         print(script, end="")
         return []
     run_dir = Path(expand(plan.run_dir))
-    check_job(plan, run_dir, plan.job.run.resume)
+    check_job(plan, run_dir, plan.resume)
     job_id = slurm.sbatch(script)
-    logs = dict(plan.sbatch).get("output", "%x-%j.out").replace("%x", plan.job.name).replace("%j", str(job_id))
-    record(run_dir, {"job": str(job_id), "via": "sbatch", "name": plan.run_name,
+    logs = dict(plan.sbatch).get("output", "%x-%j.out").replace("%x", plan.job_name).replace("%j", str(job_id))
+    record_job(run_dir, {"job": str(job_id), "via": "sbatch", "name": plan.run_name,
                      "logs": str(Path(os.getcwd(), logs))})
     return [(str(job_id), run_dir)]
 
@@ -365,7 +352,7 @@ def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
         print(f"would run on this machine, in the background: {plan.world_size} process(es), run directory "
               f"{run_dir}")
         return []
-    check_job(plan, run_dir, plan.job.run.resume)
+    check_job(plan, run_dir, plan.resume)
     folder = run_dir / "submitit"
     executor = submitit.LocalExecutor(folder=str(folder))
     executor.update_parameters(timeout_min=math.ceil(parse_time(plan.job.resources.time) / 60))
@@ -373,7 +360,7 @@ def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
         # Checked just above: the job's own start continues its run (as a
         # requeue does), though its record in RUN/hpcyolo-jobs is there by then.
         job = executor.submit(run_local, plan, True)
-    record(run_dir, {"job": str(job.job_id), "via": "local", "name": plan.run_name,
+    record_job(run_dir, {"job": str(job.job_id), "via": "local", "name": plan.run_name,
                      "logs": str(folder / f"{job.job_id}_0_log.out")})
     return [(str(job.job_id), run_dir)]
 

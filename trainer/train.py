@@ -6,11 +6,9 @@ check, validate, save) -> cleanup. Only rank 0 prints, saves and plots.
 
 from __future__ import annotations
 
-import csv
 import functools
 import getpass
 import hashlib
-import io
 import math
 import os
 import random
@@ -53,8 +51,6 @@ NO_STOP = Decision(NONE)
 # A folder: each rank appends `epoch batch height width` of every training
 # batch to rank-R.txt in it, so tests can check that the ranks agree.
 SHAPES_ENV = "HPCYOLO_STEP_SHAPES"
-CSV_FIELDS = ["epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
-              "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", "time"]  # time: seconds in the training loop
 
 
 def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
@@ -100,7 +96,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     if d.is_main:
         for partial in ckpt.remove_partials(run / rundir.CHECKPOINTS):
             warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
-        (run / "weights").mkdir(parents=True, exist_ok=True)
+        (run / rundir.WEIGHTS).mkdir(parents=True, exist_ok=True)
         write_atomic(run / rundir.CONFIG, yaml.safe_dump(settings, sort_keys=False).encode())
 
     weights = read_weights(cfg.weights) if cfg.weights and state is None else None
@@ -223,22 +219,22 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         if d.is_main:
             lr = optimizer.param_groups[0]["lr"]
             write_results(run, epoch, train_loss, metrics, lr, train_seconds)
-            save_weights(run / "weights" / "last.pt", ema.module, cfg, spec.names)
+            save_weights(run / rundir.WEIGHTS / "last.pt", ema.module, cfg, spec.names)
             if improved:
-                save_weights(run / "weights" / "best.pt", ema.module, cfg, spec.names)
+                save_weights(run / rundir.WEIGHTS / "best.pt", ema.module, cfg, spec.names)
             print(f"epoch {epoch + 1}/{cfg.epochs}: loss {train_loss.sum():.3f} "
                   f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
                   f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
                   f"mAP50-95 {metrics['map50_95']:.3f}", flush=True)
     writer.wait()
     if d.is_main:  # the run is complete: no marker of an earlier preemption stays behind
-        for marker in run.glob(".preempted-*"):
+        for marker in rundir.preempt_markers(run):
             marker.unlink(missing_ok=True)
         # Plotted once, at the end: drawing it every epoch kept the other
         # ranks waiting about a second per epoch (and a signal unanswered).
         from .plots import plot_results
 
-        plot_results(run / "results.csv", run / "results.png")
+        plot_results(run / rundir.RESULTS, run / rundir.RESULTS_PLOT)
     print0(d, f"done: results in {run}")
     if d.distributed:
         # Rank 0 draws the plot above while the others are done: none leaves
@@ -480,18 +476,10 @@ def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> 
 
 
 def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: float, seconds: float) -> None:
-    path = run / "results.csv"
-    rows = list(csv.DictReader(path.open())) if path.exists() else []
-    rows = [r for r in rows if int(r["epoch"]) < epoch + 1]  # a resumed epoch replaces its old row
-    rows.append({"epoch": epoch + 1, "train/box_loss": f"{loss[0]:.5f}", "train/cls_loss": f"{loss[1]:.5f}",
-                 "train/dfl_loss": f"{loss[2]:.5f}", "metrics/precision": f"{metrics['precision']:.5f}",
-                 "metrics/recall": f"{metrics['recall']:.5f}", "metrics/mAP50": f"{metrics['map50']:.5f}",
-                 "metrics/mAP50-95": f"{metrics['map50_95']:.5f}", "lr": f"{lr:.6g}", "time": f"{seconds:.1f}"})
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(path, text.getvalue().encode())
+    """The epoch's row of results.csv, in rundir.RESULTS_COLUMNS' order."""
+    rundir.write_result(run, (epoch + 1, f"{loss[0]:.5f}", f"{loss[1]:.5f}", f"{loss[2]:.5f}",
+                              f"{metrics['precision']:.5f}", f"{metrics['recall']:.5f}", f"{metrics['map50']:.5f}",
+                              f"{metrics['map50_95']:.5f}", f"{lr:.6g}", f"{seconds:.1f}"))
 
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:

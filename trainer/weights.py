@@ -25,6 +25,7 @@ import torch
 
 from hpcyolo.errors import HpcyoloError, shown
 from hpcyolo.models import MAX_STRIDE
+from hpcyolo.rundir import WEIGHTS
 
 from . import safe_pickle
 from .model import REG_MAX, DetectionModel, build_model, resolve_model
@@ -42,7 +43,7 @@ ULTRALYTICS_LAYERS = {
     "yolo11": _STAGES8 + ("backbone.stage5.3", None, None, "neck.td4", None, None, "neck.td3", "neck.down3", None,
                           "neck.bu4", "neck.down4", None, "neck.bu5", "head"),
 }
-_NOT_WEIGHTS = "not hpcyolo weights such as RUN/weights/best.pt, nor an ultralytics checkpoint"
+_NOT_WEIGHTS = f"not hpcyolo weights such as RUN/{WEIGHTS}/best.pt, nor an ultralytics checkpoint"
 _ULTRALYTICS_NAME = re.compile(r"(yolov8|yolo11)([nsmlx])?")
 
 
