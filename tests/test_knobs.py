@@ -164,3 +164,29 @@ def test_train_refuses_a_batch_that_does_not_split_over_the_ranks(tmp_path):
     assert (r.returncode, r.stderr.splitlines()) == (
         2, ["hpcyolo: error: --batch: must be a multiple of the world size (4), got 10"])
     assert not (tmp_path / "run").exists()
+
+
+def test_every_job_key_reaches_the_trainer(tmp_path):
+    """A job spec that sets every setting it has, off its default: the
+    batch script's `hpcyolo train`, read by its own options, gives the
+    trainer each value (the job spec's keys and the options stay in step)."""
+    from hpcyolo.rundir import planned_settings
+
+    weights = write(tmp_path / "w.pt", "")
+    values = {"model": "s", "weights": str(weights), "epochs": 7, "batch": 16, "imgsz": 320, "workers": 2, "seed": 5,
+              "optimizer": "adamw", "lr0": 0.003, "nbs": 32, "close_mosaic": 3, "multi_scale": 0.25, "rect": True}
+    job = (f"name: j\nresources: {{nodes: 1, time: '04:00:00'}}\ndata: {{yaml: {COCO8}, cache: ram}}\n"
+           f"train: {{{', '.join(f'{k}: {v}' for k, v in values.items())}}}\n"
+           "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900}\n")
+    site = GPU_SITE + "preemption: {signal: USR1}\n"
+    s, j = write(tmp_path / "site.yaml", site), write(tmp_path / "job.yaml", job)
+    plan = make_plan(load_site(s), load_job(j), site_file=str(s), job_file=str(j))
+    got = planned_settings(plan, tmp_path / "run")
+    expected = {**values, "cache": "ram", "save_every": 50, "keep": 2, "dist_timeout": 900, "signal": "USR1"}
+    sourced = {k.name for k in KNOBS if k.source}
+    assert sourced == expected.keys()  # a new job key for the trainer: set it above too
+    for k in KNOBS:
+        if k.source:
+            cls, name = k.source
+            assert got[k.name] != {f.name: f for f in dataclasses.fields(cls)}[name].default, k.name
+    assert {name: got[name] for name in expected} == expected
