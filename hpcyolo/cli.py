@@ -20,7 +20,6 @@ from click.exceptions import NoArgsIsHelpError
 
 from . import __version__
 from .errors import ConfigError, HpcyoloError, printable
-from .models import CHOICES
 
 
 class _Group(click.Group):
@@ -67,13 +66,14 @@ def _check_imgsz(ctx: click.Context, param: click.Parameter, value: int | None) 
     """--imgsz through the one check the job spec uses too (hpcyolo.models),
     as one line: a bad size would otherwise surface as a RuntimeError deep
     in the model, after torch and the data have loaded."""
+    from .knobs import OptionError
     from .models import check_imgsz
 
     if value is not None:
         try:
             check_imgsz(value)
         except ValueError as e:
-            raise HpcyoloError(f"--imgsz: {e}") from None
+            raise OptionError(f"--imgsz: {e}") from None
     return value
 
 
@@ -280,12 +280,36 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
     click.echo(str(data_yaml))
 
 
+def _knob_option(name: str):
+    """The option of `hpcyolo train` for the trainer's setting `name`: its
+    name, default, help and check all from hpcyolo.knobs."""
+    from .knobs import BY_NAME
+
+    k = BY_NAME[name]
+    default = k.value_default
+    if k.path == "file":
+        kind = click.Path(exists=True, dir_okay=False)
+    elif k.path == "folder":
+        kind = click.Path(file_okay=False)
+    elif k.choices:
+        kind = click.Choice(k.choices)
+    elif k.value_type is bool:
+        kind = None
+    else:
+        kind = k.value_type
+
+    def check(ctx: click.Context, param: click.Parameter, value):
+        k.validate(value)
+        return value
+
+    return click.option(k.flag, k.name, type=kind, default=default, show_default=default is not None,
+                        help=k.option_help, callback=check)
+
+
 _run_options = [
     click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory (shared)."),
     click.option("--data", required=True, type=click.Path(dir_okay=False), help="Data YAML."),
-    click.option("--signal", "signal_name", default="USR2", show_default=True,
-                 help="Signal that asks for a checkpoint and a requeue."),
-    click.option("--dist-timeout", default=600, show_default=True, help="Seconds a collective may wait."),
+    *(_knob_option(name) for name in ("signal", "dist_timeout")),
 ]
 
 
@@ -295,46 +319,23 @@ def _with_run_options(fn):
     return fn
 
 
+def _with_knob_options(fn):
+    """Every other setting of the trainer that has an option, in TrainConfig's order."""
+    from .knobs import KNOBS, RUN_LEVEL
+
+    for k in reversed(KNOBS):
+        if k.flag and k.name not in RUN_LEVEL:
+            fn = _knob_option(k.name)(fn)
+    return fn
+
+
 @main.command(short_help="Train the detector (one process per GPU).")
 @_with_run_options
-@click.option("--model", type=click.Choice(CHOICES), default=None,
-              help="Detector: yolov8n-x or yolo11n-x (n, s, m: the YOLOv8 sizes).  [default: n, or the architecture "
-                   "of --weights]")
-@click.option("--weights", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Start from these weights when the run has no checkpoint to resume: an ultralytics checkpoint "
-                   "(yolov8n.pt, a best.pt; read without running its pickle) or hpcyolo weights or a checkpoint.")
-@click.option("--epochs", default=100, show_default=True, help="Epochs to train.")
-@click.option("--batch", default=64, show_default=True, help="Global batch size.")
-@click.option("--imgsz", default=640, show_default=True, callback=_check_imgsz,
-              help="Training image size in pixels (a multiple of 32).")
-@click.option("--workers", default=4, show_default=True, help="Data-loader worker processes per rank.")
-@click.option("--seed", default=0, show_default=True, help="Random seed (each rank derives its own from it).")
-@click.option("--optimizer", type=click.Choice(["sgd", "adamw"]), default="sgd", show_default=True,
-              help="Optimizer.")
-@click.option("--lr0", type=float, default=None,
-              help="Initial learning rate.  [default: 0.01 for sgd, 0.001 for adamw]")
-@click.option("--cache", type=click.Choice(["none", "ram", "disk"]), default="none", show_default=True,
-              help="Decoded-image cache: none, ram (one per node, in --cache-dir) or disk.")
-@click.option("--save-every", default=0, show_default=True, help="Checkpoint every N steps (0: each epoch).")
-@click.option("--keep", default=3, show_default=True, help="Checkpoints to keep.")
-@click.option("--nbs", default=64, show_default=True, help="Nominal batch: gradients accumulate up to it.")
-@click.option("--warmup-epochs", default=3.0, show_default=True, help="Epochs of LR warm-up (at least 100 batches "
-              "unless 0).")
-@click.option("--cosine/--linear", default=False, show_default=True, help="LR decay shape after warm-up.")
-@click.option("--augment/--no-augment", default=True, show_default=True,
-              help="Training augmentation (mosaic, affine, HSV, flip); off: letterbox only, e.g. to check over-fitting.")
-@click.option("--close-mosaic", default=10, show_default=True, help="Last epochs trained without mosaic.")
-@click.option("--multi-scale", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
-              help="Multi-scale training: each step's image size drawn from imgsz x [1 - F, 1 + F] (a multiple "
-                   "of 32, the same on every rank); 0: off.")
-@click.option("--rect/--no-rect", default=False, show_default=True,
-              help="Rectangular training batches (images sorted by aspect ratio, no mosaic, no affine).")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="Node-local folder for image caches (default: RUN_DIR/cache).")
+@_with_knob_options
 @click.option("--check-run", is_flag=True, help="Only check that --run-dir may take this run (it holds none, or "
               "one with the same settings), writing nothing: the batch script of a job with run.resume: true asks "
               "before it records a start.")
-def train(run_dir: str, data: str, signal_name: str, check_run: bool, **options) -> None:
+def train(run_dir: str, data: str, signal: str, check_run: bool, **options) -> None:
     """Train the built-in detector: run once per GPU (the sbatch script does this).
 
     Reads the rank layout from Slurm or torchrun, resumes from the newest valid
@@ -350,20 +351,24 @@ def train(run_dir: str, data: str, signal_name: str, check_run: bool, **options)
 
         from . import rundir
 
-        config = train_config(run_dir, data, signal_name, **options).to_dict()
+        config = train_config(run_dir, data, signal, **options).to_dict()
         rundir.check_continues(pathlib.Path(run_dir), rundir.settings(config), for_job=True)
         return
     from .preemption import PEER_LOST_EXIT_CODE, StopFlag
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.
-    stop = StopFlag(signal_name)
+    stop = StopFlag(signal)
     os.environ.update(_this_process_vars(os.environ))
+    # What the job spec checks, with its words, before torch loads.
+    from .knobs import check_train
+
+    check_train({"signal": signal, **options}, int(os.environ.get("WORLD_SIZE", "1")))
     from hpcyolo_trainer.dist import lost_peer_line
     from hpcyolo_trainer.train import main as train_main
 
     try:
-        code = train_main(train_config(run_dir, data, signal_name, **options), stop)
+        code = train_main(train_config(run_dir, data, signal, **options), stop)
     except RuntimeError as e:  # a collective whose peer died: one line, not a traceback per rank
         line = lost_peer_line(e)
         if line is None:
@@ -388,12 +393,12 @@ def _this_process_vars(env: dict[str, str]) -> dict[str, str]:
     return found.standard_vars()
 
 
-def train_config(run_dir: str, data: str, signal_name: str, check_run: bool = False, **options):
+def train_config(run_dir: str, data: str, signal: str, check_run: bool = False, **options):
     """The trainer's config of a `hpcyolo train` command line; also how a
     job's own command line is read before it runs (hpcyolo.rundir). No torch."""
     from hpcyolo_trainer.config import TrainConfig
 
-    return TrainConfig(run_dir=run_dir, data=data, signal=signal_name, **options)
+    return TrainConfig(run_dir=run_dir, data=data, signal=signal, **options)
 
 
 @main.command(short_help="Detect objects in images with trained weights.")
@@ -677,7 +682,7 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
               short_help="Run a torch.distributed script with ranks set.")
 @_with_run_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_(run_dir: str, data: str, signal_name: str, dist_timeout: int, command: tuple[str, ...]) -> None:
+def exec_(run_dir: str, data: str, signal: str, dist_timeout: int, command: tuple[str, ...]) -> None:
     """Run COMMAND (any torch.distributed script) with the standard variables.
 
     Sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
@@ -690,7 +695,7 @@ def exec_(run_dir: str, data: str, signal_name: str, dist_timeout: int, command:
     """
     env = dict(os.environ)
     env.update(_this_process_vars(env))
-    env.update(HPCYOLO_RUN_DIR=run_dir, HPCYOLO_DATA=data, HPCYOLO_SIGNAL=signal_name,
+    env.update(HPCYOLO_RUN_DIR=run_dir, HPCYOLO_DATA=data, HPCYOLO_SIGNAL=signal,
                HPCYOLO_DIST_TIMEOUT=str(dist_timeout))
     try:
         os.execvpe(command[0], list(command), env)

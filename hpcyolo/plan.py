@@ -15,6 +15,7 @@ from pathlib import Path
 from . import rundir
 from .config import EnvironmentSite, JobSpec, SiteConfig, format_time, limit_seconds, parse_time
 from .errors import ConfigError
+from .knobs import batch_problem
 from .models import DEFAULT as DEFAULT_MODEL
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from .preemption import PEER_LOST_EXIT_CODE
@@ -313,9 +314,9 @@ def _check_limits(site: SiteConfig, job: JobSpec, job_file: str, world: int) -> 
     if site.preemption.grace and seconds <= site.preemption.grace:
         raise ConfigError(job_file, "resources.time", f"{job.resources.time} leaves no time before the "
                                                       f"preemption signal ({site.preemption.grace} s before the end)")
-    if job.train.batch % world:
-        raise ConfigError(job_file, "train.batch", f"must be a multiple of the world size ({world}), "
-                                                   f"got {job.train.batch}")
+    problem = batch_problem(job.train.batch, world)  # `hpcyolo train --batch` says the same
+    if problem:
+        raise ConfigError(job_file, "train.batch", problem)
 
 
 def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int | None, cpus_per_task: int | None,

@@ -60,7 +60,7 @@ class Decision:
 class StopFlag:
     """Set by the site's signal, SIGTERM and SIGINT; `decide` says what to do."""
 
-    def __init__(self, signal_name: str = "USR2"):
+    def __init__(self, signal_name: str):
         self.signal_name = signal_name
         self.received: list[str] = []
         drill = os.environ.get(DRILL_ENV)
