@@ -203,3 +203,34 @@ def check_train(options: dict[str, Any], world: int) -> None:
     problem = batch_problem(options.get("batch", BY_NAME["batch"].value_default), world)
     if problem:
         raise OptionError(f"--batch: {problem}")
+
+
+def read_train_argv(words: list[str]) -> dict[str, Any]:
+    """The values of a `hpcyolo train` command line (the words after
+    `train`), read by this table's flags, without click: how a job's own
+    command line is read before it runs (hpcyolo.rundir). --run-dir and
+    --data come back as run_dir and data; --check-run is left out."""
+    flags: dict[str, tuple[Knob, bool | None]] = {}
+    for k in KNOBS:
+        if k.flag:
+            on, _, off = k.flag.partition("/")
+            flags[on] = (k, True if off else None)
+            if off:
+                flags[off] = (k, False)
+    values: dict[str, Any] = {}
+    rest = iter(words)
+    for word in rest:
+        if word in ("--run-dir", "--data"):
+            values[word[2:].replace("-", "_")] = next(rest)
+        elif word == "--check-run":
+            continue
+        elif word in flags:
+            k, switch = flags[word]
+            if switch is not None:
+                values[k.name] = switch
+            else:
+                raw, tp = next(rest), k.value_type
+                values[k.name] = tp(raw) if tp in (int, float) else raw
+        else:
+            raise HpcyoloError(f"not an option of hpcyolo train: {word}")
+    return values

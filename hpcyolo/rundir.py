@@ -215,13 +215,15 @@ def planned_settings(plan, run_dir: Path) -> dict | None:
     entrypoint, which writes what it writes."""
     if plan.job.entrypoint:
         return None
-    from .cli import train, train_config
+    from hpcyolo_trainer.config import TrainConfig
+
+    from .knobs import read_train_argv
     from .shell import Var
 
     words = list(plan.train_argv)
     values = {"RUN_DIR": str(run_dir), "DATA": plan.data, "SCRATCH_DIR": str(run_dir / "scratch")}
     args = [w.resolve(values) if isinstance(w, Var) else str(w) for w in words[words.index("train") + 1:]]
-    return settings(train_config(**train.make_context("train", args).params).to_dict())
+    return settings(TrainConfig(**read_train_argv(args)).to_dict())
 
 
 def job_verdict(plan, run_dir: Path, resume: bool, resume_how: str) -> tuple[bool, str] | None:

@@ -99,27 +99,6 @@ def test_function_level_imports_count():
     assert "hpcyolo_trainer.train" in graph["hpcyolo.cli"]  # `from hpcyolo_trainer.train import ...` in a command
 
 
-# Edges that still close a cycle, each with the change of issue 17 that
-# removes it. Remove an entry once its edge is gone (the test below fails
-# until then); never add one.
-KNOWN_CYCLE_EDGES = {
-    ("hpcyolo.rundir", "hpcyolo.cli"): "rundir.planned_settings parses the train command's click options: "
-                                       "one source for the trainer's settings (point 4) removes it",
-    ("hpcyolo.rundir", "hpcyolo.submit"): "rundir.warn_job uses submit.expand: path expansion moves to the run "
-                                          "directory's module (point 2)",
-}
-
-
-def test_no_import_cycle_apart_from_the_known_edges():
-    graph = import_graph()
-    for (a, b), why in KNOWN_CYCLE_EDGES.items():
-        assert b in graph[a], f"{a} no longer imports {b}: remove it from KNOWN_CYCLE_EDGES ({why})"
-        graph[a] = graph[a] - {b}
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
-
-
-@pytest.mark.xfail(bool(KNOWN_CYCLE_EDGES), reason="the known edges still close a cycle", strict=True)
 def test_no_import_cycle_in_hpcyolo_and_trainer():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)

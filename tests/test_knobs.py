@@ -190,3 +190,22 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
             cls, name = k.source
             assert got[k.name] != {f.name: f for f in dataclasses.fields(cls)}[name].default, k.name
     assert {name: got[name] for name in expected} == expected
+
+
+def test_the_table_reads_a_command_line_as_click_does():
+    """rundir reads a job's `hpcyolo train` line with knobs.read_train_argv
+    (no click, no cli import); `hpcyolo train`'s own options must read every
+    flag the same way."""
+    from hpcyolo.cli import train
+    from hpcyolo.knobs import read_train_argv
+
+    args = ["--run-dir", "/r", "--data", "/d.yaml", "--model", "s", "--epochs", "7", "--batch", "16", "--imgsz", "320",
+            "--workers", "2", "--seed", "5", "--optimizer", "adamw", "--lr0", "0.003", "--warmup-epochs", "1.5",
+            "--cosine", "--nbs", "32", "--close-mosaic", "3", "--multi-scale", "0.25", "--rect", "--no-augment",
+            "--cache", "ram", "--cache-dir", "/c", "--save-every", "50", "--keep", "2", "--signal", "USR1",
+            "--dist-timeout", "900"]
+    clicked = train.make_context("train", list(args)).params
+    mine = read_train_argv(args)
+    assert {k: v for k, v in clicked.items() if k in mine} == mine
+    assert set(clicked) - set(mine) <= {k.name for k in KNOBS if k.flag is None} | {"check_run", "weights"}
+    assert len(mine) == (len(args) - 3) // 2 + 3  # every flag: 20 with a value, 3 switches
