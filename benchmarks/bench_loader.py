@@ -26,6 +26,7 @@ to-tensor and collate. Host-to-device does not exist on CPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -36,7 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 UL_PYTHON = "/work/bench-ul-venv/bin/python"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SIZES = [(640, 480), (480, 640), (640, 427), (640, 360), (500, 375), (640, 640), (427, 640)]
@@ -121,8 +121,7 @@ def worker_pids(iterator) -> list[int]:
 # == ours ====================================================================
 
 def ours_dataset(yaml: Path, imgsz: int):
-    sys.path.insert(0, str(REPO))
-    from trainer.data import AugmentHyp, YoloDataset, load_data_spec
+    from hpcyolo_trainer.data import AugmentHyp, YoloDataset, load_data_spec
 
     spec = load_data_spec(yaml)
     return YoloDataset(spec.train, imgsz, augment=True, hyp=AugmentHyp(), seed=0, names_count=len(spec.names))
@@ -133,13 +132,15 @@ def ours_epoch(dataset, epoch: int, batch: int, workers: int, warmup: int) -> di
     DataLoader per epoch, EvenShardSampler, our collate, no pinning on CPU)."""
     from torch.utils.data import DataLoader
 
-    from trainer.data import collate
-    from trainer.sampler import EvenShardSampler
+    from hpcyolo_trainer.data import collate
+    from hpcyolo_trainer.sampler import EvenShardSampler
+    from hpcyolo_trainer.train import ignore_signals
 
     sampler = EvenShardSampler(len(dataset), 0, 1, seed=0)
     sampler.set_epoch(epoch)
     dataset.set_epoch(epoch)
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate)
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate,
+                        worker_init_fn=functools.partial(ignore_signals, ("USR1", "TERM")))
     it = iter(loader)
     return time_epoch(it, len(loader.batch_sampler), lambda: worker_pids(it), warmup)
 
@@ -147,9 +148,13 @@ def ours_epoch(dataset, epoch: int, batch: int, workers: int, warmup: int) -> di
 def ours_breakdown(dataset, batch: int, batches: int) -> dict:
     """ms per image of each stage, in this process alone: the dataset's own
     functions wrapped with timers, items fetched as a DataLoader worker does."""
-    import trainer.augment as augment
-    import trainer.data as data
+    import hpcyolo_trainer.augment as augment
+    import hpcyolo_trainer.data as data
 
+    import torch
+
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    data.keep_freed_memory()  # likewise
     totals: dict[str, float] = {}
 
     def timed(name, fn):
@@ -161,7 +166,8 @@ def ours_breakdown(dataset, batch: int, batches: int) -> dict:
                 totals[name] = totals.get(name, 0.0) + time.perf_counter() - t
         return wrapper
 
-    stages = {"decode": ["decode_resized"], "mosaic": ["mosaic4"], "affine": ["random_affine", "mosaic_affine"],
+    stages = {"decode": ["decode_resized"], "mosaic": ["mosaic4"], "mosaic+affine (one resize/warp)": ["mosaic_affine"],
+              "affine (non-mosaic samples)": ["random_affine"],
               "hsv+flip": ["hsv_jitter", "flip_lr"], "letterbox": ["letterbox", "letterbox_to"]}
     saved = {}
     for stage, names in stages.items():
