@@ -9,7 +9,11 @@
   batches, labels float32 [n, 5] normalised to the image, path, meta).
 - Augmentation randomness of item i in epoch e comes only from
   `np.random.default_rng((seed, e, i))`, never from global or worker RNG state,
-  so a resumed run sees bit-identical batches whatever the worker count.
+  so a resumed run sees bit-identical batches whatever the worker count. A
+  DataLoader fetches a batch through `__getitems__`, which (with mosaic, from
+  BATCH_MOSAIC images up) takes mosaic partners from the same batch and
+  decodes each image once: an item then depends on its batch too, which the
+  sampler makes the same on every run.
   DataLoader workers get a copy of the dataset when an iterator starts: set
   `set_epoch(e)` and `mosaic` before `iter(loader)`, and do not use
   `persistent_workers=True` (the workers' copies would keep the old epoch).
@@ -21,6 +25,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import io
@@ -38,25 +43,29 @@ import cv2
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from hpcyolo.dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from hpcyolo.fsutil import fsync_dir
 
 from .augment import (PAD_VALUE, AugmentHyp, box_areas, centred_pad, flip_lr, hsv_jitter, letterbox, letterbox_pad,
-                      letterbox_to, mosaic4, random_affine, rect_batches, resized_shape, to_normalised,
+                      letterbox_to, mosaic_affine, random_affine, rect_batches, resized_shape, to_normalised,
                       to_pixel_boxes)
 
 # The data YAML and label paths live in hpcyolo.dataset (no torch: the CLI
 # checks a dataset with them on a login node); re-exported for the trainer.
-__all__ = ["IMG_EXTS", "AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "label_path",
-           "load_data_spec"]
+__all__ = ["IMG_EXTS", "AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "keep_freed_memory",
+           "label_path", "load_data_spec"]
 COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordinate is wrong
 # Problem lines kept per dataset, the rest counted: a systematic fault (class
 # ids counted from 1, a wrong `names`) would otherwise print one per label.
 MAX_PROBLEM_LINES = 20
 CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
 CACHE_MARKER = "COMPLETE"
+# Batches of at least this many images draw mosaic partners from the batch
+# (YoloDataset.__getitems__); smaller ones from the whole dataset, as a
+# mosaic of two or three images repeated would show the model little variety.
+BATCH_MOSAIC = 8
 
 # OpenCV's own thread pool, multiplied by DataLoader workers and ranks, would
 # oversubscribe the node's cores; parallelism comes from workers instead.
@@ -471,45 +480,75 @@ class YoloDataset(Dataset):
     # -- items
 
     def __getitem__(self, i: int):
+        return self._item(i, self._partners_any, self.load)
+
+    def __getitems__(self, indices: list[int]) -> list:
+        """A whole batch (the DataLoader's fetcher calls this with a batch's
+        indices). With mosaic and at least BATCH_MOSAIC images, each image's
+        three mosaic partners are drawn from the other images of its batch, so
+        every image is decoded once per batch instead of four times: decoding
+        is most of a training sample's time (benchmarks/bench_loader.py).
+        Ultralytics draws them from a per-worker buffer of recent images for
+        the same reason; the batch is what a resumed run and any worker count
+        see alike, so items stay exactly reproducible."""
+        if not (self.augment and self.mosaic and len(indices) >= BATCH_MOSAIC):
+            return [self[i] for i in indices]
+        loaded: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+        def load(j: int) -> tuple[np.ndarray, np.ndarray]:
+            if j not in loaded:
+                loaded[j] = self.load(j)
+            return loaded[j]
+
+        def partners(pos: int):
+            others = indices[:pos] + indices[pos + 1:]
+            return lambda rng: [others[k] for k in rng.integers(0, len(others), size=3)]
+
+        return [self._item(i, partners(pos), load) for pos, i in enumerate(indices)]
+
+    def _partners_any(self, rng: np.random.Generator) -> list[int]:
+        return [int(j) for j in rng.integers(0, len(self), size=3)]
+
+    def _item(self, i: int, partners, load):
         if self.augment:
             # The only source of randomness: a resumed run, any worker count,
-            # any global seed state give the same item.
-            img, boxes = self._train_sample(i, np.random.default_rng((self.seed, self.epoch, i)))
+            # any global seed state give the same item (in the same batch).
+            img, boxes = self._train_sample(i, np.random.default_rng((self.seed, self.epoch, i)), partners, load)
         else:
             img, boxes = self._val_sample(i)
         labels = to_normalised(boxes, img.shape[:2])
         tensor = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
         return tensor, torch.from_numpy(labels), str(self.paths[i]), self.meta(i)
 
-    def _val_sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        img, labels = self.load(i)
+    def _val_sample(self, i: int, load=None) -> tuple[np.ndarray, np.ndarray]:
+        img, labels = (load or self.load)(i)
         if self.batches:
             canvas, _, pad = letterbox_to(img, self.canvas[i])
         else:
             canvas, pad = letterbox(img, self.imgsz)
         return canvas, to_pixel_boxes(labels, img.shape[:2], pad)
 
-    def _train_sample(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def _train_sample(self, i: int, rng: np.random.Generator, partners, load) -> tuple[np.ndarray, np.ndarray]:
+        """`partners(rng)`: the three other images of a mosaic; `load(j)`: image j."""
         if self.batches:  # rectangular: mosaic and the affine warp would make a square image
-            img, boxes = self._val_sample(i)
+            img, boxes = self._val_sample(i, load)
         else:
             if self.mosaic and rng.random() < self.hyp.mosaic:
-                img, boxes, areas = self._mosaic(i, rng)
+                img, boxes = self._mosaic([i, *partners(rng)], load, rng)
             else:
-                img, boxes = self._val_sample(i)
-                areas = box_areas(boxes)
-            img, boxes = random_affine(img, boxes, areas, self.imgsz, self.hyp, rng)
+                img, boxes = self._val_sample(i, load)
+                img, boxes = random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng)
         img = hsv_jitter(img, self.hyp, rng)
         if rng.random() < self.hyp.fliplr:
             img, boxes = flip_lr(img, boxes)
         return img, boxes
 
-    def _mosaic(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        indices = [i, *(int(j) for j in rng.integers(0, len(self), size=3))]
-        loaded = [self.load(j) for j in indices]
+    def _mosaic(self, indices: list[int], load, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Mosaic of four images, warped at once (mosaic_affine)."""
+        loaded = [load(j) for j in indices]
         images = [img for img, _ in loaded]
         boxes = [to_pixel_boxes(labels, img.shape[:2], (0, 0)) for img, labels in loaded]
-        return mosaic4(images, boxes, self.imgsz, rng)
+        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng)
 
 
 def collate(batch):
@@ -517,7 +556,27 @@ def collate(batch):
     cls, cx, cy, w, h), paths, metas)."""
     imgs, labels, paths, metas = zip(*batch)
     targets = [torch.cat((torch.full((len(lb), 1), float(k)), lb), dim=1) for k, lb in enumerate(labels)]
-    return torch.stack(imgs), torch.cat(targets) if targets else torch.zeros((0, 6)), list(paths), list(metas)
+    # default_collate stacks tensors straight into shared memory in a loader
+    # worker; a batch stacked in private memory (torch.stack) is copied once
+    # more into shared memory when it is sent to the main process.
+    return (default_collate(list(imgs)), torch.cat(targets) if targets else torch.zeros((0, 6)), list(paths),
+            list(metas))
+
+
+def keep_freed_memory() -> None:
+    """For loader workers: let glibc's malloc keep and reuse the memory of
+    freed image buffers instead of handing it back to the kernel after every
+    sample (mmap threshold 32 MiB, its maximum; trim threshold 128 MiB). Each
+    sample allocates and frees several megabyte-sized arrays; faulting their
+    pages in again each time cost about a quarter of the loader's CPU time
+    (benchmarks/bench_loader.py: 107 -> 140 images/s per core). A worker keeps
+    at most the trim threshold beyond what it uses. No-op off glibc."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+    mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD
 
 
 def cache_bytes(dataset: YoloDataset) -> int:

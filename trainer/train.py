@@ -35,7 +35,7 @@ from hpcyolo.preemption import (CHECKPOINT, NONE, SCRATCH_ENV, STOP, TERMINATED_
 from . import checkpoint as ckpt
 from .boxes import non_max_suppression, xywh2xyxy
 from .config import TrainConfig
-from .data import AugmentHyp, YoloDataset, collate, load_data_spec
+from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
 from .ema import ModelEMA
 from .loss import DetectionLoss
@@ -351,9 +351,11 @@ def record_shape(d: Dist, epoch: int, batch: int, shape: torch.Size) -> None:
 def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:
     """In data-loader workers: Slurm signals the whole process group, and a
     worker killed by the warning signal would crash the loader before the
-    main process can checkpoint. Only the main process acts on it."""
+    main process can checkpoint. Only the main process acts on it. Also
+    tunes the worker's malloc for image buffers (data.keep_freed_memory)."""
     for name in names:
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+    keep_freed_memory()
 
 
 def say_ranks(d: Dist) -> None:

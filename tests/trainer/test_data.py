@@ -19,8 +19,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from hpcyolo.errors import ConfigError
-from hpcyolo_trainer.data import (AugmentHyp, YoloDataset, cache_bytes, collate, label_path, load_data_spec,
-                                  parse_label_row)
+import hpcyolo_trainer.data as data_module
+from hpcyolo_trainer.augment import mosaic4, mosaic_affine, random_affine
+from hpcyolo_trainer.data import (BATCH_MOSAIC, AugmentHyp, YoloDataset, cache_bytes, collate, label_path,
+                                  load_data_spec, parse_label_row)
+from hpcyolo_trainer.sampler import EvenShardSampler
 
 COCO8 = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "coco8"
 
@@ -279,6 +282,69 @@ def test_mosaic_moves_boxes_with_pixels(rects):
             judged += check_boxes_follow_pixels(img, labels)
             kinds.add(len({int(c) // 3 for c in labels[:, 0].tolist()}))
     assert judged >= 60 and max(kinds) >= 3  # boxes from several images in one sample
+
+
+def test_mosaic_without_canvas_matches_canvas_then_warp():
+    """mosaic_affine (parts resized straight onto the output) against mosaic4
+    + random_affine (the 2*size canvas warped): same draws, the same picture up
+    to sub-pixel rounding at the parts' edges, boxes within a pixel."""
+    rng = np.random.default_rng(0)
+    shapes = [(120, 160), (160, 120), (107, 160), (160, 160)]
+    for t in range(20):
+        images, boxes = [], []
+        for h, w in (shapes[(t + k) % 4] for k in range(4)):
+            yy, xx = np.mgrid[0:h, 0:w]
+            img = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) * 255 // (w + h)], -1).astype(np.uint8)
+            rows = []
+            for _ in range(4):
+                x1, y1 = int(rng.integers(0, w - 20)), int(rng.integers(0, h - 20))
+                x2, y2 = min(x1 + int(rng.integers(8, 60)), w), min(y1 + int(rng.integers(8, 60)), h)
+                cv2.rectangle(img, (x1, y1), (x2 - 1, y2 - 1), (255, 0, 255), -1)
+                rows.append([0, x1, y1, x2, y2])
+            images.append(img)
+            boxes.append(np.array(rows, np.float32))
+        hyp = AugmentHyp()
+        r = np.random.default_rng((1, t))
+        canvas, placed, areas = mosaic4(images, boxes, IMGSZ, r)
+        want, want_boxes = random_affine(canvas, placed, areas, IMGSZ, hyp, r)
+        got, got_boxes = mosaic_affine(images, boxes, IMGSZ, hyp, np.random.default_rng((1, t)))
+        diff = np.abs(want.astype(int) - got.astype(int))
+        assert diff.mean() < 2 and (diff > 40).mean() < 0.02
+        assert len(got_boxes) == len(want_boxes) and np.abs(got_boxes - want_boxes).max(initial=0) < 1.5
+
+
+def test_batch_mosaic_decodes_each_image_once_with_partners_from_the_batch(rects, monkeypatch):
+    ds = rect_dataset(rects, **NO_COLOUR)
+    decoded = []
+    real = data_module.decode_resized
+    monkeypatch.setattr(data_module, "decode_resized", lambda path, shape: decoded.append(path) or real(path, shape))
+    batch = [0, 1] * (BATCH_MOSAIC // 2)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        decoded.clear()
+        items = ds.__getitems__(batch)
+        assert sorted(decoded) == sorted(ds.paths[:2])  # once each, whatever the mosaics
+        judged = sum(check_boxes_follow_pixels(img, labels) for img, labels, _, _ in items)
+        assert judged >= 4
+        assert {int(c) // 3 for _, labels, _, _ in items for c in labels[:, 0].tolist()} <= {0, 1}
+    assert torch.equal(collate(items)[0], collate(ds.__getitems__(batch))[0])  # same epoch, same batch
+
+
+def test_batch_mosaic_same_for_any_worker_count_and_after_a_resume(rects):
+    ds = YoloDataset(rects * 4, IMGSZ, augment=True, seed=7, names_count=len(COLOURS))
+    batch = BATCH_MOSAIC
+
+    def run(workers: int, start: int) -> list:
+        sampler = EvenShardSampler(len(ds), 0, 1, seed=3)
+        sampler.set_epoch(2, start)
+        ds.set_epoch(2)
+        return list(DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate))
+
+    full, two_workers, resumed = run(0, 0), run(2, 0), run(2, batch)
+    assert len(full) == 2 and len(resumed) == 1
+    for (a, ta, _, _), (b, tb, _, _) in zip(full, two_workers):
+        assert torch.equal(a, b) and torch.equal(ta, tb)
+    assert torch.equal(full[1][0], resumed[0][0]) and torch.equal(full[1][1], resumed[0][1])
 
 
 # == determinism (exact resume) ==============================================

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Build a separate venv with ultralytics, only for benchmarks/bench_loader.py
+# (its loader against ours). Never part of hpcyolo's own dependencies.
+#
+#   bash benchmarks/ultralytics_venv.sh [VENV]      # default: /work/bench-ul-venv
+#
+# torch==2.13.0 (the CPU build these machines carry), ultralytics with
+# --no-deps plus the light packages its data module imports, and a stand-in
+# `torchvision`: the registry's torchvision wheels cannot load their compiled
+# ops against this CPU torch, and ultralytics only needs the distribution's
+# version (importlib.metadata, at import) and `ops.nms` (at validation/predict,
+# never in the training loader). The stand-in is a dozen lines of plain torch,
+# written below into the venv's site-packages with a dist-info so that
+# importlib.metadata finds it.
+set -euo pipefail
+venv=${1:-/work/bench-ul-venv}
+python=${PYTHON:-python3}
+ul_version=${ULTRALYTICS_VERSION:-8.4.190}
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" "torch==2.13.0"
+"${pip[@]}" numpy opencv-python-headless pillow pyyaml requests psutil polars matplotlib
+"${pip[@]}" --no-deps "ultralytics==$ul_version" ultralytics-thop
+
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# torch 2.13 pairs with torchvision 0.28 (ultralytics' check_torchvision rule: 0.(minor + 15)).
+tv_version=0.28.0
+rm -rf "$site/torchvision" "$site"/torchvision-*.dist-info
+mkdir -p "$site/torchvision" "$site/torchvision-$tv_version.dist-info"
+cat > "$site/torchvision/__init__.py" <<PY
+"""Stand-in torchvision for benchmarks only (hpcyolo benchmarks/ultralytics_venv.sh):
+version metadata and ops.nms in plain torch; nothing else."""
+__version__ = "$tv_version"
+from . import ops  # noqa: E402,F401
+PY
+cat > "$site/torchvision/ops.py" <<'PY'
+"""ops.nms in plain torch (greedy, as torchvision's: highest score first, drop IoU > threshold)."""
+import torch
+
+
+def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    area_a = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0)
+    area_b = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+    lt = torch.max(a[:, None, :2], b[None, :, :2])
+    rb = torch.min(a[:, None, 2:], b[None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    return inter / (area_a[:, None] + area_b[None, :] - inter).clamp(min=1e-12)
+
+
+def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    order = scores.argsort(descending=True)
+    iou = box_iou(boxes[order], boxes[order])
+    keep = torch.ones(len(order), dtype=torch.bool, device=boxes.device)
+    for k in range(len(order)):
+        if keep[k]:
+            keep[k + 1:] &= iou[k, k + 1:] <= iou_threshold
+    return order[keep]
+PY
+cat > "$site/torchvision-$tv_version.dist-info/METADATA" <<PY
+Metadata-Version: 2.1
+Name: torchvision
+Version: $tv_version
+Summary: Stand-in for benchmarks (version metadata and ops.nms in plain torch)
+PY
+echo "hpcyolo-bench-stand-in" > "$site/torchvision-$tv_version.dist-info/INSTALLER"
+: > "$site/torchvision-$tv_version.dist-info/RECORD"
+
+# ultralytics writes its settings file under YOLO_CONFIG_DIR (or the home directory).
+YOLO_CONFIG_DIR=$(mktemp -d) "$venv/bin/python" -c \
+    'import ultralytics, torchvision; from ultralytics.data.build import build_yolo_dataset, build_dataloader; print("ultralytics", ultralytics.__version__, "torchvision stand-in", torchvision.__version__)'
