@@ -166,7 +166,8 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     for _ in range(4):
         imgs = torch.randint(0, 256, (args.batch, 3, args.imgsz, args.imgsz), dtype=torch.uint8, generator=g)
         n = 7 * args.batch
-        boxes = torch.rand(n, 4, generator=g) * torch.tensor([0.8, 0.8, 0.4, 0.4]) + torch.tensor([0.1, 0.1, 0.05, 0.05])
+        boxes = (torch.rand(n, 4, generator=g) * torch.tensor([0.8, 0.8, 0.4, 0.4])
+                 + torch.tensor([0.1, 0.1, 0.05, 0.05]))
         targets = torch.cat([torch.arange(args.batch).repeat_interleave(7)[:, None].float(),
                              torch.randint(0, 80, (n, 1), generator=g).float(), boxes], 1)
         batches.append((imgs.to(device).contiguous(memory_format=memory), targets.to(device)))

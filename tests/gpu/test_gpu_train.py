@@ -36,7 +36,8 @@ IMGSZ = 192
 N_TRAIN, BATCH, EPOCHS = 640, 16, 6
 STEPS = N_TRAIN // BATCH * EPOCHS
 LIMIT = 480  # seconds for one training command; far more than an H200 needs
-LAUNCH = "import json, sys; from hpcyolo.local import launch; sys.exit(launch(json.loads(sys.argv[1]), int(sys.argv[2])))"
+LAUNCH = ("import json, sys; from hpcyolo.local import launch; "
+          "sys.exit(launch(json.loads(sys.argv[1]), int(sys.argv[2])))")
 
 
 def env(**extra) -> dict:
