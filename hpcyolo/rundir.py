@@ -45,9 +45,14 @@ WEIGHTS = "weights"  # last.pt and best.pt: the EMA model, for inference
 RESULTS = "results.csv"  # a row per finished epoch (RESULTS_COLUMNS)
 RESULTS_PLOT = "results.png"  # drawn from results.csv at the end of the run
 PREEMPTED = ".preempted-"  # + JOB-RESTART: the trainer checkpointed for a requeue (preempt_marker)
+# Timing, not results: seconds in the training loop; images/s per rank, the
+# share of the loop spent waiting for the loader (the largest of the ranks') and
+# peak GPU memory allocated ("n/a" on CPU) of the epoch's training loop, in this
+# process (a resumed epoch: since the resume). They differ between runs that are
+# otherwise bit-identical; comparisons of runs leave them out.
+TIMING_COLUMNS = ("time", "speed/images_per_s", "speed/data_wait", "speed/gpu_mem_GiB")
 RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
-                   "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr",
-                   "time")  # time: seconds in the training loop
+                   "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", *TIMING_COLUMNS)
 
 
 def dataset_of(data: str) -> str:

@@ -33,7 +33,7 @@ def test_the_job_journal_reads_back(tmp_path):
 
 def test_a_resumed_epoch_replaces_its_row(tmp_path):
     def row(epoch, map50):
-        return (epoch, "1", "2", "3", "0.5", "0.5", map50, "0.25", "0.01", "9.0")
+        return (epoch, "1", "2", "3", "0.5", "0.5", map50, "0.25", "0.01", "9.0", "120.5", "0.125", "n/a")
 
     assert rundir.read_results(tmp_path) == []
     for values in (row(1, "0.1"), row(2, "0.2"), row(2, "0.3")):

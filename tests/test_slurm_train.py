@@ -24,7 +24,7 @@ import pytest
 import yaml
 from conftest import REPO, VENV_BIN, job_log, max_abs_diff, submit, write
 
-from hpcyolo import slurm
+from hpcyolo import rundir, slurm
 from hpcyolo.distenv import default_port
 from hpcyolo_trainer import checkpoint as ckpt
 
@@ -91,8 +91,8 @@ def assert_identical(run_a: Path, run_b: Path) -> None:
     assert a["global_step"] == b["global_step"]
     for part in ("model", "ema", "optimizer"):
         assert max_abs_diff(a[part], b[part], part) == 0.0, part
-    rows = [[{k: v for k, v in r.items() if k != "time"} for r in csv.DictReader((run / "results.csv").open())]
-            for run in (run_a, run_b)]
+    rows = [[{k: v for k, v in r.items() if k not in rundir.TIMING_COLUMNS}
+             for r in csv.DictReader((run / "results.csv").open())] for run in (run_a, run_b)]
     assert rows[0] == rows[1] and len(rows[0]) == EPOCHS
 
 

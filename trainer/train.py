@@ -41,7 +41,7 @@ from .ema import ModelEMA
 from .loss import DetectionLoss
 from .metrics import DetStats
 from .model import ALIASES, build_model
-from .progress import Progress
+from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, steps_per_epoch
 from .scale import rescale, step_size
 from .schedule import Schedule, build_optimizer
@@ -159,7 +159,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                             worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
         progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
         t0 = time.time() - seconds_before  # a resumed epoch counts the time before the stop too
-        for i, (imgs, targets, _, _) in enumerate(loader, start=start_batch):
+        meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
+        for i, (imgs, targets, _, _) in enumerate(meter.timed(loader), start=start_batch):
             imgs = imgs.to(d.device, non_blocking=True).float() / 255
             if cfg.multi_scale:
                 imgs = rescale(imgs, step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, epoch * batches + i), cfg.imgsz)
@@ -202,6 +203,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                 return finish(d, PREEMPT_EXIT_CODE, keep_scratch=now.requeue)
         progress.close()
         train_seconds = time.time() - t0  # the training loop alone, for results.csv
+        speed = merge_figures(gather_objects(d, meter.figures()))
         train_loss = reduce_mean(d, loss_sum / batches)
 
         # -- validate the EMA weights on every rank's shard, gather on rank 0.
@@ -218,14 +220,14 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                    global_step=global_step, best_fitness=best, loss_sum=loss_sum)
         if d.is_main:
             lr = optimizer.param_groups[0]["lr"]
-            write_results(run, epoch, train_loss, metrics, lr, train_seconds)
+            write_results(run, epoch, train_loss, metrics, lr, train_seconds, speed)
             save_weights(run / rundir.WEIGHTS / "last.pt", ema.module, cfg, spec.names)
             if improved:
                 save_weights(run / rundir.WEIGHTS / "best.pt", ema.module, cfg, spec.names)
             print(f"epoch {epoch + 1}/{cfg.epochs}: loss {train_loss.sum():.3f} "
                   f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
                   f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
-                  f"mAP50-95 {metrics['map50_95']:.3f}", flush=True)
+                  f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
     writer.wait()
     if d.is_main:  # the run is complete: no marker of an earlier preemption stays behind
         for marker in rundir.preempt_markers(run):
@@ -477,11 +479,14 @@ def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> 
     return count
 
 
-def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: float, seconds: float) -> None:
+def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: float, seconds: float,
+                  speed: tuple[float, float, float | None]) -> None:
     """The epoch's row of results.csv, in rundir.RESULTS_COLUMNS' order."""
+    rate, wait, memory = speed
     rundir.write_result(run, (epoch + 1, f"{loss[0]:.5f}", f"{loss[1]:.5f}", f"{loss[2]:.5f}",
                               f"{metrics['precision']:.5f}", f"{metrics['recall']:.5f}", f"{metrics['map50']:.5f}",
-                              f"{metrics['map50_95']:.5f}", f"{lr:.6g}", f"{seconds:.1f}"))
+                              f"{metrics['map50_95']:.5f}", f"{lr:.6g}", f"{seconds:.1f}", f"{rate:.1f}",
+                              f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}"))
 
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:
