@@ -60,15 +60,21 @@ def generated(tmp_path_factory):
     return {False: data, True: stretched / "data.yaml"}
 
 
-@pytest.mark.parametrize("name", ["yolov8n-shapes", "yolo11n-shapes"])
-@pytest.mark.parametrize("stretch", [False, True])
-def test_rect_and_square_agree_within_001_on_a_generated_set(generated, name, stretch):
+def rect_and_square(name: str, data, stretch: bool, batch: int) -> tuple[dict, dict]:
+    """Both validations of fixture `name` on `data`, printed."""
     fixture = FIXTURES / name
     if not (fixture / "model.pt").is_file():
         pytest.skip(f"no reference fixture {fixture}")
-    rect, square = (evaluate(ONE, str(fixture / "model.pt"), str(generated[stretch]), imgsz=160, batch=16, rect=r,
-                             warn=print) for r in (True, False))
+    rect, square = (evaluate(ONE, str(fixture / "model.pt"), str(data), imgsz=160, batch=batch, rect=r, warn=print)
+                    for r in (True, False))
     print(f"{name} stretched={stretch}: mAP50-95 rect {rect['map50_95']:.4f}, square {square['map50_95']:.4f}")
+    return rect, square
+
+
+@pytest.mark.parametrize("name", ["yolov8n-shapes", "yolo11n-shapes"])
+@pytest.mark.parametrize("stretch", [False, True])
+def test_rect_and_square_agree_within_001_on_a_generated_set(generated, name, stretch):
+    rect, square = rect_and_square(name, generated[stretch], stretch, batch=16)
     assert rect["images"] == square["images"] == 400
     assert square["map50_95"] > 0.2  # the weights detect: the comparison means something
     assert abs(rect["map50_95"] - square["map50_95"]) <= 0.01
@@ -78,13 +84,8 @@ def test_rect_and_square_agree_within_001_on_a_generated_set(generated, name, st
 @pytest.mark.parametrize("name", ["yolov8n-shapes", "yolo11n-shapes"])
 @pytest.mark.parametrize("stretch", [False, True])
 def test_rect_and_square_validation_agree(tmp_path, name, stretch):
-    fixture = FIXTURES / name
-    if not (fixture / "model.pt").is_file():
-        pytest.skip(f"no reference fixture {fixture}")
-    data = stretched_copy(tmp_path / "data", fixture) if stretch else fixture / "data.yaml"
-    rect, square = (evaluate(ONE, str(fixture / "model.pt"), str(data), imgsz=160, batch=8, rect=r, warn=print)
-                    for r in (True, False))
-    print(f"{name} stretched={stretch}: mAP50-95 rect {rect['map50_95']:.4f}, square {square['map50_95']:.4f}")
+    data = stretched_copy(tmp_path / "data", FIXTURES / name) if stretch else FIXTURES / name / "data.yaml"
+    rect, square = rect_and_square(name, data, stretch, batch=8)
     assert rect["images"] == square["images"] == 40
     assert square["map50_95"] > 0.25  # the weights detect: the comparison means something
     assert abs(rect["map50_95"] - square["map50_95"]) <= TOLERANCE
