@@ -108,7 +108,7 @@ class JobPlan:
     @property
     def node_count(self) -> str:
         """The nodes as sbatch's --nodes takes them: N, or MIN-MAX."""
-        return f"{self.nodes}-{self.max_nodes}" if self.max_nodes and self.max_nodes > self.nodes else str(self.nodes)
+        return str(node_range(self.nodes, self.max_nodes))
 
     @property
     def layout(self) -> str:
@@ -117,6 +117,11 @@ class JobPlan:
             return f"{self.nodes} node(s) x {self.procs_per_node} process(es)"
         per = "free GPUs" if self.gpus_per_node else "room for"
         return f"{self.world_size} process(es) over {self.node_count} node(s), as many on each as Slurm finds {per}"
+
+
+def node_range(nodes: int, max_nodes: int | None) -> int | str:
+    """--nodes as sbatch takes it: N, or MIN-MAX when Slurm may choose."""
+    return f"{nodes}-{max_nodes}" if max_nodes and max_nodes > nodes else nodes
 
 
 def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, command: str = "hpcyolo render",
@@ -324,7 +329,7 @@ def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int | None
     s = site.slurm
     res = job.resources
     if total:  # uneven: a total, one GPU per task (see _uneven_total)
-        nodes = f"{res.nodes}-{res.max_nodes}" if res.max_nodes and res.max_nodes > res.nodes else res.nodes
+        nodes = node_range(res.nodes, res.max_nodes)
         gpu = ("gpus_per_task", 1) if gpus else None
         tasks_option = ("ntasks", total)
     else:
