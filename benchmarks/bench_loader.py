@@ -143,21 +143,54 @@ def ours_dataset(yaml: Path, imgsz: int):
 
 
 def ours_epoch(dataset, epoch: int, batch: int, workers: int, warmup: int) -> dict:
-    """One epoch as `hpcyolo train` loads it (trainer/train.py: a new
-    DataLoader per epoch, EvenShardSampler, our collate, no pinning on CPU)."""
+    """One epoch as `hpcyolo train` loads it (trainer/train.py: RunBatches
+    over an EvenShardSampler, our collate, no pinning on CPU)."""
     from torch.utils.data import DataLoader
 
     from hpcyolo_trainer.data import collate
-    from hpcyolo_trainer.sampler import EvenShardSampler
+    from hpcyolo_trainer.sampler import EvenShardSampler, RunBatches
     from hpcyolo_trainer.train import ignore_signals
 
-    sampler = EvenShardSampler(len(dataset), 0, 1, seed=0)
-    sampler.set_epoch(epoch)
-    dataset.set_epoch(epoch)
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate,
+    batches = RunBatches(EvenShardSampler(len(dataset), 0, 1, seed=0), batch, epoch, 0, epoch + 1, epoch + 1)
+    loader = DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
                         worker_init_fn=functools.partial(ignore_signals, ("USR1", "TERM")))
     it = iter(loader)
-    return time_epoch(it, len(loader.batch_sampler), lambda: worker_pids(it), warmup)
+    return time_epoch(it, len(batches), lambda: worker_pids(it), warmup)
+
+
+def epoch_start_waits(dataset, batch: int, workers: int, epochs: int = 4, pause: float = 1.0) -> dict:
+    """Seconds the training loop waits for each epoch's first batch (epochs
+    2+, median), after a `pause` that stands in for validation: with a new
+    DataLoader per epoch (workers start, then make the first batch) and
+    with the trainer's one iterator for the run (RunBatches), whose workers
+    prepared it during the pause."""
+    from torch.utils.data import DataLoader
+
+    from hpcyolo_trainer.data import collate
+    from hpcyolo_trainer.sampler import EvenShardSampler, RunBatches
+
+    per = math.ceil(len(dataset) / batch)
+    waits: dict[str, list[float]] = {"loader per epoch": [], "one loader for the run": []}
+    for epoch in range(epochs):
+        time.sleep(pause)
+        one = RunBatches(EvenShardSampler(len(dataset), 0, 1, seed=0), batch, epoch, 0, epoch + 1, epoch + 1)
+        it = iter(DataLoader(dataset, batch_sampler=one, num_workers=workers, collate_fn=collate))
+        t = time.perf_counter()
+        next(it)
+        if epoch:
+            waits["loader per epoch"].append(time.perf_counter() - t)
+        del it
+    whole = RunBatches(EvenShardSampler(len(dataset), 0, 1, seed=0), batch, 0, 0, epochs, epochs)
+    it = iter(DataLoader(dataset, batch_sampler=whole, num_workers=workers, collate_fn=collate))
+    for epoch in range(epochs):
+        time.sleep(pause)
+        t = time.perf_counter()
+        next(it)
+        if epoch:
+            waits["one loader for the run"].append(time.perf_counter() - t)
+        for _ in range(per - 1):
+            next(it)
+    return {k: statistics.median(v) for k, v in waits.items()}
 
 
 def ours_breakdown(dataset, batch: int, batches: int) -> dict:
@@ -296,6 +329,7 @@ def main() -> None:
             print(f"  repeat {r + 1}: ours {ours[-1]['images'] / ours[-1]['cpu']:.1f} img/CPU-s"
                   + (f", ultralytics {ul[-1]['images'] / ul[-1]['cpu']:.1f} img/CPU-s" if ul else ""), flush=True)
         breakdown = ours_breakdown(dataset, args.batch, batches=max(4, 64 // args.batch))
+        starts = epoch_start_waits(dataset, args.batch, args.workers)
         load = os.getloadavg()
 
     ours_core, ours_wall, ours_main = rates(ours)
@@ -311,6 +345,9 @@ def main() -> None:
     for name, ms in breakdown.items():
         print(f"  {name:28s} {ms:6.2f}")
     print("  host-to-device               n/a on CPU (no copy; on CUDA the batch is pinned and copied uint8)")
+    print("\nwait for an epoch's first batch after a 1 s pause (validation's stand-in), median of epochs 2-4:")
+    for name, seconds in starts.items():
+        print(f"  {name:28s} {seconds * 1e3:6.0f} ms")
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
 
 

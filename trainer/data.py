@@ -14,9 +14,11 @@
   BATCH_MOSAIC images up) takes mosaic partners from the same batch and
   decodes each image once: an item then depends on its batch too, which the
   sampler makes the same on every run.
-  DataLoader workers get a copy of the dataset when an iterator starts: set
-  `set_epoch(e)` and `mosaic` before `iter(loader)`, and do not use
-  `persistent_workers=True` (the workers' copies would keep the old epoch).
+  DataLoader workers get a copy of the dataset when an iterator starts, so
+  the epoch and the mosaic setting travel with each batch (an EpochBatch
+  from sampler.RunBatches, which the trainer uses: one iterator for the
+  run); plain index lists use the dataset's `set_epoch(e)` and `mosaic`,
+  which must then be set before `iter(loader)`.
 - Caches ("ram", "disk") are one uint8 file of decoded, resized images plus an
   index, built once under `cache_dir` (never next to the dataset) by one
   process under an fcntl lock and mapped read-only by every process: on a
@@ -388,9 +390,10 @@ def _filesystem_type(path: Path) -> str:
 class YoloDataset(Dataset):
     """Images and YOLO labels, letterboxed (val) or augmented (train).
 
-    Set `dataset.mosaic = False` for the close-mosaic epochs, and call
-    `set_epoch(e)` before each epoch's DataLoader iterator is created (workers
-    receive a copy of the dataset then; see the module notes).
+    Batches from sampler.RunBatches carry their epoch and mosaic setting.
+    Loaded otherwise, set `dataset.mosaic = False` for the close-mosaic
+    epochs and call `set_epoch(e)` before each epoch's DataLoader iterator
+    is created (workers receive a copy of the dataset then).
 
     `rect_batch=B`: rectangular batches as ultralytics' `rect` (images sorted
     by aspect ratio, B at a time, `dataset.batches`); each item is letterboxed
@@ -480,19 +483,33 @@ class YoloDataset(Dataset):
     # -- items
 
     def __getitem__(self, i: int):
-        return self._item(i, self._partners_any, self.load)
+        return self._item(i, self._partners_any, self.load, self.epoch, self.mosaic,
+                          torch.empty((3, *self.canvas[i]), dtype=torch.uint8))
 
     def __getitems__(self, indices: list[int]) -> list:
-        """A whole batch (the DataLoader's fetcher calls this with a batch's
-        indices). With mosaic and at least BATCH_MOSAIC images, each image's
-        three mosaic partners are drawn from the other images of its batch, so
+        """A whole batch: the DataLoader's fetcher calls this with what the
+        batch sampler yields, a list of indices or an EpochBatch (whose epoch
+        and mosaic setting win over this copy's: see sampler.EpochBatches).
+
+        The images are written straight into one [B, 3, H, W] tensor, in
+        shared memory in a loader worker, which `collate` passes on as the
+        batch: no per-image tensor, no stacking copy.
+
+        With mosaic and at least BATCH_MOSAIC images, each image's three
+        mosaic partners are drawn from the other images of its batch, so
         every image is decoded once per batch instead of four times: decoding
         is most of a training sample's time (benchmarks/bench_loader.py).
         Ultralytics draws them from a per-worker buffer of recent images for
         the same reason; the batch is what a resumed run and any worker count
         see alike, so items stay exactly reproducible."""
-        if not (self.augment and self.mosaic and len(indices) >= BATCH_MOSAIC):
-            return [self[i] for i in indices]
+        epoch, mosaic = getattr(indices, "epoch", self.epoch), getattr(indices, "mosaic", self.mosaic)
+        indices = [int(i) for i in indices]
+        shapes = {self.canvas[i] for i in indices}
+        rows = batch_tensor(len(indices), shapes.pop()) if len(shapes) == 1 else None
+        outs = [rows[k] if rows is not None else torch.empty((3, *self.canvas[i]), dtype=torch.uint8)
+                for k, i in enumerate(indices)]
+        if not (self.augment and mosaic and len(indices) >= BATCH_MOSAIC):
+            return [self._item(i, self._partners_any, self.load, epoch, mosaic, out) for i, out in zip(indices, outs)]
         loaded: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
         def load(j: int) -> tuple[np.ndarray, np.ndarray]:
@@ -504,21 +521,23 @@ class YoloDataset(Dataset):
             others = indices[:pos] + indices[pos + 1:]
             return lambda rng: [others[k] for k in rng.integers(0, len(others), size=3)]
 
-        return [self._item(i, partners(pos), load) for pos, i in enumerate(indices)]
+        return [self._item(i, partners(pos), load, epoch, mosaic, outs[pos]) for pos, i in enumerate(indices)]
 
     def _partners_any(self, rng: np.random.Generator) -> list[int]:
         return [int(j) for j in rng.integers(0, len(self), size=3)]
 
-    def _item(self, i: int, partners, load):
+    def _item(self, i: int, partners, load, epoch: int, mosaic: bool, out: torch.Tensor):
+        """Item i with its image written into `out` (uint8 [3, H, W] of its canvas)."""
         if self.augment:
             # The only source of randomness: a resumed run, any worker count,
             # any global seed state give the same item (in the same batch).
-            img, boxes = self._train_sample(i, np.random.default_rng((self.seed, self.epoch, i)), partners, load)
+            rng = np.random.default_rng((self.seed, epoch, i))
+            img, boxes = self._train_sample(i, rng, partners, load, mosaic)
         else:
             img, boxes = self._val_sample(i)
         labels = to_normalised(boxes, img.shape[:2])
-        tensor = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
-        return tensor, torch.from_numpy(labels), str(self.paths[i]), self.meta(i)
+        to_planes(img, out.numpy())
+        return out, torch.from_numpy(labels), str(self.paths[i]), self.meta(i)
 
     def _val_sample(self, i: int, load=None) -> tuple[np.ndarray, np.ndarray]:
         img, labels = (load or self.load)(i)
@@ -528,12 +547,13 @@ class YoloDataset(Dataset):
             canvas, pad = letterbox(img, self.imgsz)
         return canvas, to_pixel_boxes(labels, img.shape[:2], pad)
 
-    def _train_sample(self, i: int, rng: np.random.Generator, partners, load) -> tuple[np.ndarray, np.ndarray]:
+    def _train_sample(self, i: int, rng: np.random.Generator, partners, load,
+                      mosaic: bool) -> tuple[np.ndarray, np.ndarray]:
         """`partners(rng)`: the three other images of a mosaic; `load(j)`: image j."""
         if self.batches:  # rectangular: mosaic and the affine warp would make a square image
             img, boxes = self._val_sample(i, load)
         else:
-            if self.mosaic and rng.random() < self.hyp.mosaic:
+            if mosaic and rng.random() < self.hyp.mosaic:
                 img, boxes = self._mosaic([i, *partners(rng)], load, rng)
             else:
                 img, boxes = self._val_sample(i, load)
@@ -551,16 +571,50 @@ class YoloDataset(Dataset):
         return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng)
 
 
+def batch_tensor(count: int, shape: tuple[int, int]) -> torch.Tensor:
+    """uint8 [count, 3, H, W] for a batch's images. In a DataLoader worker it
+    is allocated in shared memory, as default_collate allocates a stacked
+    batch there: the main process receives it without a copy."""
+    size = (count, 3, *shape)
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(size, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(size))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, size)
+
+
+def to_planes(img: np.ndarray, out: np.ndarray) -> None:
+    """HxWx3 image -> the 3xHxW array `out`: OpenCV's split writes each
+    channel plane in place, 3x faster than numpy's transposing copy."""
+    planes = [out[0], out[1], out[2]]
+    written = cv2.split(img, planes)
+    if written[0].ctypes.data != out[0].ctypes.data:  # OpenCV allocated instead (it should not)
+        out[:] = np.stack(written)
+
+
+def _rows_of_one_tensor(imgs) -> torch.Tensor | None:
+    """The [B, 3, H, W] tensor whose rows, in order, are `imgs`
+    (YoloDataset.__getitems__ wrote them there), or None."""
+    first = imgs[0]
+    storage, step = first.untyped_storage(), first.numel()
+    if first.storage_offset() or storage.nbytes() != step * len(imgs):
+        return None
+    if any(im.untyped_storage().data_ptr() != storage.data_ptr() or im.storage_offset() != k * step
+           or im.shape != first.shape or not im.is_contiguous() for k, im in enumerate(imgs)):
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(imgs), *first.shape))
+
+
 def collate(batch):
     """-> (imgs uint8 [B, 3, H, W], targets float32 [M, 6] = (index in batch,
     cls, cx, cy, w, h), paths, metas)."""
     imgs, labels, paths, metas = zip(*batch)
     targets = [torch.cat((torch.full((len(lb), 1), float(k)), lb), dim=1) for k, lb in enumerate(labels)]
-    # default_collate stacks tensors straight into shared memory in a loader
-    # worker; a batch stacked in private memory (torch.stack) is copied once
-    # more into shared memory when it is sent to the main process.
-    return (default_collate(list(imgs)), torch.cat(targets) if targets else torch.zeros((0, 6)), list(paths),
-            list(metas))
+    stacked = _rows_of_one_tensor(imgs)
+    if stacked is None:
+        # default_collate stacks into shared memory in a loader worker; a
+        # batch stacked in private memory would be copied again to be sent.
+        stacked = default_collate(list(imgs))
+    return stacked, torch.cat(targets) if targets else torch.zeros((0, 6)), list(paths), list(metas)
 
 
 def keep_freed_memory() -> None:

@@ -60,19 +60,15 @@ class Throughput:
             torch.cuda.reset_peak_memory_stats(device)
         self.started = time.perf_counter()
 
-    def timed(self, loader):
-        """`loader`'s batches, timing each wait for one (the workers' start included)."""
-        t = time.perf_counter()
-        it = iter(loader)
-        while True:
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
+    def timed(self, batches, count: int):
+        """The next `count` batches of the iterator `batches`, timing each
+        wait for one (a worker's start included)."""
+        for _ in range(count):
+            t = time.perf_counter()
+            batch = next(batches)
             self.wait += time.perf_counter() - t
             self.images += len(batch[0])
             yield batch
-            t = time.perf_counter()
 
     def figures(self) -> tuple[float, float, float | None]:
         """(images/s, data-wait fraction, peak GPU memory in GiB or None on CPU)."""

@@ -89,3 +89,47 @@ class RectBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self.batches) - self.start
+
+
+class EpochBatch(list):
+    """One batch's dataset indices, with the epoch and the mosaic setting
+    they are drawn for. YoloDataset.__getitems__ reads both from the batch,
+    not from its own copy: a loader worker's copy of the dataset is the one
+    it got when it started, epochs ago."""
+
+    def __init__(self, indices, epoch: int, mosaic: bool):
+        super().__init__(indices)
+        self.epoch, self.mosaic = epoch, mosaic
+
+
+class RunBatches(Sampler[EpochBatch]):
+    """A batch sampler for a whole training run: every batch of epochs
+    `first`..`epochs - 1` in order, starting `start` samples into the first
+    (a resumed run), each an EpochBatch with mosaic on before `mosaic_until`.
+
+    One DataLoader iterator then serves the whole run: its workers start once
+    and, while the last batches of an epoch train and validation runs, are
+    already preparing the next epoch's first batches, where a loader made per
+    epoch would start its workers and wait for its first batch every epoch.
+    `epoch_sampler` is an EvenShardSampler (batched here by `batch`) or a
+    RectBatchSampler (already batched); either gives each epoch's order."""
+
+    def __init__(self, epoch_sampler, batch: int, first: int, start: int, epochs: int, mosaic_until: int):
+        self.sampler, self.batch, self.first, self.start = epoch_sampler, batch, first, start
+        self.epochs, self.mosaic_until = epochs, mosaic_until
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of `epoch` (from `start` in the first)."""
+        self.sampler.set_epoch(epoch, self.start if epoch == self.first else 0)
+        if isinstance(self.sampler, RectBatchSampler):
+            return list(self.sampler)
+        order = list(self.sampler)
+        return [order[k:k + self.batch] for k in range(0, len(order), self.batch)]
+
+    def __iter__(self):
+        for epoch in range(self.first, self.epochs):
+            for indices in self.epoch_batches(epoch):
+                yield EpochBatch(indices, epoch, epoch < self.mosaic_until)
+
+    def __len__(self) -> int:
+        return sum(len(self.epoch_batches(e)) for e in range(self.first, self.epochs))

@@ -42,7 +42,7 @@ from .loss import DetectionLoss
 from .metrics import DetStats
 from .model import ALIASES, build_model
 from .progress import Progress, Throughput, describe, merge_figures
-from .sampler import EvenShardSampler, RectBatchSampler, steps_per_epoch
+from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
 from .schedule import Schedule, build_optimizer
 from .weights import Weights, load_into, read_weights
@@ -144,90 +144,95 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
 
     print0(d, f"training {arch} on {len(train_set)} images ({nc} classes), {d.world_size} rank(s) x "
               f"{batch_per_rank} images, {batches} batches per epoch, accumulate {accumulate}, device {d.device}")
-    for epoch in range(start_epoch, cfg.epochs):
-        # -- train one epoch
-        net.train()
-        train_set.mosaic = epoch < cfg.epochs - cfg.close_mosaic
-        train_set.set_epoch(epoch)
-        sampler.set_epoch(epoch, start_batch * batch_per_rank)
-        # Never fork loader workers while the checkpoint thread writes: a child
-        # forked amid another thread's lock can hang, and the job with it.
-        writer.wait()
-        batching = dict(batch_sampler=sampler) if cfg.rect else dict(batch_size=batch_per_rank, sampler=sampler)
-        loader = DataLoader(train_set, **batching, num_workers=cfg.workers, collate_fn=collate,
-                            pin_memory=d.device.type == "cuda",
-                            worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
-        progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
-        t0 = time.time() - seconds_before  # a resumed epoch counts the time before the stop too
-        meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
-        for i, (imgs, targets, _, _) in enumerate(meter.timed(loader), start=start_batch):
-            imgs = imgs.to(d.device, non_blocking=True).float() / 255
-            if cfg.multi_scale:
-                imgs = rescale(imgs, step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, epoch * batches + i), cfg.imgsz)
-            record_shape(d, epoch, i, imgs.shape)
-            last_micro = (i + 1) % accumulate == 0 or i + 1 == batches
-            sync = nullcontext() if last_micro or not d.distributed else net.no_sync()
-            with sync:
-                with torch.autocast(d.device.type, dtype=amp_dtype, enabled=amp):
-                    loss, items = loss_fn(net(imgs), targets.to(d.device))
-                scaler.scale(loss).backward()
-            loss_sum += items
-            if not last_micro:
-                continue
-            schedule.apply(optimizer, global_step)
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            ema.update(model)
-            global_step += 1
-            progress.update(i + 1, loss_sum / (i + 1))
-            position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum,
-                            epoch_seconds=time.time() - t0)
-            if cfg.save_every and global_step % cfg.save_every == 0:
-                save_state(d, cfg, writer, model, ema, optimizer, scaler, **position)
-            # All ranks agree on what to do here, after the optimizer step.
-            now = agreed_stop(d, stop, global_step)
-            where = f"at epoch {epoch + 1}, batch {i + 1}"
-            if now.action == STOP:
-                print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be "
-                          f"requeued" if now.reason == "cancelled" else
-                          f"hpcyolo: stopping {where} without a checkpoint ({now.reason}); it will not be requeued")
-                return finish(d, TERMINATED_EXIT_CODE, keep_scratch=False)
-            if now.action == CHECKPOINT:
-                # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
-                print0(d, f"stopping for preemption ({now.reason}) {where}: writing a checkpoint, then exit "
-                          f"{PREEMPT_EXIT_CODE}")
-                save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=now.reason, **position)
-                return finish(d, PREEMPT_EXIT_CODE, keep_scratch=now.requeue)
-        progress.close()
-        train_seconds = time.time() - t0  # the training loop alone, for results.csv
-        speed = merge_figures(gather_objects(d, meter.figures()))
-        train_loss = reduce_mean(d, loss_sum / batches)
+    # One loader iterator for the whole run (sampler.RunBatches): its workers
+    # start once, here, before the checkpoint thread ever writes (a child
+    # forked amid another thread's lock can hang, and the job with it), and
+    # prepare each epoch's first batches while the last one ends.
+    run_batches = RunBatches(sampler, batch_per_rank, start_epoch, start_batch * batch_per_rank, cfg.epochs,
+                             mosaic_until=cfg.epochs - cfg.close_mosaic)
+    loader = DataLoader(train_set, batch_sampler=run_batches, num_workers=cfg.workers, collate_fn=collate,
+                        pin_memory=d.device.type == "cuda",
+                        worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
+    train_batches = iter(loader)
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            # -- train one epoch
+            net.train()
+            progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
+            t0 = time.time() - seconds_before  # a resumed epoch counts the time before the stop too
+            meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
+            epoch_batches = meter.timed(train_batches, batches - start_batch)
+            for i, (imgs, targets, _, _) in enumerate(epoch_batches, start=start_batch):
+                imgs = imgs.to(d.device, non_blocking=True).float() / 255
+                if cfg.multi_scale:
+                    size = step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, epoch * batches + i)
+                    imgs = rescale(imgs, size, cfg.imgsz)
+                record_shape(d, epoch, i, imgs.shape)
+                last_micro = (i + 1) % accumulate == 0 or i + 1 == batches
+                sync = nullcontext() if last_micro or not d.distributed else net.no_sync()
+                with sync:
+                    with torch.autocast(d.device.type, dtype=amp_dtype, enabled=amp):
+                        loss, items = loss_fn(net(imgs), targets.to(d.device))
+                    scaler.scale(loss).backward()
+                loss_sum += items
+                if not last_micro:
+                    continue
+                schedule.apply(optimizer, global_step)
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                ema.update(model)
+                global_step += 1
+                progress.update(i + 1, loss_sum / (i + 1))
+                position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum,
+                                epoch_seconds=time.time() - t0)
+                if cfg.save_every and global_step % cfg.save_every == 0:
+                    save_state(d, cfg, writer, model, ema, optimizer, scaler, **position)
+                # All ranks agree on what to do here, after the optimizer step.
+                now = agreed_stop(d, stop, global_step)
+                where = f"at epoch {epoch + 1}, batch {i + 1}"
+                if now.action == STOP:
+                    print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be "
+                              f"requeued" if now.reason == "cancelled" else
+                              f"hpcyolo: stopping {where} without a checkpoint ({now.reason}); it will not be requeued")
+                    return finish(d, TERMINATED_EXIT_CODE, keep_scratch=False)
+                if now.action == CHECKPOINT:
+                    # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
+                    print0(d, f"stopping for preemption ({now.reason}) {where}: writing a checkpoint, then exit "
+                              f"{PREEMPT_EXIT_CODE}")
+                    save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=now.reason, **position)
+                    return finish(d, PREEMPT_EXIT_CODE, keep_scratch=now.requeue)
+            progress.close()
+            train_seconds = time.time() - t0  # the training loop alone, for results.csv
+            speed = merge_figures(gather_objects(d, meter.figures()))
+            train_loss = reduce_mean(d, loss_sum / batches)
 
-        # -- validate the EMA weights on every rank's shard, gather on rank 0.
-        # Each rank's EMA averaged its own BatchNorm statistics; all validate
-        # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
-        broadcast_module(d, ema.module)
-        writer.wait()  # as above: validation forks loader workers
-        metrics = validate(d, ema.module, val_set, cfg, spec.names, run)
-        fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
-        improved = fitness > best
-        best = max(best, fitness)
-        start_batch, seconds_before, loss_sum = 0, 0.0, torch.zeros(3, device=d.device)
-        save_state(d, cfg, writer, model, ema, optimizer, scaler, epoch=epoch + 1, batch=0,
-                   global_step=global_step, best_fitness=best, loss_sum=loss_sum)
-        if d.is_main:
-            lr = optimizer.param_groups[0]["lr"]
-            write_results(run, epoch, train_loss, metrics, lr, train_seconds, speed)
-            save_weights(run / rundir.WEIGHTS / "last.pt", ema.module, cfg, spec.names)
-            if improved:
-                save_weights(run / rundir.WEIGHTS / "best.pt", ema.module, cfg, spec.names)
-            print(f"epoch {epoch + 1}/{cfg.epochs}: loss {train_loss.sum():.3f} "
-                  f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
-                  f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
-                  f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
+            # -- validate the EMA weights on every rank's shard, gather on rank 0.
+            # Each rank's EMA averaged its own BatchNorm statistics; all validate
+            # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
+            broadcast_module(d, ema.module)
+            writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
+            metrics = validate(d, ema.module, val_set, cfg, spec.names, run)
+            fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
+            improved = fitness > best
+            best = max(best, fitness)
+            start_batch, seconds_before, loss_sum = 0, 0.0, torch.zeros(3, device=d.device)
+            save_state(d, cfg, writer, model, ema, optimizer, scaler, epoch=epoch + 1, batch=0,
+                       global_step=global_step, best_fitness=best, loss_sum=loss_sum)
+            if d.is_main:
+                lr = optimizer.param_groups[0]["lr"]
+                write_results(run, epoch, train_loss, metrics, lr, train_seconds, speed)
+                save_weights(run / rundir.WEIGHTS / "last.pt", ema.module, cfg, spec.names)
+                if improved:
+                    save_weights(run / rundir.WEIGHTS / "best.pt", ema.module, cfg, spec.names)
+                print(f"epoch {epoch + 1}/{cfg.epochs}: loss {train_loss.sum():.3f} "
+                      f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
+                      f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
+                      f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
+    finally:
+        stop_workers(train_batches)
     writer.wait()
     if d.is_main:  # the run is complete: no marker of an earlier preemption stays behind
         for marker in rundir.preempt_markers(run):
@@ -348,6 +353,15 @@ def record_shape(d: Dist, epoch: int, batch: int, shape: torch.Size) -> None:
     if folder:
         with open(Path(folder) / f"rank-{d.rank}.txt", "a") as f:
             f.write(f"{epoch} {batch} {shape[2]} {shape[3]}\n")
+
+
+def stop_workers(batches) -> None:
+    """End a loader iterator's workers now, wherever the run stops. They
+    ignore SIGTERM (ignore_signals), so Python's exit, which terminates and
+    then joins its child processes, would otherwise wait for them forever."""
+    shutdown = getattr(batches, "_shutdown_workers", None)  # none without workers
+    if shutdown is not None:
+        shutdown()
 
 
 def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:

@@ -23,7 +23,7 @@ import hpcyolo_trainer.data as data_module
 from hpcyolo_trainer.augment import mosaic4, mosaic_affine, random_affine
 from hpcyolo_trainer.data import (BATCH_MOSAIC, AugmentHyp, YoloDataset, cache_bytes, collate, label_path,
                                   load_data_spec, parse_label_row)
-from hpcyolo_trainer.sampler import EvenShardSampler
+from hpcyolo_trainer.sampler import EpochBatch, EvenShardSampler, RunBatches
 
 COCO8 = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "coco8"
 
@@ -345,6 +345,108 @@ def test_batch_mosaic_same_for_any_worker_count_and_after_a_resume(rects):
     for (a, ta, _, _), (b, tb, _, _) in zip(full, two_workers):
         assert torch.equal(a, b) and torch.equal(ta, tb)
     assert torch.equal(full[1][0], resumed[0][0]) and torch.equal(full[1][1], resumed[0][1])
+
+
+def test_one_loader_for_the_run_gives_each_epochs_batches_as_a_loader_per_epoch_does(rects):
+    """RunBatches tags each batch with its epoch and mosaic setting: workers
+    that started in epoch 0 still make epoch 2's images, and the close-mosaic
+    epoch's, exactly as a fresh per-epoch loader over a dataset set to that
+    epoch does; a resumed run's one loader continues mid-epoch alike."""
+    ds = YoloDataset(rects * 4, IMGSZ, augment=True, seed=7, names_count=len(COLOURS))
+    batch, epochs, mosaic_until = BATCH_MOSAIC // 2, 4, 3
+
+    def per_epoch(epoch: int, start: int = 0) -> list:
+        sampler = EvenShardSampler(len(ds), 0, 1, seed=3)
+        sampler.set_epoch(epoch, start)
+        ds.set_epoch(epoch)
+        ds.mosaic = epoch < mosaic_until
+        return list(DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=0, collate_fn=collate))
+
+    want = [b for e in range(epochs) for b in per_epoch(e)]
+    ds.set_epoch(0)
+    ds.mosaic = True  # the main process's copy says epoch 0, mosaic on: the batches must win
+    whole = RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), batch, 0, 0, epochs, mosaic_until)
+    got = list(DataLoader(ds, batch_sampler=whole, num_workers=2, collate_fn=collate, persistent_workers=False))
+    per = math.ceil(len(ds) / batch)
+    assert per >= 2 and len(got) == len(want) == len(whole) == epochs * per
+    for (a, ta, _, _), (b, tb, _, _) in zip(want, got):
+        assert torch.equal(a, b) and torch.equal(ta, tb)
+    assert not torch.equal(want[0][0], want[per][0])  # epochs differ, so the tags mattered
+    resumed = RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), batch, 2, batch, epochs, mosaic_until)
+    rest = list(DataLoader(ds, batch_sampler=resumed, num_workers=2, collate_fn=collate))
+    assert len(rest) == 2 * per - 1 and all(torch.equal(a[0], b[0]) for a, b in zip(rest, want[2 * per + 1:]))
+    tags = [(b.epoch, b.mosaic) for b in resumed]
+    assert tags == [(2, True)] * (per - 1) + [(3, False)] * per and all(isinstance(b, EpochBatch) for b in resumed)
+
+
+def test_run_batches_of_rectangular_batches_follow_the_rect_sampler(rects):
+    from hpcyolo_trainer.sampler import RectBatchSampler
+
+    batches = [[0, 1], [2, 3], [4, 5]]
+    rect = RectBatchSampler(batches, 2, 0, 1, seed=1)
+    want = []
+    for e in range(2):
+        rect.set_epoch(e)
+        want += [(e, b) for b in rect]
+    got = RunBatches(RectBatchSampler(batches, 2, 0, 1, seed=1), 2, 0, 0, 2, mosaic_until=0)
+    assert [(b.epoch, list(b)) for b in got] == want and len(got) == 6
+    assert not any(b.mosaic for b in got)
+    assert [list(b) for b in RunBatches(RectBatchSampler(batches, 2, 0, 1, seed=1), 2, 1, 4, 2, 0)] == \
+        [b for e, b in want[5:]]
+
+
+def test_a_workers_batch_is_one_shared_tensor_without_a_stacking_copy(rects):
+    """__getitems__ writes each image into its row of one [B, 3, H, W] tensor,
+    in shared memory in a worker; collate passes that tensor on as it is."""
+    ds = YoloDataset(rects * 4, IMGSZ, augment=True, seed=7, names_count=len(COLOURS))
+    indices = list(range(BATCH_MOSAIC))
+    items = ds.__getitems__(indices)
+    imgs = collate(items)[0]
+    assert imgs.shape == (BATCH_MOSAIC, 3, IMGSZ, IMGSZ) and imgs.data_ptr() == items[0][0].data_ptr()
+    for k, (img, _, _, _) in enumerate(items):
+        assert img.data_ptr() == imgs[k].data_ptr()
+    # the same pixels as item by item (the HWC -> CHW planes written in place)
+    val = YoloDataset(rects, IMGSZ, augment=False, names_count=len(COLOURS))
+    one = [val[i][0] for i in range(len(val))]
+    assert torch.equal(collate(val.__getitems__(list(range(len(val)))))[0], torch.stack(one))
+    rgb = cv2.cvtColor(cv2.imread(str(val.paths[0])), cv2.COLOR_BGR2RGB)
+    left, top = (IMGSZ - 160) // 2, (IMGSZ - 120) // 2
+    small = cv2.resize(rgb, (160, 120), interpolation=cv2.INTER_AREA)
+    assert torch.equal(one[0][:, top:top + 120, left:left + 160], torch.from_numpy(small).permute(2, 0, 1))
+    # rows that are not one tensor's, in order, are stacked
+    swapped = collate([items[1], items[0]])[0]
+    assert torch.equal(swapped[0], imgs[1]) and swapped.data_ptr() != imgs.data_ptr()
+    batch = next(iter(DataLoader(ds, batch_size=BATCH_MOSAIC, num_workers=1, collate_fn=collate)))
+    assert batch[0].is_shared() and torch.equal(batch[0], imgs)
+
+
+def test_stopping_the_loader_mid_run_lets_the_process_exit(tmp_path, rects):
+    """Workers ignore SIGTERM (the trainer's worker_init): a run stopped
+    mid-epoch must end them itself (train.stop_workers), or Python's exit
+    waits for them forever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stop.py"
+    script.write_text(f"""
+import functools, sys
+from pathlib import Path
+from torch.utils.data import DataLoader
+from hpcyolo_trainer.data import YoloDataset, collate
+from hpcyolo_trainer.train import ignore_signals, stop_workers
+ds = YoloDataset([Path(p) for p in {[str(r) for r in rects]!r}] * 8, 64, augment=True, names_count=12)
+loader = DataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate,
+                    worker_init_fn=functools.partial(ignore_signals, ("USR1", "TERM")))
+it = iter(loader)
+next(it)
+pids = [w.pid for w in it._workers]
+stop_workers(it)
+print("stopped", pids, flush=True)
+""")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pids = [int(p) for p in out.stdout.split("[", 1)[1].split("]")[0].split(",")]
+    assert len(pids) == 2 and not any(Path(f"/proc/{p}").exists() for p in pids)
 
 
 # == determinism (exact resume) ==============================================
