@@ -7,6 +7,7 @@ Slurm, and torchrun sets them itself.
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -25,6 +26,9 @@ class Dist:
     local_rank: int
     world_size: int
     device: torch.device
+    control: object = None
+    """Process group for the trainer's small per-step agreements on the CPU:
+    a gloo group beside NCCL's, None where the default group is gloo already."""
 
     @property
     def is_main(self) -> bool:
@@ -51,11 +55,17 @@ def setup(timeout_s: int = 600) -> Dist:
     device = pick_device(local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    control = None
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         # Keyed by the job: a port clash is refused, never joined (hpcyolo.rendezvous).
         init_process_group(backend, timeout_s, device_id=device if device.type == "cuda" else None)
-    return Dist(rank=rank, local_rank=local_rank, world_size=world, device=device)
+        if backend == "nccl":
+            # Reading an NCCL result (.item()) waits for everything queued on
+            # the GPU: a per-step agreement over NCCL would stop the CPU from
+            # preparing the next step while this one computes.
+            control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return Dist(rank=rank, local_rank=local_rank, world_size=world, device=device, control=control)
 
 
 def cleanup() -> None:
@@ -74,8 +84,8 @@ def max_over_ranks(d: Dist, value: int) -> int:
     in a collective."""
     if not d.distributed:
         return value
-    t = torch.tensor([value], dtype=torch.int32, device=d.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = torch.tensor([value], dtype=torch.int32)  # on the CPU, over gloo: no wait for the GPU
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=d.control)
     return int(t.item())
 
 

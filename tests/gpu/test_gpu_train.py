@@ -146,6 +146,12 @@ if not dist.is_initialized():
     from hpcyolo.rendezvous import init_process_group
     init_process_group("nccl", 60, device_id=d.device)
 assert dist.get_backend() == "nccl", dist.get_backend()
+# The per-step stop agreement goes over a gloo group beside NCCL (dist.setup
+# makes it when world > 1; made here for this world of one), on the CPU.
+import dataclasses, datetime
+from hpcyolo_trainer.dist import max_over_ranks
+control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
+assert max_over_ranks(dataclasses.replace(d, control=control, world_size=2), 3) == 3
 torch.manual_seed(0)
 model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(build_model("yolov8n", 3).to(d.device))
 assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
