@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loader import generate  # noqa: E402
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+THREADS = min(8, max(1, (os.cpu_count() or 1) - 1))  # ultralytics' utils.NUM_THREADS
 
 
 # == hpcyolo train ===========================================================
@@ -63,8 +64,13 @@ def ours(yaml: Path, work: Path, model: str, args) -> dict:
     cmd = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(yaml), "--model", model, "--epochs",
            str(args.epochs), "--batch", str(args.batch), "--nbs", str(args.batch), "--imgsz", str(args.imgsz),
            "--workers", str(args.workers), "--close-mosaic", "0", "--seed", "0"]
+    # The main process's torch threads as ultralytics sets its own
+    # (utils.NUM_THREADS: cores - 1, at most 8), leaving cores to the loader
+    # workers alike: on a 2-core machine two threads against one busy worker
+    # made our CPU steps 1.7x slower, which would say nothing about the trainers.
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
     t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         sys.exit(f"hpcyolo train failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     rows = rundir.read_results(run)[1:] or rundir.read_results(run)  # after the warm-up epoch
@@ -101,8 +107,10 @@ def ul_child(yaml: str, model: str, imgsz: int, batch: int, workers: int, epochs
     net.add_callback("on_train_epoch_start", on_epoch_start)
     net.add_callback("on_train_batch_start", on_start)
     net.add_callback("on_train_batch_end", on_end)
-    net.train(data=yaml, epochs=epochs, imgsz=imgsz, batch=batch, workers=workers, device=device, val=False,
-              plots=False, close_mosaic=0, pretrained=False, amp=device != "cpu", seed=0, verbose=False,
+    # nbs=batch: an optimizer step every batch, as ours is run (--nbs); its
+    # default of 64 would skip the optimizer and EMA on most smoke batches.
+    net.train(data=yaml, epochs=epochs, imgsz=imgsz, batch=batch, nbs=batch, workers=workers, device=device,
+              val=False, plots=False, close_mosaic=0, pretrained=False, amp=device != "cpu", seed=0, verbose=False,
               project=str(Path(yaml).parent / "ul-runs"), name=model, exist_ok=True)
     epochs_seen = [per_epoch[k] for k in sorted(per_epoch)]
     steady = epochs_seen[1:] or epochs_seen
@@ -150,6 +158,7 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     from hpcyolo_trainer.schedule import build_optimizer
 
     torch.manual_seed(0)
+    torch.set_num_threads(THREADS)  # as both trainers run (see ours())
     torch.backends.cudnn.benchmark = device.type == "cuda"
     model = build_model(model_name, 80).to(device)
     memory = torch.channels_last if channels_last else torch.contiguous_format
