@@ -318,11 +318,23 @@ def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: n
 
 # -- colour and flip --------------------------------------------------------
 
+def hsv_gains(hyp: AugmentHyp, rng: np.random.Generator) -> np.ndarray | None:
+    """Random gains on hue, saturation and value (float64 [3]); None, drawing
+    nothing, where all three strengths are zero."""
+    if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
+        return None
+    return rng.uniform(-1, 1, size=3) * (hyp.hsv_h, hyp.hsv_s, hyp.hsv_v) + 1
+
+
 def hsv_jitter(img: np.ndarray, hyp: AugmentHyp, rng: np.random.Generator) -> np.ndarray:
     """Random gains on hue, saturation and value, applied through lookup tables."""
-    if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
-        return img  # the RGB -> HSV -> RGB round trip alone would change pixels
-    gains = rng.uniform(-1, 1, size=3) * (hyp.hsv_h, hyp.hsv_s, hyp.hsv_v) + 1
+    gains = hsv_gains(hyp, rng)
+    return img if gains is None else apply_hsv(img, gains)  # no gains: the round trip alone would change pixels
+
+
+def apply_hsv(img: np.ndarray, gains: np.ndarray) -> np.ndarray:
+    """`img` with hue, saturation and value multiplied by `gains` (OpenCV's
+    8-bit HSV: hue 0..179 wraps around, the others are clipped to 255)."""
     hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
     x = np.arange(256, dtype=np.float32)
     lut_h = ((x * gains[0]) % 180).astype(np.uint8)  # OpenCV's 8-bit hue is 0..179

@@ -50,9 +50,9 @@ from torch.utils.data import Dataset, default_collate
 from hpcyolo.dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from hpcyolo.fsutil import fsync_dir
 
-from .augment import (PAD_VALUE, AugmentHyp, box_areas, centred_pad, flip_lr, hsv_jitter, letterbox, letterbox_pad,
-                      letterbox_to, mosaic_affine, random_affine, rect_batches, resized_shape, to_normalised,
-                      to_pixel_boxes)
+from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, flip_lr, hsv_gains, letterbox,
+                      letterbox_pad, letterbox_to, mosaic_affine, random_affine, rect_batches, resized_shape,
+                      to_normalised, to_pixel_boxes)
 
 # The data YAML and label paths live in hpcyolo.dataset (no torch: the CLI
 # checks a dataset with them on a login node); re-exported for the trainer.
@@ -399,16 +399,21 @@ class YoloDataset(Dataset):
     by aspect ratio, B at a time, `dataset.batches`); each item is letterboxed
     to its batch's shape, without mosaic or affine warp. Load it with a batch
     sampler that keeps those batches together (sampler.RectBatchSampler).
+
+    `hsv_on_device=True` (the trainer on a GPU): training items keep their
+    colours and carry their HSV gains in `meta["hsv"]` for
+    photometric.hsv_jitter_batch; every random draw stays the same.
     """
 
     def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
                  seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
-                 names_count: int, rect_batch: int = 0):
+                 names_count: int, rect_batch: int = 0, hsv_on_device: bool = False):
         if imgsz < 1 or seed < 0 or names_count < 1:
             raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
             raise ValueError(f"cache must be none, ram or disk (ram and disk need a cache_dir), got {cache!r}")
         self.imgsz, self.augment, self.hyp, self.seed = imgsz, augment, hyp, seed
+        self.hsv_on_device = hsv_on_device
         self.epoch = 0
         items, self.problems, self.counts = check_files(list(files), names_count)
         self.paths = [it.path for it in items]
@@ -527,17 +532,22 @@ class YoloDataset(Dataset):
         return [int(j) for j in rng.integers(0, len(self), size=3)]
 
     def _item(self, i: int, partners, load, epoch: int, mosaic: bool, out: torch.Tensor):
-        """Item i with its image written into `out` (uint8 [3, H, W] of its canvas)."""
+        """Item i with its image written into `out` (uint8 [3, H, W] of its
+        canvas). With `hsv_on_device`, its meta carries the HSV gains
+        (`meta["hsv"]`) that the trainer applies (photometric.hsv_jitter_batch)."""
+        meta = self.meta(i)
         if self.augment:
             # The only source of randomness: a resumed run, any worker count,
             # any global seed state give the same item (in the same batch).
             rng = np.random.default_rng((self.seed, epoch, i))
-            img, boxes = self._train_sample(i, rng, partners, load, mosaic)
+            img, boxes, gains = self._train_sample(i, rng, partners, load, mosaic)
+            if self.hsv_on_device:
+                meta["hsv"] = None if gains is None else tuple(float(g) for g in gains)
         else:
             img, boxes = self._val_sample(i)
         labels = to_normalised(boxes, img.shape[:2])
         to_planes(img, out.numpy())
-        return out, torch.from_numpy(labels), str(self.paths[i]), self.meta(i)
+        return out, torch.from_numpy(labels), str(self.paths[i]), meta
 
     def _val_sample(self, i: int, load=None) -> tuple[np.ndarray, np.ndarray]:
         img, labels = (load or self.load)(i)
@@ -548,8 +558,9 @@ class YoloDataset(Dataset):
         return canvas, to_pixel_boxes(labels, img.shape[:2], pad)
 
     def _train_sample(self, i: int, rng: np.random.Generator, partners, load,
-                      mosaic: bool) -> tuple[np.ndarray, np.ndarray]:
-        """`partners(rng)`: the three other images of a mosaic; `load(j)`: image j."""
+                      mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(image, boxes, HSV gains left for the device or None).
+        `partners(rng)`: the three other images of a mosaic; `load(j)`: image j."""
         if self.batches:  # rectangular: mosaic and the affine warp would make a square image
             img, boxes = self._val_sample(i, load)
         else:
@@ -558,10 +569,14 @@ class YoloDataset(Dataset):
             else:
                 img, boxes = self._val_sample(i, load)
                 img, boxes = random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng)
-        img = hsv_jitter(img, self.hyp, rng)
+        # The same draws either way, so a run's flips and boxes do not depend
+        # on where its colours change (per pixel: it commutes with the flip).
+        gains = hsv_gains(self.hyp, rng)
+        if gains is not None and not self.hsv_on_device:
+            img, gains = apply_hsv(img, gains), None
         if rng.random() < self.hyp.fliplr:
             img, boxes = flip_lr(img, boxes)
-        return img, boxes
+        return img, boxes, gains
 
     def _mosaic(self, indices: list[int], load, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Mosaic of four images, warped at once (mosaic_affine)."""

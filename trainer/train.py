@@ -41,6 +41,7 @@ from .ema import ModelEMA
 from .loss import DetectionLoss
 from .metrics import DetStats
 from .model import ALIASES, build_model
+from .photometric import gains_of, hsv_jitter_batch
 from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
@@ -71,9 +72,10 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
 
     batch_per_rank = cfg.batch // d.world_size
     cache_dir = cache_folder(cfg)
-    train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=AugmentHyp(mosaic=cfg.mosaic), seed=cfg.seed,
-                            cache=cfg.cache, cache_dir=cache_dir / "train", names_count=nc,
-                            rect_batch=cfg.batch if cfg.rect else 0)
+    # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
+    train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=AugmentHyp(mosaic=cfg.mosaic),
+                            seed=cfg.seed, cache=cfg.cache, cache_dir=cache_dir / "train", names_count=nc,
+                            rect_batch=cfg.batch if cfg.rect else 0, hsv_on_device=d.device.type == "cuda")
     # Validation shards need no padding: no collective runs inside that loop.
     # Rectangular batches, as ultralytics validates: less padding to compute.
     val_set = YoloDataset(spec.val[d.rank::d.world_size], cfg.imgsz, augment=False, hyp=AugmentHyp(),
@@ -162,8 +164,10 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
             t0 = time.time() - seconds_before  # a resumed epoch counts the time before the stop too
             meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
             epoch_batches = meter.timed(train_batches, batches - start_batch)
-            for i, (imgs, targets, _, _) in enumerate(epoch_batches, start=start_batch):
+            for i, (imgs, targets, _, metas) in enumerate(epoch_batches, start=start_batch):
                 imgs = imgs.to(d.device, non_blocking=True).float() / 255
+                if train_set.hsv_on_device and (gains := gains_of(metas)) is not None:
+                    imgs = hsv_jitter_batch(imgs, gains)
                 if cfg.multi_scale:
                     size = step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, epoch * batches + i)
                     imgs = rescale(imgs, size, cfg.imgsz)
@@ -172,7 +176,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                 sync = nullcontext() if last_micro or not d.distributed else net.no_sync()
                 with sync:
                     with torch.autocast(d.device.type, dtype=amp_dtype, enabled=amp):
-                        loss, items = loss_fn(net(imgs), targets.to(d.device))
+                        loss, items = loss_fn(net(imgs), targets.to(d.device, non_blocking=True))
                     scaler.scale(loss).backward()
                 loss_sum += items
                 if not last_micro:
