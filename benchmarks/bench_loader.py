@@ -18,23 +18,35 @@ Per core is measured in CPU time, not wall time, so that other load on the
 machine does not distort the figure: images delivered after the warm-up
 batches, divided by the CPU seconds that the main process and all loader
 workers used meanwhile (from /proc). Wall images/s is printed too. Medians
-over --repeats. Also prints where our per-image time goes (one process, one
-core): decode, mosaic, affine, HSV + flip, letterbox (the non-mosaic path),
-to-tensor and collate. Host-to-device does not exist on CPU.
+over --repeats, and the median of each repeat's own ratio (ours and
+ultralytics' epochs alternate, so a slower spell of the machine hits both).
+Ours is measured twice: with the HSV jitter in the loader (as on a CPU) and
+with it left to the device (as `hpcyolo train` loads on a GPU, where
+photometric.hsv_jitter_batch applies the loader's gains to the batch).
+Also printed: where our per-image time goes (one process, one core):
+decode, mosaic + affine, HSV + flip, letterbox (the non-mosaic path), the
+rest of an item and collate (host-to-device does not exist on CPU); and the
+wait for an epoch's first batch after a pause standing in for validation,
+with a loader made per epoch and with the trainer's one iterator for the run.
 
-Measured on a 2-core VM shared with other jobs (load average 5-9; medians of
-5 epochs of 320 images, ultralytics 8.4.190 without albumentations):
-before this loader work ours ran at 0.95x ultralytics per core (decode 11.6
-and mosaic + affine 7.0 ms per image: four decodes per mosaic, a 1280 px
-canvas); mosaic partners from the batch (one decode per image), mosaic and
-affine as one resize per part, batches stacked into shared memory: 1.49x;
-workers keeping freed buffers (data.keep_freed_memory): 1.52-1.83x over
-four runs. Tried and dropped, slower in alternating A/B runs: collating
-HWC views with one transposing copy, OpenCV's RGB decode plus in-place HSV
-lookups, one 3-channel HSV lookup. Decoding at 1/2-1/8 scale (OpenCV's
-IMREAD_REDUCED, JPEG draft mode) is 1.6x-2.2x faster for 1280-4032 px JPEGs
-but does nothing for COCO-sized images at imgsz 640, and it would change the
-pixels of validation against ultralytics' reference figures: not adopted.
+History (2-core VM, medians of 5 epochs of 320 images, ultralytics 8.4.190
+without albumentations): before the loader work ours ran at 0.95x
+ultralytics per core (decode 11.6 and mosaic + affine 7.0 ms per image: four
+decodes per mosaic, a 1280 px canvas). Mosaic partners from the batch (one
+decode per image), mosaic and affine as one resize per part, batches stacked
+in shared memory: 1.49x. Workers keeping freed buffers
+(data.keep_freed_memory): 1.31-1.71x over seven runs. Images written
+straight into the batch's shared tensor as channel planes (cv2.split in
+place: no transposing copy, no stacking copy): the per-image time 5.85 ->
+4.83 ms in one process, 1.51-1.70x over five runs. HSV on the device: 2.19x.
+Tried and dropped, slower in alternating A/B runs: collating HWC views with
+one transposing copy, OpenCV's RGB decode plus in-place HSV lookups, one
+3-channel HSV lookup, persistent_workers (no change per core; the one
+iterator for the run gives its benefit, the epoch-start wait, without it).
+Decoding at 1/2-1/8 scale (OpenCV's IMREAD_REDUCED, JPEG draft mode) is
+1.6x-2.2x faster for 1280-4032 px JPEGs but does nothing for COCO-sized
+images at imgsz 640, and it would change the pixels of validation against
+ultralytics' reference figures: not adopted.
 """
 
 from __future__ import annotations

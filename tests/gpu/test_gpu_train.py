@@ -4,7 +4,7 @@ the GPU supports it, fp16 with the gradient scaler otherwise) and EMA; DDP
 with SyncBatchNorm over NCCL in one process, and over several when the
 machine has several GPUs; a stop by a real signal and its resume; `hpcyolo
 val`, `predict` and `export` on a GPU machine; the device choice in real
-processes.
+processes; the batch HSV jitter on the GPU against the CPU.
 
 GPU kernels are not deterministic (cudnn.benchmark, atomics), so a resumed
 run is checked for resuming where it stopped and for finite losses, not for
@@ -279,3 +279,18 @@ def test_device_choice_in_a_real_process():
     for k in range(n):
         assert probe(LOCAL_RANK=str(k), LOCAL_WORLD_SIZE=str(n), CUDA_VISIBLE_DEVICES=ids[k]) == \
             ["cuda:0", "0", uuids[k]]
+
+
+def test_hsv_jitter_on_the_gpu_equals_the_cpu_result():
+    """The trainer's HSV step on a CUDA batch (photometric.py) gives the CPU's
+    result: the colours a GPU node trains on are the ones the CPU suite checks
+    against the loader's lookup tables (tests/trainer/test_photometric.py)."""
+    from hpcyolo_trainer.photometric import hsv_jitter_batch
+
+    g = torch.Generator().manual_seed(0)
+    imgs = torch.randint(0, 256, (8, 3, 96, 128), generator=g).float() / 255
+    gains = 1 + (torch.rand(8, 3, generator=g) * 2 - 1) * torch.tensor([0.015, 0.7, 0.4])
+    cpu = hsv_jitter_batch(imgs, gains)
+    gpu = hsv_jitter_batch(imgs.cuda(), gains).cpu()
+    # rounding to the 8-bit grid may land one level apart where a value sits on a boundary
+    assert (cpu - gpu).abs().max() <= 1 / 255 + 1e-6 and (cpu != gpu).float().mean() < 0.001
