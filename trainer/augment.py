@@ -320,16 +320,11 @@ def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: n
 
 def hsv_gains(hyp: AugmentHyp, rng: np.random.Generator) -> np.ndarray | None:
     """Random gains on hue, saturation and value (float64 [3]); None, drawing
-    nothing, where all three strengths are zero."""
+    nothing, where all three strengths are zero (then apply_hsv must not run:
+    the RGB -> HSV -> RGB round trip alone would change pixels)."""
     if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
         return None
     return rng.uniform(-1, 1, size=3) * (hyp.hsv_h, hyp.hsv_s, hyp.hsv_v) + 1
-
-
-def hsv_jitter(img: np.ndarray, hyp: AugmentHyp, rng: np.random.Generator) -> np.ndarray:
-    """Random gains on hue, saturation and value, applied through lookup tables."""
-    gains = hsv_gains(hyp, rng)
-    return img if gains is None else apply_hsv(img, gains)  # no gains: the round trip alone would change pixels
 
 
 def apply_hsv(img: np.ndarray, gains: np.ndarray) -> np.ndarray:

@@ -494,7 +494,7 @@ class YoloDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> list:
         """A whole batch: the DataLoader's fetcher calls this with what the
         batch sampler yields, a list of indices or an EpochBatch (whose epoch
-        and mosaic setting win over this copy's: see sampler.EpochBatches).
+        and mosaic setting win over this copy's: see sampler.RunBatches).
 
         The images are written straight into one [B, 3, H, W] tensor, in
         shared memory in a loader worker, which `collate` passes on as the

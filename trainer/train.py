@@ -166,7 +166,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
             epoch_batches = meter.timed(train_batches, batches - start_batch)
             for i, (imgs, targets, _, metas) in enumerate(epoch_batches, start=start_batch):
                 imgs = imgs.to(d.device, non_blocking=True).float() / 255
-                if train_set.hsv_on_device and (gains := gains_of(metas)) is not None:
+                if (gains := gains_of(metas)) is not None:  # the loader left the HSV jitter to the device
                     imgs = hsv_jitter_batch(imgs, gains)
                 if cfg.multi_scale:
                     size = step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, epoch * batches + i)
