@@ -2,7 +2,7 @@
 and against the GPU alone, images/s per GPU, with the share of time spent
 waiting for data; and the time of a validation pass.
 
-    .venv/bin/python benchmarks/bench_gpu.py                 # on a GPU machine (scripts/test_gpu.sh's python)
+    bash scripts/gpu_check.sh bench                          # on a GPU machine (its python: scripts/gpu_python.sh)
     .venv/bin/python benchmarks/bench_gpu.py --smoke         # anywhere: tiny sizes, CPU allowed, checks the plumbing
 
 Default: yolov8n and yolov8s at imgsz 640, global batch 64, on one GPU, on
@@ -18,9 +18,9 @@ about 7 boxes each, 80 classes), --epochs 3 of --images 2048 with mosaic on.
   subprocess of --ul-python (default: this python when it can import
   ultralytics). The same two figures, timed from its batch callbacks with the
   same definition (between the end of one batch and the start of the next),
-  over the same epochs. On the device machine, carry the wheels (ultralytics,
-  ultralytics-thop, and what its import lacks there, such as polars) in .whl/
-  and `pip install --no-deps` them (see /work/.library/device/README.md).
+  over the same epochs. A GPU machine without a package index gets
+  ultralytics from the wheels that scripts/gpu_wheels.sh fetches into .whl/
+  (ultralytics, ultralytics-thop, polars), installed by scripts/gpu_python.sh.
 - ceiling: the model step alone on batches pre-loaded on the GPU (uint8, as
   the loader delivers them): /255, autocast, loss, backward, clip, SGD step,
   EMA update: what the trainer would reach with an infinitely fast loader.

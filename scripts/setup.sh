@@ -5,7 +5,7 @@
 #   bash scripts/setup.sh --no-system  # only the Python side
 #
 # System packages: Slurm and munge (the local test cluster, tests/testbed) and
-# shellcheck (the rendered scripts are linted in the tests). Python: a venv in
+# the linter that the tests run on the rendered scripts (shellcheck). Python: a venv in
 # .venv with PyTorch's CPU build and hpcyolo in editable mode, with the dev and
 # export extras.
 set -euo pipefail

@@ -4,7 +4,7 @@
 #
 #   bash scripts/test.sh [pytest arguments]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh || exit 1
 .venv/bin/python -m pytest -ra "$@"
 status=$?
