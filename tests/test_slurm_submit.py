@@ -91,7 +91,7 @@ def test_sweep_runs_as_one_array_with_a_run_each(tmp_path, shapes, slurm_env):
 
 
 def test_submit_via_sbatch_then_status_and_cancel(tmp_path, shapes, slurm_env):
-    site, job = site_file(tmp_path), job_file(tmp_path, "sub-c", shapes, epochs=50)
+    site, job = site_file(tmp_path), job_file(tmp_path, "sub-c", shapes, epochs=1000)  # runs until cancelled
     job_id = hpcyolo("submit", site, job, "--via", "sbatch", env=slurm_env, cwd=tmp_path).stdout.strip()
     run = tmp_path / "runs" / "sub-c"
     wait_for(lambda: "RUNNING" in hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout, 120, "the job to run")

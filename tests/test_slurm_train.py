@@ -34,6 +34,10 @@ EPOCHS = 2
 # checkpoint every 4 steps; the drill stops after step 7 (epoch 2, batch 1):
 # neither an epoch boundary nor a checkpoint interval.
 STOP_STEP = 7
+# Jobs that must still be training when a test stops them: far more epochs
+# than any machine runs in their 2-minute or 10-minute limits (50 once seemed
+# enough, until the loader got faster and a job finished before its signal).
+LONG = 1000
 
 
 @pytest.fixture
@@ -78,6 +82,20 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
+
+
+def wait_for_log(tmp_path: Path, name: str, job_id: int, env, seen, timeout: float, what: str) -> None:
+    """Wait until `seen(log)` holds for the job's log; fail at once, with the
+    log's end, when the job has ended without it (no wait for the timeout)."""
+    def ready() -> bool:
+        if seen(job_log(tmp_path, name, job_id)):
+            return True
+        state = slurm.show_job(job_id, env=env).get("JobState")
+        log = job_log(tmp_path, name, job_id)
+        assert state not in slurm.FINAL_STATES or seen(log), f"job {job_id} ended {state} before {what}:\n{log[-3000:]}"
+        return False
+
+    wait_for(ready, timeout, what)
 
 
 def final_state(run: Path) -> dict:
@@ -153,9 +171,10 @@ def test_c_scontrol_requeue_checkpoints_on_sigterm_and_resumes_exactly(uninterru
 
 
 def test_d_cancel_stops_without_requeue_and_cleans_scratch(tmp_path, shapes, slurm_env, scratch_root):
-    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-d", shapes, epochs=50), slurm_env,
+    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-d", shapes, epochs=LONG), slurm_env,
                     tmp_path)
-    wait_for(lambda: "epoch 1/50: loss" in job_log(tmp_path, "train-d", job_id), 600, "the first epoch")
+    wait_for_log(tmp_path, "train-d", job_id, slurm_env, lambda log: f"epoch 1/{LONG}: loss" in log, 600,
+                 "the first epoch")
     assert leftovers(scratch_root)  # the staged copy is there while it trains
     run = tmp_path / "runs" / "train-d"
     r = subprocess.run([str(VENV_BIN / "hpcyolo"), "cancel", str(run)], env=slurm_env, capture_output=True, text=True)
@@ -196,9 +215,10 @@ def task_pid(job_id: int, rank: int) -> int:
 
 
 def test_e_killed_rank_ends_the_job_named_in_one_line(tmp_path, shapes, slurm_env, scratch_root):
-    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-e", shapes, epochs=50), slurm_env,
+    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-e", shapes, epochs=LONG), slurm_env,
                     tmp_path)
-    wait_for(lambda: "epoch 1/50: loss" in job_log(tmp_path, "train-e", job_id), 600, "the first epoch")
+    wait_for_log(tmp_path, "train-e", job_id, slurm_env, lambda log: f"epoch 1/{LONG}: loss" in log, 600,
+                 "the first epoch")
     os.kill(task_pid(job_id, 1), signal.SIGKILL)  # rank 1: node1's second task
     killed = time.monotonic()
     info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
@@ -236,14 +256,15 @@ def test_f_array_task_and_the_next_plain_job_both_train(tmp_path, shapes, slurm_
 
 def test_g_time_limit_checkpoints_requeues_and_resumes(tmp_path, shapes, slurm_env, scratch_root):
     # --time=2 min with the signal 30 s before the end (Slurm may send it up
-    # to a minute earlier); 50 epochs take far longer. Once the requeued job
+    # to a minute earlier); LONG epochs take far longer. Once the requeued job
     # has resumed, it is cancelled: what the run shows is the whole path.
     site = site_file(tmp_path, scratch_root, grace=30, max_requeues=10)
-    job_id = submit(site, job_file(tmp_path, "train-g", shapes, epochs=50, time_limit="2"), slurm_env, tmp_path)
+    job_id = submit(site, job_file(tmp_path, "train-g", shapes, epochs=LONG, time_limit="2"), slurm_env, tmp_path)
     # Until the resumed run has finished an epoch: a cancel during its start-up (before the first step)
     # is killed after KillWait and leaves its scratch to the next stage's sweep.
-    wait_for(lambda: "/50: loss" in job_log(tmp_path, "train-g", job_id).partition("resumed from ckpt-")[2], 600,
-             "an epoch of the resumed start")
+    wait_for_log(tmp_path, "train-g", job_id, slurm_env,
+                 lambda log: f"/{LONG}: loss" in log.partition("resumed from ckpt-")[2], 600,
+                 "an epoch of the resumed start")
     log = job_log(tmp_path, "train-g", job_id)
     assert "stopping for preemption (SIGUSR2)" in log and "checkpointed (SIGUSR2); requeueing job" in log
     assert int(slurm.show_job(job_id, env=slurm_env)["Restarts"]) >= 1
