@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again later".
@@ -46,6 +47,10 @@ SIGTERM_ENV = "HPCYOLO_SIGTERM"
 # A drill for tests and for trying a cluster's requeue path: behave as if the
 # signal arrived right after this optimizer step.
 DRILL_ENV = "HPCYOLO_DRILL_PREEMPT_STEP"
+# A drill for tests that send a real signal (scancel --signal, scontrol
+# requeue) mid-epoch: after this optimizer step, each rank waits until a
+# signal has reached it, so a fast run cannot end before the signal comes.
+HOLD_ENV = "HPCYOLO_DRILL_HOLD_STEP"
 
 NONE, STOP, CHECKPOINT = 0, 1, 2  # ordered: ranks agree on the largest
 
@@ -65,6 +70,8 @@ class StopFlag:
         self.received: list[str] = []
         drill = os.environ.get(DRILL_ENV)
         self._drill_step = int(drill) if drill else None
+        hold = os.environ.get(HOLD_ENV)
+        self._hold_step = int(hold) if hold else None
         for name in {signal_name, "TERM", "INT"}:
             signal.signal(getattr(signal, f"SIG{name}"), self._handler)
 
@@ -74,7 +81,7 @@ class StopFlag:
 
     @property
     def drill(self) -> bool:
-        return self._drill_step is not None
+        return self._drill_step is not None or self._hold_step is not None
 
     def _handler(self, signum, frame) -> None:
         if signum == signal.SIGINT and "INT" in self.received:
@@ -84,6 +91,10 @@ class StopFlag:
 
     def decide(self, step: int, env=os.environ) -> Decision:
         """What this rank asks for after optimizer step `step`."""
+        if self._hold_step is not None and step == self._hold_step and not self.received:
+            print(f"drill: holding after step {step} until a signal arrives", flush=True)
+            while not self.received:
+                time.sleep(0.05)
         if self._drill_step is not None and step == self._drill_step:  # once: not again after the resume
             return Decision(CHECKPOINT, f"drill at step {self._drill_step}", requeue=True)
         if self.signal_name in self.received:

@@ -11,11 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 from hpcyolo.local import free_port
-from hpcyolo.preemption import CHECKPOINT, NONE, STOP, StopFlag, slurm_stop_reason
+from hpcyolo.preemption import CHECKPOINT, HOLD_ENV, NONE, STOP, StopFlag, slurm_stop_reason
 
 COMMON = ("JobId=14045994 JobName=job.sh UserId=root(0) GroupId=root(0) Priority=4294901757 Nice=0 {state} "
           "Requeue=1 {restarts} BatchFlag=1 Reboot=0 {times} Partition=debug NodeList=node[1-2] BatchHost=node1 "
@@ -66,6 +68,23 @@ def test_the_sites_signal_checkpoints_and_requeues(flag):
     os.kill(os.getpid(), signal.SIGUSR2)
     d = flag.decide(2, env={})
     assert (d.action, d.requeue, d.reason) == (CHECKPOINT, True, "SIGUSR2")
+
+
+def test_the_hold_drill_waits_at_its_step_for_a_signal(monkeypatch, capsys):
+    monkeypatch.setenv(HOLD_ENV, "3")
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    try:
+        flag = StopFlag("USR2")
+        assert flag.decide(2, env={}).action == NONE  # other steps go on at once
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2))
+        start = time.monotonic()
+        timer.start()
+        d = flag.decide(3, env={})
+        assert time.monotonic() - start >= 0.25 and (d.action, d.reason) == (CHECKPOINT, "SIGUSR2")
+        assert "drill: holding after step 3 until a signal arrives" in capsys.readouterr().out
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def test_sigterm_outside_slurm_or_where_the_site_says_stop_stops(flag):

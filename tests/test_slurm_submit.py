@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 from conftest import VENV_BIN, write
-from test_slurm_train import EPOCHS, assert_identical, site_file, wait_for
+from test_slurm_train import EPOCHS, HOLD_STEP, assert_identical, site_file, wait_for
 from test_slurm_train import job_file as train_job_file
 from test_submit import resources
 
 from hpcyolo import slurm
 from hpcyolo.config import load_job, load_site
 from hpcyolo.plan import make_plan
+from hpcyolo.preemption import HOLD_ENV
 from hpcyolo.render import render_sbatch
 
 pytestmark = pytest.mark.slurm
@@ -39,13 +40,15 @@ def hpcyolo(*args, env: dict, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_submit_trains_is_requeued_by_submitit_and_resumes_exactly(uninterrupted, tmp_path, shapes, slurm_env):
     # The same job spec as the sbatch tests' (2 nodes x 2 tasks, 2 loader workers).
-    site, job = site_file(tmp_path), train_job_file(tmp_path, "sub-a", shapes)
+    # The ranks wait after step HOLD_STEP (epoch 2, batch 3) until the signal reaches them.
+    site, job = site_file(tmp_path, env={HOLD_ENV: str(HOLD_STEP)}), train_job_file(tmp_path, "sub-a", shapes)
     submitted = hpcyolo("submit", site, job, env=slurm_env, cwd=tmp_path)
     job_id = submitted.stdout.strip()
     run = tmp_path / "runs" / "sub-a"
     assert f"job {job_id}, run directory {run}" in submitted.stderr
     log0 = run / "submitit" / f"{job_id}_0_log.out"
-    wait_for(lambda: log0.exists() and f"epoch 1/{EPOCHS}: loss" in log0.read_text(), 600, "the first epoch")
+    wait_for(lambda: log0.exists() and f"holding after step {HOLD_STEP}" in log0.read_text(), 600,
+             "the ranks to hold mid-epoch")
 
     running = hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout
     assert f"job       {job_id} (via submitit)" in running and "RUNNING" in running, running
@@ -55,8 +58,8 @@ def test_submit_trains_is_requeued_by_submitit_and_resumes_exactly(uninterrupted
     info = slurm.wait(int(job_id), timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
     log = log0.read_text()
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
-    assert "stopping for preemption (SIGUSR2)" in log and "requeueing through submitit" in log
-    assert "Requeued job" in log and "resumed from ckpt-" in log
+    assert "stopping for preemption (SIGUSR2) at epoch 2, batch 3" in log and "requeueing through submitit" in log
+    assert "Requeued job" in log and f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
     assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
     assert_identical(uninterrupted[0] / "runs" / "train-a", run)
     assert [line.split()[3] for line in (run / "hpcyolo-run").read_text().splitlines()] == ["0", "1"]

@@ -26,6 +26,7 @@ from conftest import REPO, VENV_BIN, job_log, max_abs_diff, submit, write
 
 from hpcyolo import rundir, slurm
 from hpcyolo.distenv import default_port
+from hpcyolo.preemption import HOLD_ENV
 from hpcyolo_trainer import checkpoint as ckpt
 
 pytestmark = pytest.mark.slurm
@@ -34,6 +35,9 @@ EPOCHS = 2
 # checkpoint every 4 steps; the drill stops after step 7 (epoch 2, batch 1):
 # neither an epoch boundary nor a checkpoint interval.
 STOP_STEP = 7
+# Tests that stop a job with a real signal hold it after this step (epoch 2,
+# batch 3) until the signal arrives: the job cannot end first.
+HOLD_STEP = 9
 # Jobs that must still be training when a test stops them: far more epochs
 # than any machine runs in their 2-minute or 10-minute limits (50 once seemed
 # enough, until the loader got faster and a job finished before its signal).
@@ -159,13 +163,17 @@ def test_c_scontrol_requeue_checkpoints_on_sigterm_and_resumes_exactly(uninterru
                                                                        scratch_root):
     a_tmp, _, a_info, _ = uninterrupted
     assert a_info["JobState"] == "COMPLETED"
-    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-c", shapes), slurm_env, tmp_path)
-    wait_for(lambda: "epoch 1/2: loss" in job_log(tmp_path, "train-c", job_id), 600, "the first epoch")
+    # The ranks wait after step HOLD_STEP (epoch 2, batch 3) until the requeue's SIGTERM reaches them.
+    site = site_file(tmp_path, scratch_root, env={HOLD_ENV: str(HOLD_STEP)})
+    job_id = submit(site, job_file(tmp_path, "train-c", shapes), slurm_env, tmp_path)
+    wait_for_log(tmp_path, "train-c", job_id, slurm_env, lambda log: f"holding after step {HOLD_STEP}" in log, 600,
+                 "the ranks to hold mid-epoch")
     slurm.requeue(job_id, env=slurm_env)
     info = slurm.wait(job_id, timeout=900, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
     log = job_log(tmp_path, "train-c", job_id)
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
-    assert "stopping for preemption (SIGTERM: Slurm is requeueing the job)" in log and "resumed from ckpt-" in log
+    assert "stopping for preemption (SIGTERM: Slurm is requeueing the job) at epoch 2, batch 3" in log
+    assert f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
     assert_identical(a_tmp / "runs" / "train-a", tmp_path / "runs" / "train-c")
     assert leftovers(scratch_root) == []
 
