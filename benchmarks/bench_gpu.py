@@ -156,6 +156,7 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     from hpcyolo_trainer.loss import DetectionLoss
     from hpcyolo_trainer.model import build_model
     from hpcyolo_trainer.schedule import build_optimizer
+    from hpcyolo_trainer.train import mixed_precision, optimizer_step
 
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)  # as both trainers run (see ours())
@@ -167,9 +168,7 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     optimizer = build_optimizer(model, "sgd", 0.01, 0.937, 5e-4)
     loss_fn = DetectionLoss(80, reg_max=model.reg_max, strides=tuple(model.stride.tolist()))
     net = torch.compile(model) if compile_ else model
-    amp = device.type == "cuda"
-    dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=amp and dtype == torch.float16)
+    amp, dtype, scaler = mixed_precision(device, True)
     g = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(4):
@@ -186,12 +185,7 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
         with torch.autocast(device.type, dtype=dtype, enabled=amp):
             loss, _ = loss_fn(net(imgs.float() / 255), targets)
         scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        ema.update(model)
+        optimizer_step(model, optimizer, scaler, ema, 10.0)
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model.train()

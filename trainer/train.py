@@ -121,9 +121,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                         # At least 100 batches of warm-up, counted in optimizer steps.
                         warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),
                                          math.ceil(100 / accumulate) if cfg.warmup_epochs else 0))
-    amp = cfg.amp and d.device.type == "cuda"
-    amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
+    amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
     loss_fn = DetectionLoss(nc, reg_max=model.reg_max, strides=tuple(model.stride.tolist()))
 
     # -- resume from the newest valid checkpoint, if any
@@ -182,12 +180,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                 if not last_micro:
                     continue
                 schedule.apply(optimizer, global_step)
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                ema.update(model)
+                optimizer_step(model, optimizer, scaler, ema, cfg.clip_norm)
                 global_step += 1
                 progress.update(i + 1, loss_sum / (i + 1))
                 position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum,
@@ -295,6 +288,26 @@ def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
         raise HpcyoloError(f"{weights.path}: holds {weights.arch}, but --model asks for {resolve_name(cfg.model)} "
                            "(leave --model out to train the weights' own architecture)")
     return weights.arch
+
+
+def mixed_precision(device: torch.device, wanted: bool):
+    """(autocast on, its dtype, the gradient scaler) for training on `device`:
+    bf16 on a GPU that has it, else fp16 with the scaler (fp16's range needs
+    it); off on the CPU."""
+    amp = wanted and device.type == "cuda"
+    dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
+    return amp, dtype, torch.amp.GradScaler("cuda", enabled=amp and dtype == torch.float16)
+
+
+def optimizer_step(model, optimizer, scaler, ema: ModelEMA, clip_norm: float) -> None:
+    """One optimizer step on the summed gradients: unscale (a no-op without
+    fp16), clip, step (the scaler skips it on inf/nan), zero, update the EMA."""
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    ema.update(model)
 
 
 def agreed_stop(d: Dist, stop: StopFlag, step: int) -> Decision:

@@ -2,7 +2,8 @@
 model, loss, gradient scaler, clipping, optimizer and EMA sequence as the
 training loop on a GPU (bf16, or fp16 with the scaler), so that dtype slips
 in the loss or the scaler's use show here and not on a user's first GPU job.
-The CUDA kernels themselves are tests/gpu's."""
+The CUDA kernels themselves are tests/gpu's; without CUDA the trainer's
+choice is AMP off (mixed_precision), checked here too."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hpcyolo_trainer.boxes import non_max_suppression
 from hpcyolo_trainer.ema import ModelEMA
 from hpcyolo_trainer.loss import DetectionLoss
 from hpcyolo_trainer.model import build_model
+from hpcyolo_trainer.train import mixed_precision, optimizer_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -36,12 +38,7 @@ def test_autocast_step_keeps_the_loss_in_float32_and_trains(dtype):
         assert loss.dtype == items.dtype == torch.float32
         assert math.isfinite(loss.item()) and torch.isfinite(items).all()
         scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        ema.update(model)
+        optimizer_step(model, opt, scaler, ema, clip_norm=10.0)  # the trainer's own step
     moved = [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
     assert len(moved) > 100, "the optimizer steps changed no weights"
     # What a checkpoint keeps: the scaler's state exactly where it is on (fp16).
@@ -59,3 +56,8 @@ def test_prediction_under_autocast_goes_through_nms():
         preds = model.predict(torch.rand(2, 3, 96, 96))
     dets = non_max_suppression(preds.float(), conf_thres=0.001, iou_thres=0.7)
     assert len(dets) == 2 and all(d.shape[1] == 6 and d.dtype == torch.float32 for d in dets)
+
+
+def test_without_cuda_the_trainer_trains_in_float32():
+    amp, _, scaler = mixed_precision(torch.device("cpu"), wanted=True)
+    assert not amp and not scaler.is_enabled()
