@@ -233,15 +233,16 @@ def loads(text: str, name: str) -> Any:
         raise ConfigError(name, e.key, e.message) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         if "maximum nesting depth" in problem:
             # libyaml >= 0.2.6 (PyYAML 6.0.4's) refuses 1,000 open flow levels
             # while its scanner looks ahead, before our composer sees depth
             # MAX_DEPTH: the same refusal, in the same words.
-            at = f" ({where[:-2]})" if where else ""
-            raise ConfigError(name, "", f"nested more than {MAX_DEPTH} levels deep{at}") from None
-        raise ConfigError(name, "", f"not valid YAML: {where}{problem[:200]}") from None
+            message = f"nested more than {MAX_DEPTH} levels deep" + (f" ({where})" if where else "")
+        else:
+            message = f"not valid YAML: {where + ': ' if where else ''}{problem[:200]}"
+        raise ConfigError(name, "", message) from None
     finally:
         loader.dispose()
 

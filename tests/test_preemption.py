@@ -56,11 +56,17 @@ def test_a_requeued_job_that_restarted_before_is_not_requeued_again():
 
 
 @pytest.fixture
-def flag():
+def restore_signals():
+    """StopFlag installs handlers for this process: put the old ones back."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-    yield StopFlag("USR2")
+    yield
     for s, handler in saved.items():
         signal.signal(s, handler)
+
+
+@pytest.fixture
+def flag(restore_signals):
+    return StopFlag("USR2")
 
 
 def test_the_sites_signal_checkpoints_and_requeues(flag):
@@ -70,21 +76,16 @@ def test_the_sites_signal_checkpoints_and_requeues(flag):
     assert (d.action, d.requeue, d.reason) == (CHECKPOINT, True, "SIGUSR2")
 
 
-def test_the_hold_drill_waits_at_its_step_for_a_signal(monkeypatch, capsys):
+def test_the_hold_drill_waits_at_its_step_for_a_signal(monkeypatch, capsys, restore_signals):
     monkeypatch.setenv(HOLD_ENV, "3")
-    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-    try:
-        flag = StopFlag("USR2")
-        assert flag.decide(2, env={}).action == NONE  # other steps go on at once
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2))
-        start = time.monotonic()
-        timer.start()
-        d = flag.decide(3, env={})
-        assert time.monotonic() - start >= 0.25 and (d.action, d.reason) == (CHECKPOINT, "SIGUSR2")
-        assert "drill: holding after step 3 until a signal arrives" in capsys.readouterr().out
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+    flag = StopFlag("USR2")
+    assert flag.decide(2, env={}).action == NONE  # other steps go on at once
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2))
+    start = time.monotonic()
+    timer.start()
+    d = flag.decide(3, env={})
+    assert time.monotonic() - start >= 0.25 and (d.action, d.reason) == (CHECKPOINT, "SIGUSR2")
+    assert "drill: holding after step 3 until a signal arrives" in capsys.readouterr().out
 
 
 def test_sigterm_outside_slurm_or_where_the_site_says_stop_stops(flag):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import VENV_BIN, write
-from test_slurm_train import EPOCHS, HOLD_STEP, assert_identical, site_file, wait_for
+from test_slurm_train import EPOCHS, HOLD_STEP, LONG, assert_identical, site_file, wait_for
 from test_slurm_train import job_file as train_job_file
 from test_submit import resources
 
@@ -94,7 +94,7 @@ def test_sweep_runs_as_one_array_with_a_run_each(tmp_path, shapes, slurm_env):
 
 
 def test_submit_via_sbatch_then_status_and_cancel(tmp_path, shapes, slurm_env):
-    site, job = site_file(tmp_path), job_file(tmp_path, "sub-c", shapes, epochs=1000)  # runs until cancelled
+    site, job = site_file(tmp_path), job_file(tmp_path, "sub-c", shapes, epochs=LONG)
     job_id = hpcyolo("submit", site, job, "--via", "sbatch", env=slurm_env, cwd=tmp_path).stdout.strip()
     run = tmp_path / "runs" / "sub-c"
     wait_for(lambda: "RUNNING" in hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout, 120, "the job to run")

@@ -92,12 +92,10 @@ def wait_for_log(tmp_path: Path, name: str, job_id: int, env, seen, timeout: flo
     """Wait until `seen(log)` holds for the job's log; fail at once, with the
     log's end, when the job has ended without it (no wait for the timeout)."""
     def ready() -> bool:
-        if seen(job_log(tmp_path, name, job_id)):
-            return True
-        state = slurm.show_job(job_id, env=env).get("JobState")
+        state = slurm.show_job(job_id, env=env).get("JobState")  # before the log: its last lines are in
         log = job_log(tmp_path, name, job_id)
-        assert state not in slurm.FINAL_STATES or seen(log), f"job {job_id} ended {state} before {what}:\n{log[-3000:]}"
-        return False
+        assert seen(log) or state not in slurm.FINAL_STATES, f"job {job_id} ended {state} before {what}:\n{log[-3000:]}"
+        return seen(log)
 
     wait_for(ready, timeout, what)
 
