@@ -148,7 +148,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("cosine", "--cosine/--linear", default=False, type=bool, doc="LR decay shape after warm-up."),
     Knob("nbs", "--nbs", (Train, "nbs")),
     Knob("clip_norm", None, default=10.0, type=float, check=check_non_negative,
-         doc="Gradients are clipped to this norm."),
+         doc="Gradients are clipped to this norm (0: not clipped)."),
     Knob("close_mosaic", "--close-mosaic", (Train, "close_mosaic")),
     Knob("mosaic", None, default=1.0, type=float, check=check_fraction,
          doc="Probability of a mosaic of four images in training (until the last close_mosaic epochs)."),

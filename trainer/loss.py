@@ -133,17 +133,33 @@ class DetectionLoss:
         cls: float = 0.5,
         dfl: float = 1.5,
         topk: int = 10,
+        world_size: int = 1,
     ):
         self.nc, self.reg_max, self.strides = nc, reg_max, tuple(strides)
         self.gains = (box, cls, dfl)
         self.assigner = TaskAlignedAssigner(topk=topk)
+        self.world_size = world_size
 
     def __call__(self, feats: list[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
         """feats: per level [B, 4*reg_max+nc, H, W]; targets [M,6] (img, cls, cx, cy, w, h; 0..1) -> (loss, items).
 
-        loss = (box + cls + dfl) * batch size, each term already multiplied by
-        its gain (7.5, 0.5, 1.5 by default); items = those three gained terms,
-        detached, i.e. the numbers YOLOv8 logs as box_loss, cls_loss, dfl_loss.
+        items = the three terms (box, cls, dfl), each multiplied by its gain
+        (7.5, 0.5, 1.5 by default), detached: the numbers ultralytics logs as
+        box_loss, cls_loss, dfl_loss. loss = their sum x the global batch.
+
+        This is where the scale of every step is decided, so that a global
+        batch gives the same gradient however it is split over ranks (one
+        rank x 8 images, 2 x 4, 4 x 2). Over the global batch the loss is
+        ultralytics' single-process one: sum of the anchors' terms / the
+        target-score mass S, times the batch B. With `world_size` N > 1,
+        this rank's images are one share of it: S is summed over the ranks
+        (one all-reduce of a detached scalar on the default process group;
+        every rank must call the loss at every step, as DDP's forward
+        already requires), and the share is multiplied by N because DDP
+        averages the ranks' gradients (ultralytics multiplies by the world
+        size for the same reason; it normalises by each rank's own S, so
+        its ranks agree with one process only on average). The items are
+        scaled alike: their mean over the ranks equals one process's items.
         """
         pred_dist, pred_logits = self._flatten(feats)
         batch = pred_logits.shape[0]
@@ -156,13 +172,21 @@ class DetectionLoss:
             gt_labels, gt_bboxes, mask_gt,
         )
         # Normalise by the soft target mass, as in YOLOv8, so the loss scale
-        # does not depend on how many anchors won; at least 1 for empty batches.
-        score_sum = target_scores.sum().clamp(min=1)
+        # does not depend on how many anchors won: the global batch's mass
+        # (see above), at least 1 for empty batches.
+        score_sum = self._global_mass(target_scores) / self.world_size
         cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="sum") / score_sum
         target_bboxes = target_bboxes / strides  # back to grid units, like the predictions
         box, dfl = self._box_losses(pred_dist, pred_bboxes, points, target_bboxes, target_scores, fg, score_sum)
         parts = torch.stack((box, cls, dfl)) * torch.tensor(self.gains, dtype=cls.dtype, device=cls.device)
-        return parts.sum() * batch, parts.detach()
+        return parts.sum() * (batch * self.world_size), parts.detach()
+
+    def _global_mass(self, target_scores: Tensor) -> Tensor:
+        """The target-score mass of the whole global batch, at least 1."""
+        mass = target_scores.sum()
+        if self.world_size > 1:
+            torch.distributed.all_reduce(mass)  # no autograd here: target scores come from detached predictions
+        return mass.clamp(min=1)
 
     def _flatten(self, feats: list[Tensor]) -> tuple[Tensor, Tensor]:
         """Level maps -> distribution logits [B,A,4*reg_max] and class logits [B,A,nc], float32."""

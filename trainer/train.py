@@ -112,17 +112,9 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     if d.distributed and d.device.type == "cuda":
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ema = ModelEMA(model)
-    accumulate = max(round(cfg.nbs / cfg.batch), 1)  # optimizer steps see about nbs images
-    weight_decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.momentum, weight_decay)
-    steps_per_ep = math.ceil(batches / accumulate)
-    schedule = Schedule(lr0=cfg.learning_rate, lrf=cfg.lrf, momentum=cfg.momentum, cosine=cfg.cosine,
-                        total_steps=steps_per_ep * cfg.epochs,
-                        # At least 100 batches of warm-up, counted in optimizer steps.
-                        warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),
-                                         math.ceil(100 / accumulate) if cfg.warmup_epochs else 0))
+    optimizer, schedule, accumulate = build_optimization(cfg, model, batches)
     amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
-    loss_fn = DetectionLoss(nc, reg_max=model.reg_max, strides=tuple(model.stride.tolist()))
+    loss_fn = detection_loss(model, nc, d)
 
     # -- resume from the newest valid checkpoint, if any
     start_epoch, start_batch, global_step, best, seconds_before = 0, 0, 0, -1.0, 0.0
@@ -137,7 +129,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         loss_sum = restore_rank_state(state, d).to(d.device)
         print0(d, f"resumed from {Path(state['path']).name}: epoch {start_epoch + 1}, batch {start_batch}, "
                   f"step {global_step}")
-    net = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None) if d.distributed else model
+    net = data_parallel(model, d)
     if d.distributed:
         settle_buckets(net, model, loss_fn, cfg.imgsz, d.device, amp, amp_dtype)
     writer = ckpt.Writer()
@@ -171,12 +163,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                     imgs = rescale(imgs, size, cfg.imgsz)
                 record_shape(d, epoch, i, imgs.shape)
                 last_micro = (i + 1) % accumulate == 0 or i + 1 == batches
-                sync = nullcontext() if last_micro or not d.distributed else net.no_sync()
-                with sync:
-                    with torch.autocast(d.device.type, dtype=amp_dtype, enabled=amp):
-                        loss, items = loss_fn(net(imgs), targets.to(d.device, non_blocking=True))
-                    scaler.scale(loss).backward()
-                loss_sum += items
+                loss_sum += forward_backward(net, loss_fn, imgs, targets.to(d.device, non_blocking=True), amp,
+                                             amp_dtype, scaler, reduce=last_micro)
                 if not last_micro:
                     continue
                 schedule.apply(optimizer, global_step)
@@ -299,15 +287,61 @@ def mixed_precision(device: torch.device, wanted: bool):
     return amp, dtype, torch.amp.GradScaler("cuda", enabled=amp and dtype == torch.float16)
 
 
-def optimizer_step(model, optimizer, scaler, ema: ModelEMA, clip_norm: float) -> None:
+def build_optimization(cfg: TrainConfig, model, batches: int):
+    """(optimizer, schedule, accumulate) for `batches` global batches per
+    epoch, as ultralytics sets them up, from the global batch alone (never
+    the per-rank one): gradients of `accumulate` batches (about nbs images)
+    make one optimizer step, and the weight decay is scaled to the images a
+    step sees."""
+    accumulate = max(round(cfg.nbs / cfg.batch), 1)
+    weight_decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.momentum, weight_decay)
+    steps_per_ep = math.ceil(batches / accumulate)
+    schedule = Schedule(lr0=cfg.learning_rate, lrf=cfg.lrf, momentum=cfg.momentum, cosine=cfg.cosine,
+                        total_steps=steps_per_ep * cfg.epochs,
+                        # At least 100 batches of warm-up, counted in optimizer steps.
+                        warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),
+                                         math.ceil(100 / accumulate) if cfg.warmup_epochs else 0))
+    return optimizer, schedule, accumulate
+
+
+def detection_loss(model, nc: int, d: Dist) -> DetectionLoss:
+    """The loss of `model`'s head, scaled for d's world size (DetectionLoss)."""
+    return DetectionLoss(nc, reg_max=model.reg_max, strides=tuple(model.stride.tolist()), world_size=d.world_size)
+
+
+def data_parallel(model, d: Dist):
+    """`model` under DDP where there are several ranks, else as it is."""
+    if not d.distributed:
+        return model
+    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+
+
+def forward_backward(net, loss_fn, imgs, targets, amp: bool, amp_dtype, scaler, reduce: bool = True) -> torch.Tensor:
+    """Forward and backward of this rank's share of one global batch; the
+    gradients add up until the optimizer step. `reduce=False` (a batch that
+    is not the last one before the step) keeps DDP from all-reducing them
+    yet. Returns the loss items (box, cls, dfl)."""
+    sync = nullcontext() if reduce or not isinstance(net, DDP) else net.no_sync()
+    with sync:
+        with torch.autocast(imgs.device.type, dtype=amp_dtype, enabled=amp):
+            loss, items = loss_fn(net(imgs), targets)
+        scaler.scale(loss).backward()
+    return items
+
+
+def optimizer_step(model, optimizer, scaler, ema: ModelEMA, clip_norm: float) -> torch.Tensor | None:
     """One optimizer step on the summed gradients: unscale (a no-op without
-    fp16), clip, step (the scaler skips it on inf/nan), zero, update the EMA."""
+    fp16), clip (unless clip_norm is 0), step (the scaler skips it on
+    inf/nan), zero, update the EMA. Returns the gradients' norm before
+    clipping (None when not clipping), a tensor: reading it waits for the device."""
     scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm) if clip_norm > 0 else None
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     ema.update(model)
+    return norm
 
 
 def agreed_stop(d: Dist, stop: StopFlag, step: int) -> Decision:

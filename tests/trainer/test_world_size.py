@@ -1,0 +1,124 @@
+"""One rank against many: the optimizer step of a global batch does not
+depend on how the batch is split over ranks.
+
+Real gloo process groups (the trainer's own dist.setup), ultralytics' own
+yolov8n checkpoint read by our loader, its 160 px images, and the trainer's
+own pieces for everything between the batch and the new weights: the loss,
+DDP's reduction, accumulation to nbs, the weight-decay scaling, the warm-up
+and schedule, clipping and the SGD step. BatchNorm layers are frozen (eval
+mode): on the CPU each rank normalises its own share (SyncBatchNorm needs
+GPUs), the one place where the split may change the maths.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest import SHARED
+
+from hpcyolo.local import free_port
+
+FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
+GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
+STEP = 20  # an optimizer step inside the warm-up (50 steps here): warm-up LR and momentum apply
+CLIPS = (10.0, 0.0)  # clip_norm: the trainer's default, and no clipping
+
+
+def _steps(rank: int, world: int, port: int, out: str) -> None:
+    """Rank `rank` of `world`: for each of CLIPS, one optimizer step from the
+    same weights on its share of two global batches."""
+    from hpcyolo.distenv import JOB_ENV
+    from hpcyolo_trainer.dist import cleanup, setup
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})
+    torch.set_num_threads(1)
+    d = setup(60)
+    results = {clip: _one_step(d, clip) for clip in CLIPS}
+    if rank == 0:
+        torch.save(results, out)
+    cleanup()
+
+
+def _one_step(d, clip: float) -> dict:
+    from hpcyolo_trainer.config import TrainConfig
+    from hpcyolo_trainer.data import AugmentHyp, YoloDataset, collate, load_data_spec
+    from hpcyolo_trainer.ema import ModelEMA
+    from hpcyolo_trainer.train import (build_optimization, data_parallel, detection_loss, forward_backward,
+                                       initial_model, optimizer_step)
+    from hpcyolo_trainer.weights import read_weights
+
+    cfg = TrainConfig(run_dir="unused", data=str(FIXTURE / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS, imgsz=IMGSZ,
+                      clip_norm=clip, epochs=10)
+    spec = load_data_spec(cfg.data)
+    dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names))
+    weights = read_weights(FIXTURE / "model.pt")
+    model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    net = data_parallel(model, d)
+    optimizer, schedule, accumulate = build_optimization(cfg, model, len(dataset) // GLOBAL_BATCH)
+    assert accumulate == 2
+    loss_fn = detection_loss(model, len(spec.names), d)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    net.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.eval()
+    rank, world = d.rank, d.world_size
+    share = GLOBAL_BATCH // world
+    items = []
+    for k in range(accumulate):
+        first = k * GLOBAL_BATCH + rank * share
+        imgs, targets, _, _ = collate([dataset[i] for i in range(first, first + share)])
+        items.append(forward_backward(net, loss_fn, imgs.float() / 255, targets, False, torch.float32, scaler,
+                                      reduce=k == accumulate - 1))
+    schedule.apply(optimizer, STEP)
+    norm = optimizer_step(model, optimizer, scaler, ModelEMA(model), clip)
+    mean_items = torch.stack(items).mean(0)
+    if d.distributed:
+        torch.distributed.all_reduce(mean_items)
+        mean_items /= world
+    after = {k: p.detach().clone() for k, p in model.named_parameters()}
+    return {"after": after, "delta": {k: p - before[k] for k, p in after.items()},
+            "norm": None if norm is None else float(norm), "items": mean_items}
+
+
+def steps_of(world: int, tmp_path: Path) -> dict:
+    """{clip: the step's record} of rank 0 of `world` ranks."""
+    out = str(tmp_path / f"steps-{world}.pt")
+    mp.spawn(_steps, args=(world, free_port(), out), nprocs=world, join=True)
+    return torch.load(out)
+
+
+def relative(a: dict, b: dict) -> float:
+    """|a - b| / |b| over all parameters' updates together: far stricter
+    than comparing the parameters, whose updates are a small part of them."""
+    diff = torch.cat([(a[k] - b[k]).flatten() for k in b]).double()
+    ref = torch.cat([b[k].flatten() for k in b]).double()
+    return float(diff.norm() / ref.norm())
+
+
+def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(tmp_path):
+    one = steps_of(1, tmp_path)
+    assert one[10.0]["norm"] > 10.0  # the clip acts on this step
+    for world in (2, 4):
+        many = steps_of(world, tmp_path)
+        for clip in CLIPS:
+            a, b = many[clip], one[clip]
+            rel = relative(a["delta"], b["delta"])
+            length = float(torch.cat([v.flatten() for v in a["delta"].values()]).norm()
+                           / torch.cat([v.flatten() for v in b["delta"].values()]).norm())
+            assert rel < 1e-5, f"clip_norm {clip}: {world} ranks x {GLOBAL_BATCH // world}: update differs from " \
+                               f"1 x {GLOBAL_BATCH} by {rel:.2e} relative (its length is {length:.4f}x)"
+            for name, p in a["after"].items():
+                torch.testing.assert_close(p, b["after"][name], rtol=1e-5, atol=1e-7,
+                                           msg=lambda m, name=name: f"{name}: {m}")
+            # What the ranks log, averaged, is what one process logs.
+            torch.testing.assert_close(a["items"], b["items"], rtol=1e-5, atol=0)
+            if clip:
+                assert a["norm"] == pytest.approx(b["norm"], rel=1e-5)
