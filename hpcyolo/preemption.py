@@ -123,17 +123,28 @@ def sigterm_decision(env) -> Decision:
 
 def slurm_stop_reason(info: dict[str, str], restarts: int) -> Decision:
     """Why Slurm is ending this job, from `scontrol show job -o` as seen in a
-    task that got SIGTERM. Seen on Slurm 22.05: a requeue (scontrol requeue,
-    or preemption in REQUEUE mode) has already counted the restart
-    (Restarts > SLURM_RESTART_COUNT); scancel shows COMPLETING (or
-    CANCELLED) with the restart count unchanged; srun ending a step whose
-    rank died leaves the job RUNNING."""
+    task that got SIGTERM. Seen on Slurm 22.05 (tests/slurm_output):
+
+    - a requeue (scontrol requeue, or the end of a preemption's grace in
+      REQUEUE mode) has already counted the restart (Restarts >
+      SLURM_RESTART_COUNT);
+    - a job selected for preemption (preempt/partition_prio with a
+      GraceTime) is still RUNNING, Reason None, but has a PreemptTime and
+      an EndTime moved to the end of the grace; the job's tasks get SIGTERM
+      then, the batch shell only when the grace is over. The batch script
+      requeues the job once the checkpoint is written, so the run goes on
+      whatever the site's PreemptMode (REQUEUE, or CANCEL);
+    - at the time limit: COMPLETING with Reason TimeLimit (RunTime past
+      TimeLimit), the batch shell signalled too;
+    - scancel shows COMPLETING (or CANCELLED) with the restart count
+      unchanged; srun ending a step whose rank died leaves the job RUNNING."""
     state = info.get("JobState", "?")
     if int(info.get("Restarts") or 0) > restarts:
         return Decision(CHECKPOINT, "SIGTERM: Slurm is requeueing the job", requeue=True)
-    if state == "PREEMPTED" or "preempt" in info.get("Reason", "").lower():
-        return Decision(CHECKPOINT, "SIGTERM: Slurm is preempting the job")
-    if state in ("TIMEOUT", "DEADLINE") or _past_limit(info):
+    if (state == "PREEMPTED" or "preempt" in info.get("Reason", "").lower()
+            or info.get("PreemptTime", "None") not in ("None", "Unknown", "")):
+        return Decision(CHECKPOINT, "SIGTERM: Slurm is preempting the job", requeue=True)
+    if state in ("TIMEOUT", "DEADLINE") or info.get("Reason") == "TimeLimit" or _past_limit(info):
         return Decision(CHECKPOINT, "SIGTERM: the job reached its time limit")
     if state in ("CANCELLED", "COMPLETING"):
         return Decision(STOP, "cancelled")

@@ -1,7 +1,9 @@
 """What a stop means: the site's signal checkpoints and requeues; SIGTERM does
 only when Slurm is in fact requeueing, preempting or timing out the job (the
-`scontrol show job -o` lines below were recorded in tasks of the testbed that
-got SIGTERM); a cancel stops. And the rendezvous keyed by the job: a rank
+`scontrol show job -o` lines here and in tests/slurm_output/ were recorded in
+tasks of the testbed that got SIGTERM: a partition-priority preemption with
+its grace, the requeue at the grace's end, a time limit without a signal);
+a cancel stops. And the rendezvous keyed by the job: a rank
 that reaches another job's store refuses to join it (real processes)."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,8 +33,10 @@ RUNNING = COMMON.format(state="JobState=RUNNING Reason=None", restarts="Restarts
                         times="RunTime=00:03:10 TimeLimit=01:00:00")
 TIMED_OUT = COMMON.format(state="JobState=COMPLETING Reason=None", restarts="Restarts=0",
                           times="RunTime=00:02:00 TimeLimit=00:02:00")
-PREEMPTED = COMMON.format(state="JobState=PREEMPTED Reason=None", restarts="Restarts=0",
-                          times="RunTime=00:01:00 TimeLimit=01:00:00")
+RECORDED = Path(__file__).parent / "slurm_output"
+PREEMPT_GRACE = (RECORDED / "scontrol_show_job_preempt_grace.txt").read_text()
+PREEMPT_REQUEUED = (RECORDED / "scontrol_show_job_preempt_requeued.txt").read_text()
+TIME_LIMIT = (RECORDED / "scontrol_show_job_time_limit.txt").read_text()
 
 
 def fields(line: str) -> dict[str, str]:
@@ -43,7 +48,9 @@ def fields(line: str) -> dict[str, str]:
     (REQUEUED, CHECKPOINT, True, "requeueing"),
     (RUNNING, STOP, False, "srun is ending the step"),
     (TIMED_OUT, CHECKPOINT, False, "time limit"),
-    (PREEMPTED, CHECKPOINT, False, "preempting"),
+    (PREEMPT_GRACE, CHECKPOINT, True, "preempting"),
+    (PREEMPT_REQUEUED, CHECKPOINT, True, "requeueing"),
+    (TIME_LIMIT, CHECKPOINT, False, "time limit"),
 ])
 def test_sigterm_means_what_slurm_says(line, action, requeue, words):
     d = slurm_stop_reason(fields(line), restarts=0)

@@ -57,8 +57,11 @@ def leftovers(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
 
 
-def site_file(tmp_path: Path, scratch: Path | None = None, env: dict | None = None, **preemption) -> Path:
+def site_file(tmp_path: Path, scratch: Path | None = None, env: dict | None = None, partition: str | None = None,
+              **preemption) -> Path:
     spec = yaml.safe_load((REPO / "site_configs" / "testbed.yaml").read_text())
+    if partition:
+        spec["slurm"]["partition"] = partition
     spec["storage"]["runs"] = str(tmp_path / "runs")
     spec["storage"]["scratch"] = str(scratch or tmp_path / "scratch")
     # One CPU per task (4 tasks, OMP_NUM_THREADS=1): the testbed's nodes share
@@ -279,6 +282,65 @@ def test_g_time_limit_checkpoints_requeues_and_resumes(tmp_path, shapes, slurm_e
     slurm.cancel(job_id, env=slurm_env)
     slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
     time.sleep(2)
+    assert leftovers(scratch_root) == []
+
+
+def test_g2_time_limit_sigterm_without_a_signal_checkpoints_requeues_and_resumes_exactly(
+        uninterrupted, tmp_path, shapes, slurm_env, scratch_root):
+    """A site that sends no warning signal (preemption.grace: 0): the time
+    limit's SIGTERM reaches the tasks and the batch shell KillWait seconds
+    before SIGKILL. The ranks hold after step HOLD_STEP until it comes."""
+    a_tmp, _, a_info, _ = uninterrupted
+    assert a_info["JobState"] == "COMPLETED"
+    site = site_file(tmp_path, scratch_root, env={HOLD_ENV: str(HOLD_STEP)}, grace=0, max_requeues=10)
+    job_id = submit(site, job_file(tmp_path, "train-g2", shapes, time_limit="2"), slurm_env, tmp_path)
+    script = (tmp_path / "runs" / "train-g2")
+    info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "train-g2", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    assert "#SBATCH --signal" not in next(script.glob("sbatch-*.sh")).read_text()
+    assert "DUE TO TIME LIMIT" in log
+    assert "stopping for preemption (SIGTERM: the job reached its time limit) at epoch 2, batch 3" in log
+    assert "checkpointed (SIGTERM: the job reached its time limit); requeueing job" in log
+    assert f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
+    assert_identical(a_tmp / "runs" / "train-a", tmp_path / "runs" / "train-g2")
+    assert leftovers(scratch_root) == []
+
+
+def test_g3_preempted_by_a_higher_priority_partition_requeues_and_resumes_exactly(
+        uninterrupted, tmp_path, shapes, slurm_env, scratch_root):
+    """Preemption as Slurm delivers it (the testbed's preempt/partition_prio,
+    PreemptMode=REQUEUE, GraceTime): a job of the urgent partition needs both
+    nodes, Slurm picks the training job, its tasks get SIGTERM at the start
+    of the grace; the trainer checkpoints, the batch script requeues, the
+    urgent job runs, and the training job resumes when the nodes are free."""
+    from testbed.slurm_testbed import GRACE_TIME, PREEMPTIBLE, URGENT
+
+    a_tmp, _, a_info, _ = uninterrupted
+    assert a_info["JobState"] == "COMPLETED"
+    site = site_file(tmp_path, scratch_root, env={HOLD_ENV: str(HOLD_STEP)}, partition=PREEMPTIBLE)
+    job_id = submit(site, job_file(tmp_path, "train-g3", shapes), slurm_env, tmp_path)
+    wait_for_log(tmp_path, "train-g3", job_id, slurm_env, lambda log: f"holding after step {HOLD_STEP}" in log, 600,
+                 "the ranks to hold mid-epoch")
+    urgent = subprocess.run(["sbatch", "--parsable", "--partition", URGENT, "--nodes=2", "--exclusive",
+                             f"--output={tmp_path}/urgent-%j.out", "--wrap", "echo urgent job on $SLURM_JOB_NODELIST"],
+                            env=slurm_env, cwd=tmp_path, capture_output=True, text=True)
+    assert urgent.returncode == 0, urgent.stderr
+    urgent_id = int(urgent.stdout.strip())
+    stopped = time.monotonic()
+    wait_for_log(tmp_path, "train-g3", job_id, slurm_env, lambda log: "requeueing job" in log, GRACE_TIME + 30,
+                 "the checkpoint and the requeue, within the grace")
+    assert time.monotonic() - stopped < GRACE_TIME
+    urgent_info = slurm.wait(urgent_id, timeout=300, env=slurm_env)
+    info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "train-g3", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    assert urgent_info["JobState"] == "COMPLETED"
+    assert urgent_info["StartTime"] <= info["StartTime"]  # the resumed start waited for the urgent job's nodes
+    assert "stopping for preemption (SIGTERM: Slurm is preempting the job) at epoch 2, batch 3" in log
+    assert "checkpointed (SIGTERM: Slurm is preempting the job); requeueing job" in log
+    assert f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
+    assert_identical(a_tmp / "runs" / "train-a", tmp_path / "runs" / "train-g3")
     assert leftovers(scratch_root) == []
 
 

@@ -72,6 +72,12 @@ DATA="$SCRATCH_DIR/data/data.yaml"
 export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 # srun's own errors also go to a file: they name the task that failed first.
 srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcyolo-srun-$SLURM_JOB_ID.XXXXXX")
+# Slurm sends this shell SIGTERM too at the time limit (and at the end of a
+# preemption's grace, or on scancel), KillWait seconds before SIGKILL: without
+# a trap bash would die at once, and a checkpoint written for the time limit
+# would never be requeued. Trapped, bash waits for the training step to end.
+terminated=
+trap 'terminated=1' TERM
 set +e
 exec 3>&1
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=4 --cpus-per-task=12 \
@@ -107,7 +113,10 @@ elif [ "$status" -ne 0 ]; then
     fi
 fi
 rm -f "$srun_errors"
-# Every ending but a requeue: remove the node-local scratch on every node.
-srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=48 \
-    hpcyolo stage --remove "$SCRATCH_DIR" || echo "hpcyolo: could not remove $SCRATCH_DIR on every node" >&2
+# Every ending but a requeue: remove the node-local scratch on every node
+# (after SIGTERM no step can start: each node's first rank removed it).
+if [ -z "$terminated" ]; then
+    srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=48 \
+        hpcyolo stage --remove "$SCRATCH_DIR" || echo "hpcyolo: could not remove $SCRATCH_DIR on every node" >&2
+fi
 exit "$status"

@@ -90,6 +90,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 PARTITION = "debug"
+# Preemption as Slurm does it (PreemptType=preempt/partition_prio): a job of
+# URGENT (a higher PriorityTier) that needs the nodes preempts the jobs of
+# PREEMPTIBLE in REQUEUE mode, after GRACE_TIME seconds of grace. Jobs of
+# PARTITION are never preempted (PreemptMode=OFF there).
+PREEMPTIBLE = "preemptible"
+URGENT = "urgent"
+GRACE_TIME = 30
 CTLD_ADDR = "127.0.0.1"
 CTLD_PORT = 16817
 SLURMD_BASE_PORT = 17000  # node I listens on SLURMD_BASE_PORT + I
@@ -646,8 +653,15 @@ InactiveLimit=0
 MinJobAge=300
 MailProg=/bin/true
 
+# Preemption by partition priority, in REQUEUE mode (Slurm requeues a job
+# it preempts): only the jobs of the {PREEMPTIBLE} partition, by jobs of {URGENT}.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+
 {node_lines}
-PartitionName={PARTITION} Nodes={node_range} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+PartitionName={PARTITION} Nodes={node_range} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4 PreemptMode=OFF
+PartitionName={PREEMPTIBLE} Nodes={node_range} MaxTime=INFINITE State=UP OverSubscribe=FORCE:4 PriorityTier=1 GraceTime={GRACE_TIME}
+PartitionName={URGENT} Nodes={node_range} MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE PriorityTier=10 PreemptMode=OFF
 """
 
     @property
