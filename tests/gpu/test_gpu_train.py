@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# `cuda`: the only tests that may skip in CI (tests/conftest.py).
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from hpcyolo import rundir  # noqa: E402
 from hpcyolo.preemption import DRILL_ENV, EXIT_CODE  # noqa: E402
