@@ -28,17 +28,21 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="Keep the run here instead of a temporary folder.")
+    parser.add_argument("--smoke", action="store_true", help="Tiny sizes (32 images of 64 px, 1 epoch): plumbing only.")
     args = parser.parse_args()
+    n_train, n_val, imgsz = (32, 8, 64) if args.smoke else (800, 200, 160)
+    if args.smoke:
+        args.epochs = 1
     from hpcyolo.local import launch
     from hpcyolo.shapes import make_shapes
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
-        data = make_shapes(root / "shapes", n_train=800, n_val=200, imgsz=160, classes=4, seed=0)
+        data = make_shapes(root / "shapes", n_train=n_train, n_val=n_val, imgsz=imgsz, classes=4, seed=0)
         run = root / "run"
         argv = [str(BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), "--model", "n",
-                "--epochs", str(args.epochs), "--batch", "16", "--nbs", "16", "--imgsz", "160", "--workers", "1",
-                "--close-mosaic", "3"]
+                "--epochs", str(args.epochs), "--batch", "16", "--nbs", "16", "--imgsz", str(imgsz), "--workers", "1",
+                "--close-mosaic", str(min(3, args.epochs - 1))]
         start = time.perf_counter()
         if args.ranks > 1:
             code = launch(argv, args.ranks)
@@ -50,7 +54,8 @@ def main() -> None:
         rows = list(csv.DictReader((run / "results.csv").open()))
         best = max(rows, key=lambda r: float(r["metrics/mAP50"]))
         last = rows[-1]
-        print(f"n model, shapes 800/200 at 160 px, {args.epochs} epochs, {args.ranks} rank(s), {os.cpu_count()} cores")
+        print(f"n model, shapes {n_train}/{n_val} at {imgsz} px, {args.epochs} epochs, {args.ranks} rank(s), "
+              f"{os.cpu_count()} cores")
         print(f"  last epoch:  mAP50 {float(last['metrics/mAP50']):.3f}  mAP50-95 {float(last['metrics/mAP50-95']):.3f}")
         print(f"  best epoch {best['epoch']}: mAP50 {float(best['metrics/mAP50']):.3f}  "
               f"mAP50-95 {float(best['metrics/mAP50-95']):.3f}")

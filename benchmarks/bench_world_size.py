@@ -1,0 +1,112 @@
+"""One rank against many, end to end: does a run learn the same with 1, 2 and
+4 processes at the same global batch?
+
+    .venv/bin/python benchmarks/bench_world_size.py [--epochs 6] [--layouts 1,2,4] [--seeds 3]
+    .venv/bin/python benchmarks/bench_world_size.py --smoke     # plumbing only, in about a minute
+
+Generates the demo's shapes set (800 train / 200 held-out val images, 160 px,
+4 classes), trains the n model with `hpcyolo train` through the local launcher
+once per layout (same global batch, nbs, epochs and seed; only the number of
+processes differs), and --seeds times with one process (seeds 0, 1, ...) for
+the seed-to-seed spread. Prints the final mAP50-95 (and mAP50) of each run,
+the one-process mean and spread, and whether each multi-process figure lies
+within that spread or within 0.02 of its mean, whichever is wider.
+
+On the CPU each rank normalises BatchNorm over its own share of the batch
+(SyncBatchNorm needs GPUs): at 4 processes x 8 images that is the one place
+where the split changes the maths, and what this benchmark lets one see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+MARGIN = 0.02  # the band around the one-process mean when the seeds agree more closely than this
+
+
+def train(data: Path, run: Path, nproc: int, seed: int, args) -> tuple[dict, float]:
+    """The last results.csv row of one run, and its wall time."""
+    from hpcyolo.local import launch
+
+    argv = [str(BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), "--model", "n",
+            "--epochs", str(args.epochs), "--batch", str(args.batch), "--nbs", str(args.batch), "--imgsz",
+            str(args.imgsz), "--workers", "1", "--close-mosaic", str(min(3, args.epochs - 1)), "--seed", str(seed)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+    start = time.perf_counter()
+    code = launch(argv, nproc, env=env)
+    wall = time.perf_counter() - start
+    if code != 0:
+        sys.exit(f"bench_world_size: {nproc} process(es), seed {seed}: training failed with exit code {code}")
+    return list(csv.DictReader((run / "results.csv").open()))[-1], wall
+
+
+def verdict(value: float, lo: float, hi: float) -> str:
+    return "within" if lo <= value <= hi else "OUTSIDE"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=32, help="Global batch (and nbs), as the demo job.")
+    parser.add_argument("--imgsz", type=int, default=160)
+    parser.add_argument("--train-images", type=int, default=800)
+    parser.add_argument("--val-images", type=int, default=200)
+    parser.add_argument("--layouts", default="1,2,4", help="Process counts, comma-separated.")
+    parser.add_argument("--seeds", type=int, default=3, help="One-process runs with seeds 0..N-1.")
+    parser.add_argument("--smoke", action="store_true",
+                        help="Tiny sizes (64 images of 64 px, 1 epoch, 1 and 2 processes, 2 seeds): plumbing only.")
+    parser.add_argument("--keep", type=Path, help="Keep dataset and runs here instead of a temporary folder.")
+    args = parser.parse_args()
+    if args.smoke:
+        args.epochs, args.batch, args.imgsz, args.train_images, args.val_images = 1, 8, 64, 32, 8
+        args.layouts, args.seeds = "1,2", 2
+    layouts = [int(n) for n in args.layouts.split(",")]
+    if any(n < 1 or args.batch % n for n in layouts) or args.seeds < 2 or args.epochs < 2 and not args.smoke:
+        sys.exit("bench_world_size: each layout must divide --batch, --seeds >= 2, --epochs >= 2")
+    from hpcyolo.shapes import make_shapes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        data = make_shapes(root / "shapes", n_train=args.train_images, n_val=args.val_images, imgsz=args.imgsz,
+                           classes=4, seed=0)
+        print(f"bench_world_size: n model from scratch, shapes {args.train_images} train / {args.val_images} held-out "
+              f"val at {args.imgsz} px, global batch {args.batch} (nbs {args.batch}), {args.epochs} epochs, SGD, "
+              f"{os.cpu_count()} cores, OMP threads = cores / processes", flush=True)
+        runs = []  # (processes, seed, last row, wall)
+        for seed in range(args.seeds):
+            runs.append((1, seed, *train(data, root / f"run-1x-seed{seed}", 1, seed, args)))
+            print(f"  done: 1 process, seed {seed}", flush=True)
+        for n in layouts:
+            if n != 1:
+                runs.append((n, 0, *train(data, root / f"run-{n}x-seed0", n, 0, args)))
+                print(f"  done: {n} processes, seed 0", flush=True)
+
+    print(f"\n| processes x images | seed | mAP50-95 | mAP50 | wall s |")
+    print("|---|---|---|---|---|")
+    for n, seed, row, wall in runs:
+        print(f"| {n} x {args.batch // n} | {seed} | {float(row['metrics/mAP50-95']):.3f} | "
+              f"{float(row['metrics/mAP50']):.3f} | {wall:.0f} |")
+    single = [float(row["metrics/mAP50-95"]) for n, _, row, _ in runs if n == 1]
+    mean = statistics.mean(single)
+    lo, hi = min(min(single), mean - MARGIN), max(max(single), mean + MARGIN)
+    print(f"\n1 process, {len(single)} seeds: mAP50-95 mean {mean:.3f}, spread {min(single):.3f} .. {max(single):.3f} "
+          f"(stdev {statistics.stdev(single):.3f}); band {lo:.3f} .. {hi:.3f} (the spread, or mean +- {MARGIN})")
+    for n, seed, row, _ in runs:
+        if n != 1:
+            value = float(row["metrics/mAP50-95"])
+            print(f"{n} processes x {args.batch // n}, seed {seed}: mAP50-95 {value:.3f} ({value - mean:+.3f} from "
+                  f"the mean): {verdict(value, lo, hi)} the band")
+    if args.smoke:
+        print("(smoke: tiny sizes, the figures mean nothing)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Every benchmark runs, at its smallest size: a benchmark that nobody runs
+rots (an argument renamed in the trainer, a column renamed in results.csv)
+and is found broken the day its figures are needed. The figures printed
+here mean nothing (tiny sizes, a busy machine); that each benchmark gets to
+its summary line does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+# (benchmark, its smallest arguments, a line of its summary)
+SMOKES = [
+    ("bench_world_size.py", ["--smoke"], "band"),
+    ("bench_gpu.py", ["--smoke", "--skip-ultralytics"], "validation pass:"),
+    ("bench_loader.py", ["--skip-ultralytics", "--images", "32", "--repeats", "1", "--imgsz", "160", "--batch", "8"],
+     "one loader for the run"),
+    ("bench_learn.py", ["--smoke"], "wall time"),
+    ("bench_render.py", ["--runs", "3"], "ratio:"),
+    ("bench_decode.py", ["--runs", "1", "--imgsz", "160"], "median Pillow/OpenCV time ratio"),
+    ("bench_stage.py", ["--images", "200", "--runs", "1"], "second stage / first"),
+    ("bench_checkpoint.py", ["--checkpoints", "1", "--steps", "1", "--classes", "3"], "background / synchronous"),
+    ("bench_trainer.py", ["--runs", "1", "--batches", "4"], "RAM cache, 2 ranks on one node"),
+    ("bench_rect_val.py", ["--runs", "1", "--imgsz", "160"], "ratio rect / square"),
+    ("bench_finetune.py", ["--epochs", "1", "--train", "16"], "mAP50-95 gained by starting from"),
+]
+
+
+def test_every_benchmark_is_listed_here():
+    assert sorted(name for name, _, _ in SMOKES) == sorted(p.name for p in (REPO / "benchmarks").glob("bench_*.py"))
+
+
+@pytest.mark.parametrize("name, args, summary", SMOKES, ids=[name for name, _, _ in SMOKES])
+def test_benchmark_runs_to_its_summary(name, args, summary):
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], capture_output=True, text=True,
+                       timeout=600, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == 0, f"{name} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    assert summary in r.stdout, r.stdout[-3000:]
