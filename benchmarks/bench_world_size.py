@@ -12,9 +12,10 @@ the seed-to-seed spread. Prints the final mAP50-95 (and mAP50) of each run,
 the one-process mean and spread, and whether each multi-process figure lies
 within that spread or within 0.02 of its mean, whichever is wider.
 
-On the CPU each rank normalises BatchNorm over its own share of the batch
-(SyncBatchNorm needs GPUs): at 4 processes x 8 images that is the one place
-where the split changes the maths, and what this benchmark lets one see.
+BatchNorm normalises over the whole global batch at any layout (SyncBatchNorm
+on GPUs, trainer/syncbn.py on CPU process groups), so nothing in the maths
+depends on the split; what is left is the order of floating-point sums and
+the loader's augmentation draws per rank.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from .photometric import gains_of, hsv_jitter_batch
 from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
+from .syncbn import normalise_across_ranks
 from .schedule import Schedule, build_optimizer
 from .weights import Weights, load_into, read_weights
 
@@ -108,9 +109,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     model, report = initial_model(arch, nc, cfg.seed, weights)
     if report:
         print0(d, report)
-    model = model.to(d.device)
-    if d.distributed and d.device.type == "cuda":
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = place_model(model, d)
     ema = ModelEMA(model)
     optimizer, schedule, accumulate = build_optimization(cfg, model, batches)
     amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
@@ -303,6 +302,13 @@ def build_optimization(cfg: TrainConfig, model, batches: int):
                         warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),
                                          math.ceil(100 / accumulate) if cfg.warmup_epochs else 0))
     return optimizer, schedule, accumulate
+
+
+def place_model(model, d: Dist):
+    """`model` on d's device; with several ranks, its BatchNorm layers
+    normalise over the global batch, as one process does (syncbn.py)."""
+    model = model.to(d.device)
+    return normalise_across_ranks(model, d.device) if d.distributed else model
 
 
 def detection_loss(model, nc: int, d: Dist) -> DetectionLoss:

@@ -3,11 +3,12 @@ depend on how the batch is split over ranks.
 
 Real gloo process groups (the trainer's own dist.setup), ultralytics' own
 yolov8n checkpoint read by our loader, its 160 px images, and the trainer's
-own pieces for everything between the batch and the new weights: the loss,
-DDP's reduction, accumulation to nbs, the weight-decay scaling, the warm-up
-and schedule, clipping and the SGD step. BatchNorm layers are frozen (eval
-mode): on the CPU each rank normalises its own share (SyncBatchNorm needs
-GPUs), the one place where the split may change the maths.
+own pieces for everything between the batch and the new weights: the model
+as the trainer places it, the loss, DDP's reduction, accumulation to nbs,
+the weight-decay scaling, the warm-up and schedule, clipping and the SGD
+step. Twice: with BatchNorm frozen (eval mode), where the split cannot
+change the maths, and in training mode, where the ranks normalise over the
+global batch together (syncbn.py: torch's SyncBatchNorm is GPU-only).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
 STEP = 20  # an optimizer step inside the warm-up (50 steps here): warm-up LR and momentum apply
 CLIPS = (10.0, 0.0)  # clip_norm: the trainer's default, and no clipping
+BATCHNORM = ("frozen", "train")
 
 
 def _steps(rank: int, world: int, port: int, out: str) -> None:
@@ -39,18 +41,18 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})
     torch.set_num_threads(1)
     d = setup(60)
-    results = {clip: _one_step(d, clip) for clip in CLIPS}
+    results = {(bn, clip): _one_step(d, clip, bn) for bn in BATCHNORM for clip in CLIPS}
     if rank == 0:
         torch.save(results, out)
     cleanup()
 
 
-def _one_step(d, clip: float) -> dict:
+def _one_step(d, clip: float, batchnorm: str) -> dict:
     from hpcyolo_trainer.config import TrainConfig
     from hpcyolo_trainer.data import AugmentHyp, YoloDataset, collate, load_data_spec
     from hpcyolo_trainer.ema import ModelEMA
     from hpcyolo_trainer.train import (build_optimization, data_parallel, detection_loss, forward_backward,
-                                       initial_model, optimizer_step)
+                                       initial_model, optimizer_step, place_model)
     from hpcyolo_trainer.weights import read_weights
 
     cfg = TrainConfig(run_dir="unused", data=str(FIXTURE / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS, imgsz=IMGSZ,
@@ -59,6 +61,7 @@ def _one_step(d, clip: float) -> dict:
     dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names))
     weights = read_weights(FIXTURE / "model.pt")
     model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights)
+    model = place_model(model, d)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     net = data_parallel(model, d)
     optimizer, schedule, accumulate = build_optimization(cfg, model, len(dataset) // GLOBAL_BATCH)
@@ -67,7 +70,7 @@ def _one_step(d, clip: float) -> dict:
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     net.train()
     for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+        if batchnorm == "frozen" and isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.eval()
     rank, world = d.rank, d.world_size
     share = GLOBAL_BATCH // world
@@ -89,7 +92,7 @@ def _one_step(d, clip: float) -> dict:
 
 
 def steps_of(world: int, tmp_path: Path) -> dict:
-    """{clip: the step's record} of rank 0 of `world` ranks."""
+    """{(batchnorm, clip): the step's record} of rank 0 of `world` ranks."""
     out = str(tmp_path / f"steps-{world}.pt")
     mp.spawn(_steps, args=(world, free_port(), out), nprocs=world, join=True)
     return torch.load(out)
@@ -103,22 +106,30 @@ def relative(a: dict, b: dict) -> float:
     return float(diff.norm() / ref.norm())
 
 
-def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(tmp_path):
-    one = steps_of(1, tmp_path)
-    assert one[10.0]["norm"] > 10.0  # the clip acts on this step
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory) -> dict:
+    """{world size: {(batchnorm, clip): rank 0's record}} for 1, 2 and 4 ranks."""
+    tmp = tmp_path_factory.mktemp("steps")
+    return {world: steps_of(world, tmp) for world in (1, 2, 4)}
+
+
+@pytest.mark.parametrize("batchnorm", BATCHNORM)
+@pytest.mark.parametrize("clip", CLIPS, ids=["clipped", "not-clipped"])
+def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(steps, batchnorm, clip):
+    one = steps[1][batchnorm, clip]
+    if clip:
+        assert one["norm"] > clip  # the clip acts on this step
     for world in (2, 4):
-        many = steps_of(world, tmp_path)
-        for clip in CLIPS:
-            a, b = many[clip], one[clip]
-            rel = relative(a["delta"], b["delta"])
-            length = float(torch.cat([v.flatten() for v in a["delta"].values()]).norm()
-                           / torch.cat([v.flatten() for v in b["delta"].values()]).norm())
-            assert rel < 1e-5, f"clip_norm {clip}: {world} ranks x {GLOBAL_BATCH // world}: update differs from " \
-                               f"1 x {GLOBAL_BATCH} by {rel:.2e} relative (its length is {length:.4f}x)"
-            for name, p in a["after"].items():
-                torch.testing.assert_close(p, b["after"][name], rtol=1e-5, atol=1e-7,
-                                           msg=lambda m, name=name: f"{name}: {m}")
-            # What the ranks log, averaged, is what one process logs.
-            torch.testing.assert_close(a["items"], b["items"], rtol=1e-5, atol=0)
-            if clip:
-                assert a["norm"] == pytest.approx(b["norm"], rel=1e-5)
+        many = steps[world][batchnorm, clip]
+        rel = relative(many["delta"], one["delta"])
+        length = float(torch.cat([v.flatten() for v in many["delta"].values()]).norm()
+                       / torch.cat([v.flatten() for v in one["delta"].values()]).norm())
+        assert rel < 1e-5, f"{world} ranks x {GLOBAL_BATCH // world}: update differs from 1 x {GLOBAL_BATCH} by " \
+                           f"{rel:.2e} relative (its length is {length:.4f}x)"
+        for name, p in many["after"].items():
+            torch.testing.assert_close(p, one["after"][name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+        # What the ranks log, averaged, is what one process logs.
+        torch.testing.assert_close(many["items"], one["items"], rtol=1e-5, atol=0)
+        if clip:
+            assert many["norm"] == pytest.approx(one["norm"], rel=1e-5)
