@@ -1,5 +1,8 @@
-"""`hpcyolo val`: the metrics of trained weights on a dataset split, as
-ultralytics' `model.val()` computes them, in one process or distributed.
+"""Validation: the metrics of a model on a dataset split, as ultralytics'
+`model.val()` computes them, in one process or distributed. One function,
+`validate`, measures for both users of it: the trainer's per-epoch row of
+results.csv (the EMA weights) and `hpcyolo val` (`evaluate`: weights from a
+file), so the two agree on the same weights and settings.
 
 Ultralytics' validation protocol, followed here so that the numbers compare:
 - rectangular batches: images sorted by aspect ratio (h/w), batched in that
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from hpcyolo.dataset import check_labels
 from hpcyolo.errors import HpcyoloError
@@ -47,23 +51,25 @@ def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]
     return (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)), r
 
 
-class ValBatches:
-    """The rectangular batches of one split; `load(k)` reads batch k."""
+class ValBatches(Dataset):
+    """The rectangular batches of one split; item k is batch k, read from
+    disk (a DataLoader with batch_size=None runs them in its workers)."""
 
     def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True):
         items, self.problems, _ = check_files(list(files), nc)
         self.paths = [it.path for it in items]
         self.shapes = [it.shape for it in items]
         self.labels = [it.labels for it in items]
+        self.nc = nc
         self.imgsz = imgsz
-        self.batches = rect_batches(self.shapes, batch, imgsz)
+        self.batches = rect_batches(self.shapes, batch, imgsz) if items else []
         if not rect:  # the same batches, each on an imgsz x imgsz canvas
             self.batches = [(indices, (imgsz, imgsz)) for indices, _ in self.batches]
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def load(self, k: int):
+    def __getitem__(self, k: int):
         """(uint8 [B, 3, H, W], per image (gain, (left, top), (h0, w0), labels [n, 5] normalised))."""
         indices, shape = self.batches[k]
         canvases, metas = [], []
@@ -79,8 +85,9 @@ class ValBatches:
         return x, metas
 
 
-def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float) -> DetStats:
-    """Predict one batch and match it against its labels, in original image pixels."""
+def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float):
+    """(DetStats, predictions): one batch predicted and matched against its
+    labels in original image pixels; the predictions stay in canvas pixels."""
     stats = DetStats(method="ultralytics")
     preds = non_max_suppression(model.predict(x.to(device).float() / 255), conf_thres=conf, iou_thres=iou,
                                 multi_label=True)
@@ -91,7 +98,32 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
         lab = torch.from_numpy(np.asarray(labels, dtype=np.float32)).reshape(-1, 5)
         gt = xywh2xyxy(lab[:, 1:5]) * torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
         stats.update(det, gt, lab[:, 0])
-    return stats
+    return stats, preds
+
+
+@torch.no_grad()
+def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
+             worker_init=None, on_batch=None) -> dict | None:
+    """The metrics of `model` on `batches` (rank 0; None elsewhere), as
+    ultralytics' validator computes them: every rank predicts every
+    world_size-th batch, rank 0 merges the states in batch order. The one
+    validation of hpcyolo: the trainer's per-epoch row and `hpcyolo val`.
+    `on_batch(images, predictions)` sees each of this rank's batches."""
+    model.eval()
+    mine = range(d.rank, len(batches), d.world_size)
+    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
+                        worker_init_fn=worker_init)
+    states = []
+    for k, (x, metas) in zip(mine, loader):
+        stats, preds = batch_stats(model, x, metas, d.device, conf, iou)
+        states.append((k, stats.state()))
+        if on_batch is not None:
+            on_batch(x, preds)
+    gathered = gather_objects(d, states)
+    if not d.is_main:
+        return None
+    ordered = [state for _, state in sorted((pair for rank in gathered for pair in rank), key=lambda p: p[0])]
+    return DetStats.summary(DetStats.merge(ordered), batches.nc, method="ultralytics")
 
 
 @torch.no_grad()
@@ -108,7 +140,7 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if len(spec.names) != w.nc:
         raise HpcyoloError(f"{weights}: has {w.nc} classes, {data} names {len(spec.names)}")
     size = imgsz or w.imgsz or 640
-    model = build_from(w).to(d.device).eval()
+    model = build_from(w).to(d.device)
     files = getattr(spec, split)
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
@@ -117,13 +149,9 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
-    mine = [(k, batch_stats(model, *sets.load(k), d.device, conf, iou).state())
-            for k in range(d.rank, len(sets), d.world_size)]
-    gathered = gather_objects(d, mine)
-    if not d.is_main:
+    s = validate(d, model, sets, conf=conf, iou=iou)
+    if s is None:
         return None
-    states = [state for _, state in sorted((pair for rank in gathered for pair in rank), key=lambda p: p[0])]
-    s = DetStats.summary(DetStats.merge(states), w.nc, method="ultralytics")
     images = np.zeros(w.nc, dtype=int)  # images holding the class
     for labels in sets.labels:
         images[np.unique(np.asarray(labels).reshape(-1, 5)[:, 0].astype(int))] += 1

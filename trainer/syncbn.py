@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.nn.functional import all_reduce
 
 
 class CrossRankBatchNorm2d(nn.BatchNorm2d):
@@ -55,6 +54,27 @@ class CrossRankBatchNorm2d(nn.BatchNorm2d):
         factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
         self.running_mean.lerp_(mean, factor)
         self.running_var.lerp_(unbiased_var, factor)
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """The sum of a tensor over all ranks, differentiable: each rank's input
+    reaches every rank's output, so its gradient is the sum of theirs."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        out = grad.clone()
+        dist.all_reduce(out)
+        return out
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    return _SumOverRanks.apply(x)
 
 
 def normalise_across_ranks(model: nn.Module, device: torch.device) -> nn.Module:

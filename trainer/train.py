@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from hpcyolo import rundir
-from hpcyolo.dataset import check_labels
+from hpcyolo.dataset import DataSpec, check_labels
 from hpcyolo.errors import HpcyoloError
 from hpcyolo.fsutil import write_atomic
 from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
@@ -33,20 +34,19 @@ from hpcyolo.preemption import (CHECKPOINT, NONE, SCRATCH_ENV, STOP, TERMINATED_
                                 mark_preempted)
 
 from . import checkpoint as ckpt
-from .boxes import non_max_suppression, xywh2xyxy
 from .config import TrainConfig
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
 from .ema import ModelEMA
+from .evaluate import ValBatches, validate
 from .loss import DetectionLoss
-from .metrics import DetStats
 from .model import ALIASES, build_model
 from .photometric import gains_of, hsv_jitter_batch
 from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
-from .syncbn import normalise_across_ranks
 from .schedule import Schedule, build_optimizer
+from .syncbn import normalise_across_ranks
 from .weights import Weights, load_into, read_weights
 
 NO_STOP = Decision(NONE)
@@ -65,160 +65,254 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     seed_all(cfg.seed + d.rank)
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
-    # -- data: what cannot be trained on stops here, before a run directory exists
+    data = load_data(cfg, d)  # what cannot be trained on stops here, before a run directory exists
+    state = checkpoint_to_resume(cfg, d, run, settings, data.nc)  # this run's newest valid checkpoint, or None
+    parts = build(cfg, d, data, state)
+    pos = resume(parts, state, d)
+    parts.net = data_parallel(parts.model, d)
+    if d.distributed:
+        settle_buckets(parts.net, parts.model, parts.loss_fn, cfg.imgsz, d.device, parts.amp, parts.amp_dtype)
+    print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
+              f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
+              f"{parts.accumulate}, device {d.device}")
+    train_batches = iter(train_loader(cfg, d, data, pos))
+    try:
+        for epoch in range(pos.epoch, cfg.epochs):
+            pos.epoch = epoch
+            stopped = train_epoch(cfg, d, data, parts, pos, train_batches, stop)
+            if stopped is not None:
+                return stopped
+            end_epoch(cfg, d, data, parts, pos, run)
+    finally:
+        stop_workers(train_batches)
+    return complete(d, parts, run)
+
+
+@dataclass
+class Data:
+    """The data of a run, as this rank sees it."""
+    spec: DataSpec
+    nc: int
+    train_set: YoloDataset
+    val_batches: ValBatches
+    sampler: EvenShardSampler | RectBatchSampler  # this rank's share of each epoch
+    batches: int  # global batches per epoch
+    batch_per_rank: int
+
+
+@dataclass
+class Parts:
+    """What a step works on: the model and everything that updates it."""
+    model: torch.nn.Module
+    ema: ModelEMA
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    accumulate: int  # batches per optimizer step
+    amp: bool
+    amp_dtype: torch.dtype
+    scaler: torch.amp.GradScaler
+    loss_fn: DetectionLoss
+    writer: ckpt.Writer
+    net: torch.nn.Module | None = None  # the model under DDP, once placed
+
+
+@dataclass
+class Position:
+    """Where the run is: what a checkpoint records to continue exactly there."""
+    epoch: int = 0  # the epoch being trained (0-based)
+    batch: int = 0  # global batches of it done
+    global_step: int = 0  # optimizer steps done
+    best_fitness: float = -1.0
+    epoch_seconds: float = 0.0  # training time of this epoch so far (before a stop too)
+    loss_sum: torch.Tensor | None = None  # this rank's loss items summed over the epoch's batches
+    speed: tuple | None = None  # the epoch's throughput figures, once it is trained (not checkpointed)
+
+
+def load_data(cfg: TrainConfig, d: Dist) -> Data:
+    """The data YAML, the training set (this rank's sampler) and the
+    validation batches; warnings once, on rank 0, and an error for data that
+    cannot be trained on."""
     spec = load_data_spec(cfg.data)
     for warning in check_labels(spec, ("train", "val")):
         warn0(d, warning)
     nc = len(spec.names)
-
     batch_per_rank = cfg.batch // d.world_size
-    cache_dir = cache_folder(cfg)
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
     train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=AugmentHyp(mosaic=cfg.mosaic),
-                            seed=cfg.seed, cache=cfg.cache, cache_dir=cache_dir / "train", names_count=nc,
+                            seed=cfg.seed, cache=cfg.cache, cache_dir=cache_folder(cfg) / "train", names_count=nc,
                             rect_batch=cfg.batch if cfg.rect else 0, hsv_on_device=d.device.type == "cuda")
-    # Validation shards need no padding: no collective runs inside that loop.
-    # Rectangular batches, as ultralytics validates: less padding to compute.
-    val_set = YoloDataset(spec.val[d.rank::d.world_size], cfg.imgsz, augment=False, hyp=AugmentHyp(),
-                          seed=cfg.seed, cache=cfg.cache, cache_dir=cache_dir / f"val-{d.rank}", names_count=nc,
-                          rect_batch=batch_per_rank)
-    for problem in train_set.problems + val_set.problems:
+    # Validated as ultralytics' trainer does: rectangular batches of twice the training batch per rank.
+    val_batches = ValBatches(spec.val, nc, cfg.imgsz, 2 * batch_per_rank)
+    for problem in train_set.problems + val_batches.problems:
         warn0(d, problem)
     refuse_unlearnable(cfg.data, train_set, nc)
     sampler = RectBatchSampler([idx for idx, _ in train_set.batches], batch_per_rank, d.rank, d.world_size, cfg.seed) \
         if cfg.rect else EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
     assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
+    return Data(spec, nc, train_set, val_batches, sampler, batches, batch_per_rank)
 
-    # -- the newest valid checkpoint, if any: it wins over --weights, and it
-    # must be this run's (its settings, its shapes) before a file is written
+
+def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict, nc: int) -> dict | None:
+    """The run's newest valid checkpoint, or None. It must be this run's (its
+    settings, its architecture and classes) before rank 0 writes a file:
+    then rank 0 removes unfinished checkpoint writes and records the
+    settings in RUN/config.yaml."""
     state = ckpt.load_latest(run / rundir.CHECKPOINTS, lambda m: warn0(d, m))
     if state is not None:
         rundir.check_continues(run, settings, saved=state["config"])
-    arch = resumed_arch(state, cfg, nc) if state else None
+        state["arch"] = resumed_arch(state, cfg, nc)
     if d.is_main:
         for partial in ckpt.remove_partials(run / rundir.CHECKPOINTS):
             warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
         (run / rundir.WEIGHTS).mkdir(parents=True, exist_ok=True)
         write_atomic(run / rundir.CONFIG, yaml.safe_dump(settings, sort_keys=False).encode())
+    return state
 
-    weights = read_weights(cfg.weights) if cfg.weights and state is None else None
-    arch = arch or choose_arch(cfg, weights)
 
-    # -- model, EMA, optimizer, loss
-    model, report = initial_model(arch, nc, cfg.seed, weights)
+def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None) -> Parts:
+    """The model (the checkpoint's architecture, else --model or --weights'),
+    placed on the device, with its EMA, optimizer, schedule, mixed precision
+    and loss. A checkpoint wins over --weights: its tensors are loaded by resume()."""
+    if state is not None:
+        arch, weights = state["arch"], None
+    else:
+        weights = read_weights(cfg.weights) if cfg.weights else None
+        arch = choose_arch(cfg, weights)
+    model, report = initial_model(arch, data.nc, cfg.seed, weights)
     if report:
         print0(d, report)
     model = place_model(model, d)
-    ema = ModelEMA(model)
-    optimizer, schedule, accumulate = build_optimization(cfg, model, batches)
+    optimizer, schedule, accumulate = build_optimization(cfg, model, data.batches)
     amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
-    loss_fn = detection_loss(model, nc, d)
+    return Parts(model, ModelEMA(model), optimizer, schedule, accumulate, amp, amp_dtype, scaler,
+                 detection_loss(model, data.nc, d), ckpt.Writer())
 
-    # -- resume from the newest valid checkpoint, if any
-    start_epoch, start_batch, global_step, best, seconds_before = 0, 0, 0, -1.0, 0.0
-    loss_sum = torch.zeros(3, device=d.device)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        start_epoch, start_batch, global_step = state["epoch"], state["batch"], state["global_step"]
-        best, seconds_before = state["best_fitness"], state.get("epoch_seconds", 0.0)
-        loss_sum = restore_rank_state(state, d).to(d.device)
-        print0(d, f"resumed from {Path(state['path']).name}: epoch {start_epoch + 1}, batch {start_batch}, "
-                  f"step {global_step}")
-    net = data_parallel(model, d)
-    if d.distributed:
-        settle_buckets(net, model, loss_fn, cfg.imgsz, d.device, amp, amp_dtype)
-    writer = ckpt.Writer()
 
-    print0(d, f"training {arch} on {len(train_set)} images ({nc} classes), {d.world_size} rank(s) x "
-              f"{batch_per_rank} images, {batches} batches per epoch, accumulate {accumulate}, device {d.device}")
-    # One loader iterator for the whole run (sampler.RunBatches): its workers
-    # start once, here, before the checkpoint thread ever writes (a child
-    # forked amid another thread's lock can hang, and the job with it), and
-    # prepare each epoch's first batches while the last one ends.
-    run_batches = RunBatches(sampler, batch_per_rank, start_epoch, start_batch * batch_per_rank, cfg.epochs,
-                             mosaic_until=cfg.epochs - cfg.close_mosaic)
-    loader = DataLoader(train_set, batch_sampler=run_batches, num_workers=cfg.workers, collate_fn=collate,
-                        pin_memory=d.device.type == "cuda",
-                        worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
-    train_batches = iter(loader)
-    try:
-        for epoch in range(start_epoch, cfg.epochs):
-            # -- train one epoch
-            net.train()
-            progress = Progress(d, f"epoch {epoch + 1}/{cfg.epochs}", batches, start_batch, cfg.log_every)
-            t0 = time.time() - seconds_before  # a resumed epoch counts the time before the stop too
-            meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
-            epoch_batches = meter.timed(train_batches, batches - start_batch)
-            for i, (imgs, targets, _, metas) in enumerate(epoch_batches, start=start_batch):
-                imgs = imgs.to(d.device, non_blocking=True).float() / 255
-                if (gains := gains_of(metas)) is not None:  # the loader left the HSV jitter to the device
-                    imgs = hsv_jitter_batch(imgs, gains)
-                if cfg.multi_scale:
-                    size = step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, epoch * batches + i)
-                    imgs = rescale(imgs, size, cfg.imgsz)
-                record_shape(d, epoch, i, imgs.shape)
-                last_micro = (i + 1) % accumulate == 0 or i + 1 == batches
-                loss_sum += forward_backward(net, loss_fn, imgs, targets.to(d.device, non_blocking=True), amp,
-                                             amp_dtype, scaler, reduce=last_micro)
-                if not last_micro:
-                    continue
-                schedule.apply(optimizer, global_step)
-                optimizer_step(model, optimizer, scaler, ema, cfg.clip_norm)
-                global_step += 1
-                progress.update(i + 1, loss_sum / (i + 1))
-                position = dict(epoch=epoch, batch=i + 1, global_step=global_step, best_fitness=best, loss_sum=loss_sum,
-                                epoch_seconds=time.time() - t0)
-                if cfg.save_every and global_step % cfg.save_every == 0:
-                    save_state(d, cfg, writer, model, ema, optimizer, scaler, **position)
-                # All ranks agree on what to do here, after the optimizer step.
-                now = agreed_stop(d, stop, global_step)
-                where = f"at epoch {epoch + 1}, batch {i + 1}"
-                if now.action == STOP:
-                    print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be "
-                              f"requeued" if now.reason == "cancelled" else
-                              f"hpcyolo: stopping {where} without a checkpoint ({now.reason}); it will not be requeued")
-                    return finish(d, TERMINATED_EXIT_CODE, keep_scratch=False)
-                if now.action == CHECKPOINT:
-                    # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
-                    print0(d, f"stopping for preemption ({now.reason}) {where}: writing a checkpoint, then exit "
-                              f"{PREEMPT_EXIT_CODE}")
-                    save_state(d, cfg, writer, model, ema, optimizer, scaler, preempted=now.reason, **position)
-                    return finish(d, PREEMPT_EXIT_CODE, keep_scratch=now.requeue)
-            progress.close()
-            train_seconds = time.time() - t0  # the training loop alone, for results.csv
-            speed = merge_figures(gather_objects(d, meter.figures()))
-            train_loss = reduce_mean(d, loss_sum / batches)
+def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
+    """Load the checkpoint `state` into `parts` and this rank's RNG; where it
+    stopped (the start of a fresh run without one)."""
+    if state is None:
+        return Position(loss_sum=torch.zeros(3, device=d.device))
+    parts.model.load_state_dict(state["model"])
+    parts.ema.load_state_dict(state["ema"])
+    parts.optimizer.load_state_dict(state["optimizer"])
+    parts.scaler.load_state_dict(state["scaler"])
+    pos = Position(state["epoch"], state["batch"], state["global_step"], state["best_fitness"],
+                   state.get("epoch_seconds", 0.0), restore_rank_state(state, d).to(d.device))
+    print0(d, f"resumed from {Path(state['path']).name}: epoch {pos.epoch + 1}, batch {pos.batch}, "
+              f"step {pos.global_step}")
+    return pos
 
-            # -- validate the EMA weights on every rank's shard, gather on rank 0.
-            # Each rank's EMA averaged its own BatchNorm statistics; all validate
-            # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
-            broadcast_module(d, ema.module)
-            writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
-            metrics = validate(d, ema.module, val_set, cfg, spec.names, run)
-            fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
-            improved = fitness > best
-            best = max(best, fitness)
-            start_batch, seconds_before, loss_sum = 0, 0.0, torch.zeros(3, device=d.device)
-            save_state(d, cfg, writer, model, ema, optimizer, scaler, epoch=epoch + 1, batch=0,
-                       global_step=global_step, best_fitness=best, loss_sum=loss_sum)
-            if d.is_main:
-                lr = optimizer.param_groups[0]["lr"]
-                write_results(run, epoch, train_loss, metrics, lr, train_seconds, speed)
-                save_weights(run / rundir.WEIGHTS / "last.pt", ema.module, cfg, spec.names)
-                if improved:
-                    save_weights(run / rundir.WEIGHTS / "best.pt", ema.module, cfg, spec.names)
-                print(f"epoch {epoch + 1}/{cfg.epochs}: loss {train_loss.sum():.3f} "
-                      f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
-                      f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
-                      f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
-    finally:
-        stop_workers(train_batches)
-    writer.wait()
-    if d.is_main:  # the run is complete: no marker of an earlier preemption stays behind
+
+def train_loader(cfg: TrainConfig, d: Dist, data: Data, pos: Position) -> DataLoader:
+    """One loader for the whole run, from `pos` on (sampler.RunBatches): its
+    workers start once, here, before the checkpoint thread ever writes (a
+    child forked amid another thread's lock can hang, and the job with it),
+    and prepare each epoch's first batches while the last one ends."""
+    run_batches = RunBatches(data.sampler, data.batch_per_rank, pos.epoch, pos.batch * data.batch_per_rank,
+                             cfg.epochs, mosaic_until=cfg.epochs - cfg.close_mosaic)
+    return DataLoader(data.train_set, batch_sampler=run_batches, num_workers=cfg.workers, collate_fn=collate,
+                      pin_memory=d.device.type == "cuda",
+                      worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
+
+
+def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, train_batches,
+                stop: StopFlag) -> int | None:
+    """Train the rest of epoch pos.epoch; after each optimizer step, the
+    checkpoint cadence and the ranks' agreed answer to a stop request.
+    Returns the exit code when the run stops inside the epoch, else None."""
+    parts.net.train()
+    progress = Progress(d, f"epoch {pos.epoch + 1}/{cfg.epochs}", data.batches, pos.batch, cfg.log_every)
+    t0 = time.time() - pos.epoch_seconds  # a resumed epoch counts the time before the stop too
+    meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
+    for i, (imgs, targets, _, metas) in enumerate(meter.timed(train_batches, data.batches - pos.batch),
+                                                   start=pos.batch):
+        imgs = device_batch(cfg, d, imgs, metas, pos.epoch * data.batches + i)
+        record_shape(d, pos.epoch, i, imgs.shape)
+        last_micro = (i + 1) % parts.accumulate == 0 or i + 1 == data.batches
+        pos.loss_sum += forward_backward(parts.net, parts.loss_fn, imgs, targets.to(d.device, non_blocking=True),
+                                         parts.amp, parts.amp_dtype, parts.scaler, reduce=last_micro)
+        if not last_micro:
+            continue
+        parts.schedule.apply(parts.optimizer, pos.global_step)
+        optimizer_step(parts.model, parts.optimizer, parts.scaler, parts.ema, cfg.clip_norm)
+        pos.global_step, pos.batch, pos.epoch_seconds = pos.global_step + 1, i + 1, time.time() - t0
+        progress.update(i + 1, pos.loss_sum / (i + 1))
+        if cfg.save_every and pos.global_step % cfg.save_every == 0:
+            save_state(d, cfg, parts, pos)
+        stopped = stop_if_asked(cfg, d, parts, pos, stop)  # all ranks agree, after the optimizer step
+        if stopped is not None:
+            return stopped
+    progress.close()
+    pos.epoch_seconds = time.time() - t0  # the training loop alone, for results.csv
+    pos.speed = merge_figures(gather_objects(d, meter.figures()))
+    return None
+
+
+def device_batch(cfg: TrainConfig, d: Dist, imgs: torch.Tensor, metas, step: int) -> torch.Tensor:
+    """A batch of uint8 images as the model trains on it: on the device, in
+    [0, 1], HSV-jittered where the loader left that to the device, resized
+    for multi-scale training (the same size on every rank: seeded by step)."""
+    imgs = imgs.to(d.device, non_blocking=True).float() / 255
+    if (gains := gains_of(metas)) is not None:
+        imgs = hsv_jitter_batch(imgs, gains)
+    if cfg.multi_scale:
+        imgs = rescale(imgs, step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, step), cfg.imgsz)
+    return imgs
+
+
+def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: StopFlag) -> int | None:
+    """The ranks' agreed answer to a stop request (agreed_stop): None to go
+    on, else the exit code, after a checkpoint where the answer asks for one."""
+    now = agreed_stop(d, stop, pos.global_step)
+    where = f"at epoch {pos.epoch + 1}, batch {pos.batch}"
+    if now.action == STOP:
+        print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be requeued"
+               if now.reason == "cancelled" else
+               f"hpcyolo: stopping {where} without a checkpoint ({now.reason}); it will not be requeued")
+        return finish(d, TERMINATED_EXIT_CODE, keep_scratch=False)
+    if now.action == CHECKPOINT:
+        # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
+        print0(d, f"stopping for preemption ({now.reason}) {where}: writing a checkpoint, then exit "
+                  f"{PREEMPT_EXIT_CODE}")
+        save_state(d, cfg, parts, pos, preempted=now.reason)
+        return finish(d, PREEMPT_EXIT_CODE, keep_scratch=now.requeue)
+    return None
+
+
+def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, run: Path) -> None:
+    """After an epoch's last batch: validate the EMA weights, checkpoint the
+    start of the next epoch, and on rank 0 the results.csv row, last.pt,
+    best.pt (when fitness improved) and the epoch's line."""
+    train_loss = reduce_mean(d, pos.loss_sum / data.batches)
+    train_seconds, speed = pos.epoch_seconds, pos.speed
+    # Each rank's EMA averaged its own BatchNorm statistics; all validate
+    # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
+    broadcast_module(d, parts.ema.module)
+    parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
+    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.spec.names, run)
+    fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
+    improved = fitness > pos.best_fitness
+    pos.epoch, pos.batch, pos.epoch_seconds = pos.epoch + 1, 0, 0.0
+    pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
+    save_state(d, cfg, parts, pos)
+    if d.is_main:
+        write_results(run, pos.epoch - 1, train_loss, metrics, parts.optimizer.param_groups[0]["lr"],
+                      train_seconds, speed)
+        for name in ("last.pt", "best.pt") if improved else ("last.pt",):
+            save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.spec.names)
+        print(f"epoch {pos.epoch}/{cfg.epochs}: loss {train_loss.sum():.3f} "
+              f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
+              f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
+              f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
+
+
+def complete(d: Dist, parts: Parts, run: Path) -> int:
+    """The run trained every epoch: no marker of an earlier preemption stays
+    behind, rank 0 plots results.csv, and every rank leaves (exit 0)."""
+    parts.writer.wait()
+    if d.is_main:
         for marker in rundir.preempt_markers(run):
             marker.unlink(missing_ok=True)
         # Plotted once, at the end: drawing it every epoch kept the other
@@ -471,17 +565,19 @@ def restore_rank_state(state: dict, d: Dist) -> torch.Tensor:
     return sums[d.rank]
 
 
-def save_state(d: Dist, cfg: TrainConfig, writer: ckpt.Writer, model, ema, optimizer, scaler,
-               preempted: str = "", *, loss_sum: torch.Tensor, **position) -> None:
-    """Everything needed to continue exactly here; rank 0 snapshots it and
-    writes it in the background. When stopping for preemption the write is
-    waited for, then rank 0 leaves the marker the batch script looks for."""
-    ranks = gather_objects(d, (rng_state(), loss_sum.cpu()))
+def save_state(d: Dist, cfg: TrainConfig, parts: Parts, pos: Position, preempted: str = "") -> None:
+    """Everything needed to continue exactly at `pos`; rank 0 snapshots it
+    and writes it in the background. When stopping for preemption the write
+    is waited for, then rank 0 leaves the marker the batch script looks for."""
+    ranks = gather_objects(d, (rng_state(), pos.loss_sum.cpu()))
     if d.is_main:
-        state = {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict(), "rng": [r for r, _ in ranks], "loss_sums": [s for _, s in ranks],
-                 "config": rundir.settings(cfg.to_dict()), "arch": model.arch, **position}
-        writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted))
+        state = {"model": parts.model.state_dict(), "ema": parts.ema.state_dict(),
+                 "optimizer": parts.optimizer.state_dict(), "scaler": parts.scaler.state_dict(),
+                 "rng": [r for r, _ in ranks], "loss_sums": [s for _, s in ranks],
+                 "config": rundir.settings(cfg.to_dict()), "arch": parts.model.arch, "epoch": pos.epoch,
+                 "batch": pos.batch, "global_step": pos.global_step, "best_fitness": pos.best_fitness,
+                 "epoch_seconds": pos.epoch_seconds}
+        parts.writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted))
         if preempted:
             mark_preempted(preempted)
     if preempted and d.distributed:
@@ -518,24 +614,19 @@ def cache_folder(cfg: TrainConfig) -> Path:
     return Path(cfg.run_dir) / "cache"
 
 
-@torch.no_grad()
-def validate(d: Dist, model, dataset, cfg: TrainConfig, names: list[str], run: Path) -> dict:
-    model.eval()
-    stats = DetStats()
-    loader = DataLoader(dataset, batch_sampler=[indices for indices, _ in dataset.batches], num_workers=cfg.workers,
-                        collate_fn=collate, worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
+def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: list[str], run: Path) -> dict:
+    """The epoch's validation (evaluate.validate, as `hpcyolo val` measures);
+    rank 0 also draws the first cfg.val_images images with their predictions."""
     drawn = 0
-    for imgs, targets, _, _ in loader:
-        preds = non_max_suppression(model.predict(imgs.to(d.device).float() / 255), conf_thres=0.001, iou_thres=0.7)
-        size = torch.tensor([imgs.shape[3], imgs.shape[2]] * 2, dtype=torch.float32)
-        for j, det in enumerate(preds):
-            gt = targets[targets[:, 0] == j]
-            stats.update(det.cpu(), xywh2xyxy(gt[:, 2:6]) * size, gt[:, 1])
-        if d.is_main and drawn < cfg.val_images:
+
+    def draw(imgs, preds) -> None:
+        nonlocal drawn
+        if drawn < cfg.val_images:
             drawn += draw_predictions(imgs, preds, names, run, drawn, cfg.val_images - drawn)
-    states = gather_objects(d, stats.state())
-    return DetStats.summary(DetStats.merge(states), len(names)) if d.is_main else {
-        "precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
+
+    metrics = validate(d, model, batches, workers=cfg.workers, on_batch=draw if d.is_main else None,
+                       worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")))
+    return metrics or {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
 
 
 def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> int:

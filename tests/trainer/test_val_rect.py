@@ -99,5 +99,5 @@ def test_square_batches_are_imgsz_squares(tmp_path):
     assert {shape for _, shape in square.batches} == {(160, 160)}
     assert {shape for _, shape in rect.batches} > {(128, 192)}  # flat images, flat canvases
     assert [i for i, _ in rect.batches] == [i for i, _ in square.batches]
-    x, _ = square.load(0)
+    x, _ = square[0]
     assert x.shape == (8, 3, 160, 160)
