@@ -58,7 +58,7 @@ THREADS = min(8, max(1, (os.cpu_count() or 1) - 1))  # ultralytics' utils.NUM_TH
 # == hpcyolo train ===========================================================
 
 def ours(yaml: Path, work: Path, model: str, args) -> dict:
-    from hpcyolo import rundir
+    from hpcyolo_trainer import rundir
 
     run = work / f"ours-{model}"
     cmd = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(yaml), "--model", model, "--epochs",

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from hpcyolo.dataset import load_data_spec
 from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer.dataset import load_data_spec
 from hpcyolo_trainer.dist import Dist
 from hpcyolo_trainer.evaluate import evaluate
 from hpcyolo_trainer.model import build_model

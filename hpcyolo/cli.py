@@ -18,8 +18,9 @@ import sys
 import click
 from click.exceptions import NoArgsIsHelpError
 
+from hpcyolo_trainer.errors import ConfigError, HpcyoloError, printable
+
 from . import __version__
-from .errors import ConfigError, HpcyoloError, printable
 
 
 class _Group(click.Group):
@@ -63,11 +64,11 @@ def main() -> None:
 
 
 def _check_imgsz(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    """--imgsz through the one check the job spec uses too (hpcyolo.models),
+    """--imgsz through the one check the job spec uses too (hpcyolo_trainer.registry),
     as one line: a bad size would otherwise surface as a RuntimeError deep
     in the model, after torch and the data have loaded."""
-    from .knobs import OptionError
-    from .models import check_imgsz
+    from hpcyolo_trainer.registry import check_imgsz
+    from hpcyolo_trainer.settings import OptionError
 
     if value is not None:
         try:
@@ -132,8 +133,9 @@ def validate(site: str, job: str) -> None:
     Example:
         hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
     """
-    from .dataset import check_data
-    from .rundir import warn_job
+    from hpcyolo_trainer.dataset import check_data
+
+    from .runcheck import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
     for warning in check_data(plan.data):
@@ -161,7 +163,7 @@ def render(site: str, job: str, output: str | None) -> None:
         hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
     """
     from .render import render_sbatch
-    from .rundir import warn_job
+    from .runcheck import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
     script = render_sbatch(plan)
@@ -169,7 +171,7 @@ def render(site: str, job: str, output: str | None) -> None:
     if output is None:
         sys.stdout.write(script)
         return
-    from .fsutil import write_atomic
+    from hpcyolo_trainer.fsutil import write_atomic
 
     try:
         write_atomic(output, script.encode("utf-8", "surrogateescape"), mode=0o777)
@@ -280,58 +282,52 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
     click.echo(str(data_yaml))
 
 
-def _knob_option(name: str):
+def _setting_option(name: str):
     """The option of `hpcyolo train` for the trainer's setting `name`: its
-    name, default, help and check all from hpcyolo.knobs."""
-    from .knobs import BY_NAME
+    name, default, help and check all from the settings' table
+    (hpcyolo_trainer.settings)."""
+    from hpcyolo_trainer.settings import BY_NAME, REQUIRED
 
-    k = BY_NAME[name]
-    default = k.value_default
-    if k.path == "file":
-        kind = click.Path(exists=True, dir_okay=False)
-    elif k.path == "folder":
-        kind = click.Path(file_okay=False)
-    elif k.choices:
-        kind = click.Choice(k.choices)
-    elif k.value_type is bool:
-        kind = None
-    else:
-        kind = k.value_type
+    s = BY_NAME[name]
+    kind = {"file": click.Path(exists=True, dir_okay=False), "file-name": click.Path(dir_okay=False),
+            "folder": click.Path(file_okay=False)}.get(s.path)
+    if kind is None and s.choices:
+        kind = click.Choice(s.choices)
+    elif kind is None and s.value_type is not bool:
+        kind = s.value_type
 
     def check(ctx: click.Context, param: click.Parameter, value):
-        k.validate(value)
+        s.validate(value)
         return value
 
-    return click.option(k.flag, k.name, type=kind, default=default, show_default=default is not None,
-                        help=k.option_help, callback=check)
-
-
-_run_options = [
-    click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory (shared)."),
-    click.option("--data", required=True, type=click.Path(dir_okay=False), help="Data YAML."),
-    *(_knob_option(name) for name in ("signal", "dist_timeout")),
-]
+    if s.default is REQUIRED:
+        return click.option(s.flag, s.name, type=kind, required=True, help=s.option_help, callback=check)
+    return click.option(s.flag, s.name, type=kind, default=s.default, show_default=s.default is not None,
+                        help=s.option_help, callback=check)
 
 
 def _with_run_options(fn):
-    for option in reversed(_run_options):
-        fn = option(fn)
+    """The run-level options, which `hpcyolo exec` shares: --run-dir, --data, --signal, --dist-timeout."""
+    from hpcyolo_trainer.settings import RUN_LEVEL
+
+    for name in reversed(RUN_LEVEL):
+        fn = _setting_option(name)(fn)
     return fn
 
 
-def _with_knob_options(fn):
-    """Every other setting of the trainer that has an option, in TrainConfig's order."""
-    from .knobs import KNOBS, RUN_LEVEL
+def _with_setting_options(fn):
+    """Every other setting of the trainer that has an option, in the table's order."""
+    from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS
 
-    for k in reversed(KNOBS):
-        if k.flag and k.name not in RUN_LEVEL:
-            fn = _knob_option(k.name)(fn)
+    for s in reversed(SETTINGS):
+        if s.flag and s.name not in RUN_LEVEL:
+            fn = _setting_option(s.name)(fn)
     return fn
 
 
 @main.command(short_help="Train the detector (one process per GPU).")
 @_with_run_options
-@_with_knob_options
+@_with_setting_options
 @click.option("--check-run", is_flag=True, help="Only check that --run-dir may take this run (it holds none, or "
               "one with the same settings), writing nothing: the batch script of a job with run.resume: true asks "
               "before it records a start.")
@@ -349,19 +345,21 @@ def train(run_dir: str, data: str, signal: str, check_run: bool, **options) -> N
     if check_run:
         import pathlib
 
-        from . import rundir
+        from hpcyolo_trainer import rundir
 
         config = train_config(run_dir, data, signal, **options).to_dict()
         rundir.check_continues(pathlib.Path(run_dir), rundir.settings(config), for_job=True)
         return
-    from .preemption import PEER_LOST_EXIT_CODE, StopFlag
+    from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE, StopFlag
+
+    from .slurm_stop import sigterm_decision
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.
-    stop = StopFlag(signal)
+    stop = StopFlag(signal, on_sigterm=sigterm_decision)
     os.environ.update(_this_process_vars(os.environ))
     # What the job spec checks, with its words, before torch loads.
-    from .knobs import check_train
+    from hpcyolo_trainer.settings import check_train
 
     check_train({"signal": signal, **options}, int(os.environ.get("WORLD_SIZE", "1")))
     from hpcyolo_trainer.dist import lost_peer_line
@@ -394,9 +392,8 @@ def _this_process_vars(env: dict[str, str]) -> dict[str, str]:
 
 
 def train_config(run_dir: str, data: str, signal: str, check_run: bool = False, **options):
-    """The trainer's config of a `hpcyolo train` command line; also how a
-    job's own command line is read before it runs (hpcyolo.rundir). No torch."""
-    from hpcyolo_trainer.config import TrainConfig
+    """The trainer's config of a `hpcyolo train` command line (no torch)."""
+    from hpcyolo_trainer.settings import TrainConfig
 
     return TrainConfig(run_dir=run_dir, data=data, signal=signal, **options)
 

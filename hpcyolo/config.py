@@ -9,14 +9,15 @@ site_configs/example.yaml is the annotated version of the same schema.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from . import models
-from .errors import ConfigError, HpcyoloError, shown
+from hpcyolo_trainer.errors import ConfigError, HpcyoloError, shown
+from hpcyolo_trainer.settings import BY_KEY, SIGNALS, check_non_negative, check_positive, check_signal  # noqa: F401
+from hpcyolo_trainer.yamlfile import read_yaml
+
 from .loader import build, spec
-from .yamlfile import read_yaml
 
 # -- value checks (each raises ValueError with the message the user sees) ----
 
@@ -31,8 +32,6 @@ _SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(?:=[A-Za-z0-9_.,:+@%=/*&|
 _MEMORY = re.compile(r"[0-9]+[KMGT]?")
 PATH_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-
-SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 
 
 def check_name(value: str) -> None:
@@ -105,6 +104,7 @@ RESERVED_ENV: dict[str, str] = {
     "nodelist": "a variable of the script",
     "srun_errors": "a variable of the script",
     "status": "a variable of the script",
+    "terminated": "a variable of the script",
     "restarts": "a variable of the script",
     "reason": "a variable of the script",
     "failed": "a variable of the script",
@@ -136,11 +136,6 @@ def check_sbatch_options(value: tuple) -> None:
         if not _SBATCH_OPTION.fullmatch(option):
             raise ValueError(f"{shown(option)} is not a single sbatch option such as --hint=nomultithread "
                              "(no spaces, quotes or '#': sbatch reads a '#' there as the start of a comment)")
-
-
-def check_multi_scale(value: float) -> None:
-    if not 0 <= value < 1:
-        raise ValueError(f"must be a fraction in [0, 1) (0.5: sizes from half to 1.5 times imgsz), got {value}")
 
 
 def check_path(value: str) -> None:
@@ -180,19 +175,24 @@ def check_host_suffix(value: str) -> None:
         raise ValueError(f"{shown(value)} is not a host name suffix (letters, digits, '.', '-')")
 
 
-def check_signal(value: str) -> None:
-    if value not in SIGNALS:
-        raise ValueError(f"{shown(value)} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
+def setting(key: str) -> Any:
+    """The schema field of the trainer's setting with this key (its default,
+    doc and check: hpcyolo_trainer.settings)."""
+    row = BY_KEY[key]
+    return spec(row.default, doc=row.doc, check=row.check)
 
 
-def check_positive(value: int) -> None:
-    if value < 1:
-        raise ValueError(f"must be at least 1 (got {value})")
+def setting_type(key: str) -> Any:
+    """The type of the trainer's setting with this key, as annotated there."""
+    return BY_KEY[key].type
 
 
-def check_non_negative(value: int | float) -> None:
-    if value < 0:
-        raise ValueError(f"must not be negative (got {value})")
+def trainer_section(name: str) -> type:
+    """A job-spec section made of the trainer's settings whose keys are in it
+    (train.epochs, ...), in the table's order."""
+    rows = [(key.partition(".")[2], row) for key, row in BY_KEY.items() if key.partition(".")[0] == name]
+    fields_ = [(field, row.type, setting(row.key)) for field, row in rows]
+    return make_dataclass(name.title(), fields_, namespace={"__module__": __name__}, frozen=True, kw_only=True)
 
 
 def check_time(value: str) -> None:
@@ -332,8 +332,7 @@ class ContainerSite:
 
 @dataclass(frozen=True, kw_only=True)
 class PreemptionSite:
-    signal: str = spec("USR2", doc="Signal Slurm sends before the time limit; hpcyolo checkpoints on it.",
-                       check=check_signal)
+    signal: setting_type("site:preemption.signal") = setting("site:preemption.signal")
     grace: int = spec(120, doc="Seconds before the time limit to send it (--signal=SIG@grace); 0: none.",
                       check=check_non_negative)
     max_requeues: int = spec(3, doc="How often a job may requeue itself after preemption or time-out.",
@@ -384,42 +383,17 @@ class Resources:
 
 @dataclass(frozen=True, kw_only=True)
 class Data:
-    yaml: str = spec(doc="Ultralytics-style data YAML (path, train, val, names); relative to this file.")
+    yaml: setting_type("data.yaml") = setting("data.yaml")
     stage: bool = spec(False, doc="Copy the dataset into node-local scratch once per node before training.")
-    cache: Literal["none", "ram", "disk"] = spec("none", doc="Decoded-image cache: none, ram (one per node), disk.")
+    cache: setting_type("data.cache") = setting("data.cache")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Train:
-    model: Literal[models.CHOICES] | None = spec(  # type: ignore[valid-type]
-        None, doc="Detector: yolov8n, yolov8s, yolov8m, yolov8l, yolov8x, yolo11n ... yolo11x (n, s, m: the YOLOv8 "
-                  "sizes); empty: n, or the architecture of train.weights.")
-    weights: str | None = spec(None, doc="Start from these weights: an ultralytics checkpoint (read without running "
-                                         "its pickle) or hpcyolo weights/checkpoint; relative to this file. A run's "
-                                         "own checkpoint, when it resumes, wins.")
-    epochs: int = spec(100, doc="Epochs to train.", check=check_positive)
-    batch: int = spec(64, doc="Global batch size, split evenly over all ranks.", check=check_positive)
-    imgsz: int = spec(640, doc="Training image size (pixels, a multiple of 32).", check=models.check_imgsz)
-    workers: int = spec(4, doc="Data-loader worker processes per rank.", check=check_non_negative)
-    seed: int = spec(0, doc="Random seed (each rank derives its own from it).", check=check_non_negative)
-    optimizer: Literal["sgd", "adamw"] = spec("sgd", doc="Optimizer: sgd or adamw.")
-    lr0: float | None = spec(None, doc="Initial learning rate; empty: 0.01 for sgd, 0.001 for adamw.",
-                             check=check_non_negative)
-    nbs: int = spec(64, doc="Nominal batch: gradients accumulate until about this many images per step.",
-                    check=check_positive)
-    close_mosaic: int = spec(10, doc="Train the last N epochs without mosaic.", check=check_non_negative)
-    multi_scale: float = spec(0.0, doc="Multi-scale training: each step's image size drawn from imgsz x "
-                                       "[1 - f, 1 + f], a multiple of 32, the same on every rank; 0: off.",
-                              check=check_multi_scale)
-    rect: bool = spec(False, doc="Rectangular training batches: images sorted by aspect ratio, each batch "
-                                 "letterboxed to its own shape; no mosaic and no affine augmentation.")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Checkpoint:
-    every_steps: int = spec(0, doc="Also checkpoint every N optimizer steps; 0: at the end of each epoch only.",
-                            check=check_non_negative)
-    keep: int = spec(3, doc="How many recent checkpoints to keep.", check=check_positive)
+# The trainer's settings of the job spec: Train and Checkpoint are made of
+# the settings' table's rows with their keys; the other sections take such a
+# setting (data.cache, run.dist_timeout, the site's preemption.signal) with
+# `setting`. Adding a setting to the table adds it here.
+Train = trainer_section("train")
+Checkpoint = trainer_section("checkpoint")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -427,10 +401,9 @@ class Run:
     name: str | None = spec(None, doc="Run directory name under the site's storage.runs; empty: the job name.",
                             check=check_name)
     resume: bool = spec(False, doc="Continue an existing run of this name, if it is the same run (model, data, "
-                                   "settings: hpcyolo.rundir); false refuses to touch one (a requeued job always "
+                                   "settings: hpcyolo_trainer.rundir); false refuses to touch one (a requeued job always "
                                    "resumes its own run).")
-    dist_timeout: int = spec(600, doc="Seconds a collective may wait before the job gives up (hang protection).",
-                             check=check_positive)
+    dist_timeout: setting_type("run.dist_timeout") = setting("run.dist_timeout")
 
 
 @dataclass(frozen=True, kw_only=True)

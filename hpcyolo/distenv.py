@@ -74,7 +74,7 @@ unique for every job, each array task included (an array task's
 SLURM_ARRAY_JOB_ID + SLURM_ARRAY_TASK_ID, used before, equals a later plain
 job's id), so two jobs on a node share a port only when their ids differ by
 a multiple of 15000. Should ports meet anyway, the rendezvous is keyed by the
-job (HPCYOLO_JOB, see `job_identity` and hpcyolo.rendezvous): ranks refuse
+job (HPCYOLO_JOB, see `job_identity` and hpcyolo_trainer.rendezvous): ranks refuse
 another job's store with one line, and a port taken at init is reported with
 `port_in_use_message`.
 """
@@ -93,10 +93,11 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from .errors import HpcyoloError, shown
+from hpcyolo_trainer.devices import check_gpus, env_int, short_hostname, visible_gpus
+from hpcyolo_trainer.errors import HpcyoloError, shown
+from hpcyolo_trainer.rendezvous import JOB_ENV
 
 PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
-JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked at the rendezvous (hpcyolo.rendezvous)
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (tests, a SageMaker-like platform)
 # Names every process of one job shares, outside Slurm: its port and identity derive from them.
@@ -191,12 +192,6 @@ def job_identity(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def port_in_use_message(host: str, port: int | str) -> str:
-    """What to say when rank 0 cannot listen on the rendezvous port."""
-    return (f"MASTER_PORT {port} on {host} is already in use (another job or launcher on that node?); "
-            f"set HPCYOLO_MASTER_PORT to a free port or resubmit")
-
-
 def expand_hostlist(hostlist: str) -> list[str]:
     """Slurm's compressed host list to names: 'gpu[01-03,07],login1' ->
     gpu01 gpu02 gpu03 gpu07 login1 (what `scontrol show hostnames` prints)."""
@@ -211,19 +206,6 @@ def expand_hostlist(hostlist: str) -> list[str]:
             for i in range(int(lo), int(hi or lo) + 1):
                 hosts.append(f"{prefix}{i:0{len(lo)}d}{suffix}")
     return hosts
-
-
-def _int(env: Mapping[str, str], name: str) -> int:
-    try:
-        return int(env[name])
-    except KeyError:
-        raise HpcyoloError(f"environment: {name} is not set") from None
-    except ValueError:
-        raise HpcyoloError(f"environment: {name}={shown(env[name])} is not an integer") from None
-
-
-def _short_hostname() -> str:
-    return socket.gethostname().split(".")[0]
 
 
 # ---- the launchers ----
@@ -259,29 +241,29 @@ def _host_or_worker(layout: NodeLayout, env: Mapping[str, str]) -> DistEnv | Nod
     when the host runs one process (or when it got a LOCAL_RANK, from a
     launcher that set nothing else), else the layout to start them from."""
     if "LOCAL_RANK" in env:
-        return _checked(layout.dist_env(_int(env, "LOCAL_RANK")), env)
+        return _checked(layout.dist_env(env_int(env, "LOCAL_RANK")), env)
     return _checked(layout.dist_env(0), env) if layout.nproc_per_node == 1 else layout
 
 
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
     # torchrun always sets LOCAL_WORLD_SIZE and GROUP_WORLD_SIZE (the number of
     # agents, i.e. nodes); a hand-made RANK/LOCAL_RANK/WORLD_SIZE is one node.
-    world = _int(env, "WORLD_SIZE")
-    nnodes = _int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else None
-    local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world // (nnodes or 1)
+    world = env_int(env, "WORLD_SIZE")
+    nnodes = env_int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else None
+    local_world = env_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world // (nnodes or 1)
     nnodes = nnodes or -(-world // max(local_world, 1))
-    rank = _int(env, "RANK")
-    node_rank = next((_int(env, k) for k in ("GROUP_RANK", "NODE_RANK") if k in env), rank // max(local_world, 1))
+    rank = env_int(env, "RANK")
+    node_rank = next((env_int(env, k) for k in ("GROUP_RANK", "NODE_RANK") if k in env), rank // max(local_world, 1))
     # torchrun's MASTER_PORT is its store's: never replace it.
     port = _port_value(env, "MASTER_PORT") if "MASTER_PORT" in env else _port(env)
-    return DistEnv(rank=rank, local_rank=_int(env, "LOCAL_RANK"), world_size=world, local_world_size=local_world,
+    return DistEnv(rank=rank, local_rank=env_int(env, "LOCAL_RANK"), world_size=world, local_world_size=local_world,
                    node_rank=node_rank, nnodes=nnodes, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
                    master_port=port, source="torchrun")
 
 
 def _from_openmpi(env: Mapping[str, str]) -> DistEnv:
-    size, local_size = _int(env, "OMPI_COMM_WORLD_SIZE"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
-    rank = _int(env, "OMPI_COMM_WORLD_RANK")
+    size, local_size = env_int(env, "OMPI_COMM_WORLD_SIZE"), env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    rank = env_int(env, "OMPI_COMM_WORLD_RANK")
     if local_size < size and not env.get("MASTER_ADDR"):
         raise HpcyoloError(f"environment: OpenMPI runs {size} ranks, {local_size} on this node: set MASTER_ADDR to the "
                            f"host of rank 0 (mpirun -x MASTER_ADDR=<first host>)")
@@ -290,7 +272,7 @@ def _from_openmpi(env: Mapping[str, str]) -> DistEnv:
     # counted across all jobs on the node, see Open MPI's "Environment variables
     # set for MPI applications"); with mpirun's default by-slot mapping a
     # node's ranks are consecutive, so the node index is rank // local size.
-    return DistEnv(rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), world_size=size,
+    return DistEnv(rank=rank, local_rank=env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), world_size=size,
                    local_world_size=local_size, node_rank=rank // max(local_size, 1),
                    nnodes=-(-size // max(local_size, 1)), master_addr=resolve_master(master, _site_interface(env)),
                    master_port=_port(env), source="openmpi")
@@ -302,12 +284,12 @@ def _from_slurm(env: Mapping[str, str]) -> DistEnv:
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
     hosts = expand_hostlist(nodelist)
     nnodes_var = next((k for k in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES") if k in env), None)
-    node_id = _int(env, "SLURM_NODEID")
+    node_id = env_int(env, "SLURM_NODEID")
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
     master = env.get("MASTER_ADDR") or (hosts or ["127.0.0.1"])[0]
-    return DistEnv(rank=_int(env, "SLURM_PROCID"), local_rank=_int(env, "SLURM_LOCALID"),
-                   world_size=_int(env, ntasks), local_world_size=_tasks_on_node(per_node, node_id),
-                   node_rank=node_id, nnodes=_int(env, nnodes_var) if nnodes_var else max(len(hosts), 1),
+    return DistEnv(rank=env_int(env, "SLURM_PROCID"), local_rank=env_int(env, "SLURM_LOCALID"),
+                   world_size=env_int(env, ntasks), local_world_size=_tasks_on_node(per_node, node_id),
+                   node_rank=node_id, nnodes=env_int(env, nnodes_var) if nnodes_var else max(len(hosts), 1),
                    master_addr=resolve_master(master, _site_interface(env)), master_port=_port(env), source="slurm")
 
 
@@ -349,18 +331,18 @@ def _from_pytorchjob(env: Mapping[str, str]) -> NodeLayout:
     nprocPerNode, and under Kubeflow Trainer's TrainJob, torchrun's PET_NNODES,
     PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and PET_MASTER_PORT say
     the same per node, and win: WORLD_SIZE may then count processes."""
-    node_rank = _int(env, "PET_NODE_RANK" if "PET_NODE_RANK" in env else "RANK")
+    node_rank = env_int(env, "PET_NODE_RANK" if "PET_NODE_RANK" in env else "RANK")
     nnodes_var = "PET_NNODES" if "PET_NNODES" in env else "WORLD_SIZE"
     if ":" in env.get(nnodes_var, ""):
         raise HpcyoloError(f"environment: {nnodes_var}={shown(env[nnodes_var])} is an elastic range; hpcyolo runs "
                            f"a fixed number of nodes (run it under torchrun for elastic training)")
-    nnodes = _int(env, nnodes_var)
+    nnodes = env_int(env, nnodes_var)
     master = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
     if not master and nnodes > 1:
         raise HpcyoloError("environment: PyTorchJob sets RANK and WORLD_SIZE but no MASTER_ADDR (or PET_MASTER_ADDR): "
                            "give the master pod's address")
     return _host_layout(env, node_rank=node_rank, nnodes=nnodes, master=master or "127.0.0.1",
-                        host=_short_hostname(), source="pytorchjob")
+                        host=short_hostname(), source="pytorchjob")
 
 
 def _from_indexed_job(env: Mapping[str, str]) -> NodeLayout:
@@ -375,7 +357,7 @@ def _from_indexed_job(env: Mapping[str, str]) -> NodeLayout:
     if "HPCYOLO_NNODES" not in env:
         raise HpcyoloError("environment: JOB_COMPLETION_INDEX is set (an Indexed Job) but HPCYOLO_NNODES is not: set "
                            "it to the job's completions (= parallelism), the number of pods")
-    nnodes = _int(env, "HPCYOLO_NNODES")
+    nnodes = env_int(env, "HPCYOLO_NNODES")
     jobset = env.get("JOBSET_NAME")
     master = env.get("MASTER_ADDR") or (
         f"{jobset}-{env.get('REPLICATED_JOB_NAME', '')}-0-0.{jobset}" if jobset and env.get("REPLICATED_JOB_NAME")
@@ -383,8 +365,8 @@ def _from_indexed_job(env: Mapping[str, str]) -> NodeLayout:
     if not master and nnodes > 1:
         raise HpcyoloError("environment: an Indexed Job of several pods needs MASTER_ADDR: pod 0's name "
                            "<job>-0.<headless service>")
-    return _host_layout(env, node_rank=_int(env, "JOB_COMPLETION_INDEX"), nnodes=nnodes,
-                        master=master or "127.0.0.1", host=_short_hostname(),
+    return _host_layout(env, node_rank=env_int(env, "JOB_COMPLETION_INDEX"), nnodes=nnodes,
+                        master=master or "127.0.0.1", host=short_hostname(),
                         source="jobset" if jobset else "indexed job")
 
 
@@ -394,7 +376,7 @@ def _host_layout(env: Mapping[str, str], *, node_rank: int, nnodes: int, master:
     if not 0 <= node_rank < nnodes:
         raise HpcyoloError(f"{host}: node rank {node_rank} is not below the {nnodes} nodes (from {source})")
     nproc = _procs_per_host(env)
-    _check_gpus(nproc, env, host)
+    check_gpus(nproc, env, host)
     return NodeLayout(node_rank=node_rank, nnodes=nnodes, nproc_per_node=nproc,
                       master_addr=resolve_master(master, _site_interface(env) or interface, hostname=host),
                       master_port=_port(env), host=host, source=source, interface=interface)
@@ -407,13 +389,13 @@ def _procs_per_host(env: Mapping[str, str]) -> int:
     name = "HPCYOLO_NPROC" if "HPCYOLO_NPROC" in env else "PET_NPROC_PER_NODE"
     # PET_NPROC_PER_NODE may be torchrun's auto/gpu/cpu: then the GPUs decide.
     if name == "HPCYOLO_NPROC" or env.get(name, "").strip().isdigit():
-        n = _int(env, name)
+        n = env_int(env, name)
         if n < 1:
             raise HpcyoloError(f"environment: {name}={n} must be at least 1")
         return n
     gpus = visible_gpus(env)
     if gpus is None and "SM_NUM_GPUS" in env:
-        gpus = _int(env, "SM_NUM_GPUS")
+        gpus = env_int(env, "SM_NUM_GPUS")
     return max(gpus or 1, 1)
 
 
@@ -422,7 +404,7 @@ def _port(env: Mapping[str, str]) -> int:
         if env.get(name):
             return _port_value(env, name)
     if "SLURM_JOB_ID" in env:
-        return default_port(_int(env, "SLURM_JOB_ID"))
+        return default_port(env_int(env, "SLURM_JOB_ID"))
     # Outside Slurm: a name every process of the job shares (crc32: Python's
     # hash() differs between processes).
     for name in JOB_NAME_VARS:
@@ -432,7 +414,7 @@ def _port(env: Mapping[str, str]) -> int:
 
 
 def _port_value(env: Mapping[str, str], name: str) -> int:
-    port = _int(env, name)
+    port = env_int(env, name)
     if not 1 <= port <= 65535:
         raise HpcyoloError(f"environment: {name}={port} is not a TCP port (1-65535)")
     return port
@@ -441,42 +423,15 @@ def _port_value(env: Mapping[str, str], name: str) -> int:
 # ---- checks against each other and the hardware ----
 
 def _checked(d: DistEnv, env: Mapping[str, str]) -> DistEnv:
-    host = _short_hostname()
+    host = short_hostname()
     if not 0 <= d.rank < d.world_size:
         raise HpcyoloError(f"{host}: rank {d.rank} is not below the world size {d.world_size} (from {d.source})")
     if not 0 <= d.local_rank < d.local_world_size:
         raise HpcyoloError(f"{host}: local rank {d.local_rank} is not below the {d.local_world_size} processes on "
                            f"this node (from {d.source})")
-    _check_gpus(d.local_world_size, env, host)
+    check_gpus(d.local_world_size, env, host)
     check_master(d.master_addr, d.nnodes)
     return d
-
-
-def visible_gpus(env: Mapping[str, str]) -> int | None:
-    """How many GPUs CUDA_VISIBLE_DEVICES leaves, None when it is unset.
-    CUDA reads the list up to the first invalid entry, so '', '-1' and
-    Slurm's 'NoDevFiles' leave none."""
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    count = 0
-    for item in value.split(","):
-        item = item.strip()
-        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
-            break
-        count += 1
-    return count
-
-
-def _check_gpus(procs_on_node: int, env: Mapping[str, str], host: str | None = None, gpus: int | None = None) -> None:
-    # One visible GPU is --gpus-per-task (each task its own: cuda:0); none is the CPU.
-    visible = visible_gpus(env) if gpus is None else gpus
-    if visible is None or visible <= 1 or procs_on_node <= visible:
-        return
-    what = (f"CUDA_VISIBLE_DEVICES shows {visible} GPUs" if "CUDA_VISIBLE_DEVICES" in env
-            else f"only {visible} GPUs are visible")
-    raise HpcyoloError(f"{host or _short_hostname()}: {procs_on_node} processes on this node but {what}; "
-                       f"start one process per GPU")
 
 
 def check_master(addr: str, nnodes: int) -> None:
@@ -493,42 +448,13 @@ def check_master(addr: str, nnodes: int) -> None:
     try:
         found = {info[4][0] for info in socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)}
     except (socket.gaierror, UnicodeError) as e:
-        print(f"hpcyolo: warning: cannot resolve MASTER_ADDR={addr} on {_short_hostname()} "
+        print(f"hpcyolo: warning: cannot resolve MASTER_ADDR={addr} on {short_hostname()} "
               f"({getattr(e, 'strerror', None) or e}); the rendezvous will fail unless it resolves",
               file=sys.stderr, flush=True)
         return
     loopback = sorted(found & LOCALHOST)
     if loopback:
         raise HpcyoloError(f"MASTER_ADDR={addr} resolves to localhost ({loopback[0]}) {hint}")
-
-
-def device_for(local_rank: int, env: Mapping[str, str], *, gpus: int | None = None) -> str:
-    """The device of the process with this local rank: 'cuda:0' when it sees
-    exactly one GPU (srun --gpus-per-task gives each task its own), else
-    'cuda:LOCAL_RANK'; 'cpu' without GPUs. `gpus` is what the caller knows
-    (torch.cuda.device_count()); without it, CUDA_VISIBLE_DEVICES, then
-    SM_NUM_GPUS / SLURM_GPUS_ON_NODE, tell."""
-    count = gpus if gpus is not None else _gpu_hint(env)
-    if not count:
-        return "cpu"
-    if count == 1:
-        return "cuda:0"
-    if "LOCAL_WORLD_SIZE" in env:
-        _check_gpus(_int(env, "LOCAL_WORLD_SIZE"), env, gpus=count)
-    if local_rank >= count:
-        raise HpcyoloError(f"{_short_hostname()}: local rank {local_rank} but only {count} GPUs are visible "
-                           f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
-    return f"cuda:{local_rank}"
-
-
-def _gpu_hint(env: Mapping[str, str]) -> int:
-    visible = visible_gpus(env)
-    if visible is not None:
-        return visible
-    for name in ("SM_NUM_GPUS", "SLURM_GPUS_ON_NODE"):
-        if env.get(name, "").isdigit():
-            return int(env[name])
-    return 0
 
 
 # ---- the master's address on the site's interface ----

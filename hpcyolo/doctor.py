@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcyolo_trainer.errors import HpcyoloError, shown
+from hpcyolo_trainer.preemption import EXIT_CODE
+
 from . import slurm
 from .config import JobSpec, SiteConfig, limit_seconds
-from .errors import HpcyoloError, shown
-from .preemption import EXIT_CODE
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -176,7 +177,7 @@ def account_check(site: SiteConfig, code: int, out: str) -> Check:
 
 
 def _expand(path: str) -> str | None:
-    from .rundir import try_expand
+    from .runcheck import try_expand
 
     return try_expand(path)
 
@@ -185,14 +186,23 @@ def check_runs_writable(site: SiteConfig) -> Check:
     root = _expand(site.storage.runs)
     if root is None:
         return Check("storage.runs", "SKIP", f"{site.storage.runs}: a variable in it is not set here")
-    try:
-        Path(root).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root, prefix=".hpcyolo-doctor-"):
-            pass
-    except OSError as e:
-        return Check("storage.runs", "FAIL", f"cannot write in {root}: {e.strerror}",
+    why = _cannot_write(root, create=True)
+    if why:
+        return Check("storage.runs", "FAIL", f"cannot write in {root}: {why}",
                      "set storage.runs to a shared folder you can write (e.g. under $SCRATCH or $WORK)")
     return Check("storage.runs", "PASS", f"{root} is writable")
+
+
+def _cannot_write(folder: str, create: bool = False) -> str | None:
+    """Why a file cannot be created in `folder` (made first where `create`), or None."""
+    try:
+        if create:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hpcyolo-doctor-"):
+            pass
+    except OSError as e:
+        return e.strerror
+    return None
 
 
 # How long the interface probe's srun waits for a node (srun --immediate):
@@ -262,11 +272,9 @@ def check_logs(site: SiteConfig) -> Check:
         return Check("storage.logs", "FAIL", f"{logs} does not exist: Slurm opens the job's output file there "
                      "before the script runs, so every job would fail at once with no output",
                      f"create it (mkdir -p {shlex.quote(logs)}) or set storage.logs to an existing shared folder")
-    try:
-        with tempfile.NamedTemporaryFile(dir=logs, prefix=".hpcyolo-doctor-"):
-            pass
-    except OSError as e:
-        return Check("storage.logs", "FAIL", f"cannot write in {logs}: {e.strerror}",
+    why = _cannot_write(logs)
+    if why:
+        return Check("storage.logs", "FAIL", f"cannot write in {logs}: {why}",
                      "set storage.logs to a shared folder you can write, or fix its permissions")
     return Check("storage.logs", "PASS", f"{logs} exists and is writable")
 
@@ -340,7 +348,8 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
     free = shutil.disk_usage(where).free
     if not (job and job.data.stage and data):
         return Check("storage.scratch", "PASS", f"{where}: {free / 2**30:.1f} GiB free on this node")
-    from .dataset import dataset_root, read_data_yaml
+    from hpcyolo_trainer.dataset import dataset_root, read_data_yaml
+
     from .stage import walk
 
     root = dataset_root(Path(data), read_data_yaml(data))
@@ -355,7 +364,7 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
 
 def check_dataset(data: str) -> Check:
     """The data YAML, its splits and labels, as the trainer checks them."""
-    from .dataset import check_data
+    from hpcyolo_trainer.dataset import check_data
 
     try:
         warnings = check_data(data)

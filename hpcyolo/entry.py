@@ -4,12 +4,12 @@ A requeued job runs `hpcyolo stage --data DATA --dest DEST` again on a node
 that already holds the copy. The answer takes a few stats and one small JSON
 read, while importing the click CLI and the YAML parser takes ten times as
 long. So `main` reads that one command line itself, with nothing but
-hpcyolo.staged (os and json): a current copy at DEST gets the usual "already
+hpcyolo_trainer.staged (os and json): a current copy at DEST gets the usual "already
 staged" line and exit 0; a first stage goes to stage() without click.
 Everything else, and any command line it does not read exactly, goes to the
 click CLI (hpcyolo.cli) unchanged.
 
-What "current" means is defined in hpcyolo.staged, once: stage() asks
+What "current" means is defined in hpcyolo_trainer.staged, once: stage() asks
 `current_marker` too, before it parses anything and again under its lock.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .staged import already_staged, claim, current_marker, say
+from hpcyolo_trainer.staged import already_staged, claim, current_marker, say
 
 
 def main() -> int | None:
@@ -63,7 +63,8 @@ def _plain(data: str, dest: str) -> bool:
 
 def _stage(data: str, dest: str, workers: int | None) -> int:
     """`hpcyolo stage` as the click command runs it (hpcyolo.cli), errors included."""
-    from .errors import HpcyoloError, printable
+    from hpcyolo_trainer.errors import HpcyoloError, printable
+
     from .stage import stage
 
     try:

@@ -17,10 +17,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcyolo_trainer.errors import HpcyoloError, SlurmError
+from hpcyolo_trainer.rundir import Start  # noqa: F401  (a start of a job, as callers of starts() know it)
+from hpcyolo_trainer.rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
+
 from . import slurm
-from .errors import HpcyoloError, SlurmError
-from .rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
-from .rundir import Start  # noqa: F401  (a start of a job, as callers of starts() know it)
+
 
 @dataclass
 class JobRecord:

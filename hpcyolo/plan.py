@@ -12,13 +12,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import rundir
+from hpcyolo_trainer import rundir
+from hpcyolo_trainer.errors import ConfigError
+from hpcyolo_trainer.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
+from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE
+from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
+
 from .config import EnvironmentSite, JobSpec, SiteConfig, format_time, limit_seconds, parse_time
-from .errors import ConfigError
-from .knobs import batch_problem
-from .models import DEFAULT as DEFAULT_MODEL
-from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
-from .preemption import PEER_LOST_EXIT_CODE
 from .shell import Expand, Raw, Var
 
 # torchrun's agent turns only these into a clean shutdown of its workers
@@ -62,6 +62,7 @@ class JobPlan:
     stage_argv: tuple[str, ...]
     unstage_argv: tuple[str, ...]
     preflight_argv: tuple[str, ...]
+    train_settings: tuple[tuple[str, object], ...]  # the trainer's settings of the job, by name (plain or Var)
     train_argv: tuple[str, ...]
     environment: EnvironmentSite  # the site's modules, venv and variables (templates/env.sh.j2)
     extra_sbatch: tuple[str, ...]  # the site's own #SBATCH options, after the table's
@@ -74,7 +75,7 @@ class JobPlan:
     max_requeues: int  # requeues after a checkpoint before the script stops asking
     preempt_exit_code: int = PREEMPT_EXIT_CODE
     peer_lost_exit_code: int = PEER_LOST_EXIT_CODE
-    # The run directory's files and words, from hpcyolo.rundir (shell forms).
+    # The run directory's files and words, from hpcyolo_trainer.rundir (shell forms).
     record: Var = Var("RUN_DIR", f"/{rundir.RECORD}")  # the start record
     start_line: Raw = Raw(f'"{rundir.SHELL_START}"')  # a line of it
     preempt_marker: Raw = Raw(f'"{rundir.SHELL_PREEMPT_MARKER}"')  # the trainer's "checkpointed" file
@@ -147,10 +148,10 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         raise ConfigError(job_file, "data.yaml", f"file not found: {data}")
 
     weights = _weights_path(job, job_file, check_paths)
-
     signal = site.preemption.signal
     if launcher == "torchrun" and signal not in TORCHRUN_SIGNALS:
         signal = "TERM"
+    train = _train_settings(site, job, signal, weights)
     run_name = job.run.name or job.name
     uses_scratch = job.data.stage or (job.data.cache != "none" and not job.entrypoint)
 
@@ -173,7 +174,8 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", "/data")),
         unstage_argv=("hpcyolo", "stage", "--remove", Var("SCRATCH_DIR")),
         preflight_argv=_preflight_argv(site, job),
-        train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(site, job, signal, weights),
+        train_settings=tuple(train.items()),
+        train_argv=_launch_argv(launcher, job.resources.nodes, procs) + _train_argv(job, train),
     )
 
 
@@ -463,28 +465,44 @@ def _weights_path(job: JobSpec, job_file: str, check_paths: bool) -> str | None:
     return str(path)
 
 
-def _train_argv(site: SiteConfig, job: JobSpec, signal: str, weights: str | None) -> tuple[str, ...]:
-    common = ("--run-dir", Var("RUN_DIR"), "--data", Var("DATA"), "--signal", signal,
-              "--dist-timeout", str(job.run.dist_timeout))
-    if job.entrypoint:
-        return ("hpcyolo", "exec", *common, "--", *job.entrypoint)
-    t = job.train
-    # Without a model name, weights bring their own architecture.
-    model = ("--model", t.model or DEFAULT_MODEL) if t.model or not weights else ()
-    argv = ["hpcyolo", "train", *common, *model,
-            "--epochs", str(t.epochs), "--batch", str(t.batch), "--imgsz", str(t.imgsz),
-            "--workers", str(t.workers), "--seed", str(t.seed), "--optimizer", t.optimizer, "--nbs", str(t.nbs),
-            "--close-mosaic", str(t.close_mosaic),
-            "--cache", job.data.cache,
-            "--save-every", str(job.checkpoint.every_steps), "--keep", str(job.checkpoint.keep)]
+def _train_settings(site: SiteConfig, job: JobSpec, signal: str, weights: str | None) -> dict[str, object]:
+    """The trainer's settings of this job, by name: every setting of the
+    settings' table that the job spec (or the site) has a key for, as it
+    says; the plan's own paths for the run directory, the data (both
+    variables of the script), the weights and the node-local image cache."""
+    values = {s.name: _key_value(site, job, s.key) for s in SETTINGS if s.key}
+    values.update(run_dir=Var("RUN_DIR"), data=Var("DATA"), signal=signal, weights=weights)
     if job.data.cache != "none":  # one copy per node, in node-local scratch
-        argv += ["--cache-dir", Var("SCRATCH_DIR", "/cache")]
-    if t.lr0 is not None:
-        argv += ["--lr0", repr(t.lr0)]
-    if t.multi_scale:  # defaults add nothing: the command lines of existing jobs stay as they were
-        argv += ["--multi-scale", repr(t.multi_scale)]
-    if t.rect:
-        argv.append("--rect")
-    if weights:
-        argv += ["--weights", weights]
-    return tuple(argv)
+        values["cache_dir"] = Var("SCRATCH_DIR", "/cache")
+    return values
+
+
+def _key_value(site: SiteConfig, job: JobSpec, key: str) -> object:
+    """The value of a key such as train.epochs (the job spec's) or
+    site:preemption.signal (the site config's)."""
+    on_site = key.startswith("site:")
+    section, _, name = key.removeprefix("site:").partition(".")
+    return getattr(getattr(site if on_site else job, section), name)
+
+
+def _train_argv(job: JobSpec, values: dict[str, object]) -> tuple[str, ...]:
+    """The training command: `hpcyolo train` with the run-level options and
+    every other setting whose value is not the trainer's default, in the
+    table's order (a job at the defaults says only what it must, and a new
+    setting leaves existing jobs' command lines as they were); a custom
+    entrypoint gets the run-level options of `hpcyolo exec`."""
+    chosen = [s for s in SETTINGS if s.flag and (s.name in RUN_LEVEL or values.get(s.name, s.default) != s.default)]
+    words = [w for s in chosen if s.name in RUN_LEVEL or not job.entrypoint for w in _option_words(s, values[s.name])]
+    if job.entrypoint:
+        return ("hpcyolo", "exec", *words, "--", *job.entrypoint)
+    return ("hpcyolo", "train", *words)
+
+
+def _option_words(s: Setting, value: object) -> tuple[str, ...]:
+    """`--epochs 30`, `--rect` or `--no-rect`: the words of one option."""
+    on, _, off = s.flag.partition("/")
+    if off:
+        return (on if value else off,)
+    return (on, value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value))
+
+

@@ -108,7 +108,8 @@ def check_room(scratch: str | None, data: str | None) -> Check:
         return Check("scratch room", "SKIP", "no staging")
     from pathlib import Path
 
-    from .dataset import dataset_root, read_data_yaml
+    from hpcyolo_trainer.dataset import dataset_root, read_data_yaml
+
     from .stage import walk
 
     os.makedirs(scratch, exist_ok=True)

@@ -23,7 +23,7 @@ def main() -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    from .rendezvous import init_process_group
+    from hpcyolo_trainer.rendezvous import init_process_group
 
     init_process_group(backend, int(os.environ.get("HPCYOLO_DIST_TIMEOUT", "300")))
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -50,7 +50,7 @@ def main() -> int:
 
 def run() -> int:
     """main(), with hpcyolo's errors (a refused rendezvous, a taken port) as one line."""
-    from .errors import HpcyoloError
+    from hpcyolo_trainer.errors import HpcyoloError
 
     try:
         return main()

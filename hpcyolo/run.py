@@ -1,7 +1,7 @@
 """`hpcyolo run`: the job of a plan on this machine, without Slurm.
 
 The same steps as the sbatch script, in Python: the run directory with its
-no-clobber rule (hpcyolo.rundir), staging into node-local scratch, one process
+no-clobber rule (hpcyolo_trainer.rundir), staging into node-local scratch, one process
 per rank with the standard variables (hpcyolo.local), and the preemption exit
 code. A signal sent to `hpcyolo run` reaches every rank; they checkpoint and
 stop, and running the same command again resumes.
@@ -13,17 +13,19 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import HpcyoloError
+from hpcyolo_trainer import rundir
+from hpcyolo_trainer.errors import HpcyoloError
+
+from . import runcheck
 from .local import launch
 from .plan import JobPlan
-from . import rundir
 from .shell import Raw, Var
 
 
 def run_local(plan: JobPlan, resume: bool = False) -> int:
-    run_dir = Path(rundir.expand(plan.run_dir))
-    scratch = Path(rundir.expand(plan.scratch_dir))
-    rundir.check_job(plan, run_dir, resume or plan.resume, rundir.LOCAL_RESUME_HOW)
+    run_dir = Path(runcheck.expand(plan.run_dir))
+    scratch = Path(runcheck.expand(plan.scratch_dir))
+    runcheck.check_job(plan, run_dir, resume or plan.resume, runcheck.LOCAL_RESUME_HOW)
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.record_start(run_dir, rundir.local_start_line(os.uname().nodename))
     data = plan.data
@@ -42,7 +44,7 @@ def run_local(plan: JobPlan, resume: bool = False) -> int:
               file=sys.stderr)
         return code
     if plan.uses_scratch:  # every ending but one to resume from: the scratch goes
-        from .staged import remove
+        from hpcyolo_trainer.staged import remove
 
         remove(scratch)
     if code == 0:

@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Mapping
 
-from .errors import SlurmError
+from hpcyolo_trainer.errors import SlurmError
 
 # Job states after which a job will not run again (squeue(1), JOB STATE CODES).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

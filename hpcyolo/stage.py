@@ -15,7 +15,7 @@ its marker inside, so a directory at DEST is always complete. An exclusive
 lock next to DEST makes other tasks on the node wait for the one copying; a
 later stage of the same source (a requeued job on the same node) finds the
 marker and returns at once. The marker records what was stat'ed of the source;
-whether a copy is still current is decided in hpcyolo.staged, which the
+whether a copy is still current is decided in hpcyolo_trainer.staged, which the
 `hpcyolo` command asks before importing this module (or yaml, or click).
 """
 
@@ -32,22 +32,11 @@ import threading
 import time
 from pathlib import Path
 
-from .dataset import SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml, split_entries
-from .errors import HpcyoloError, shown
-from .staged import (
-    MARKER,
-    OWNER,
-    already_staged,
-    claim,
-    current_marker,
-    is_current,
-    node_name,
-    read_marker,
-    remove,
-    say,
-    source_identity,
-)
-from .yamlfile import dump_yaml, loads
+from hpcyolo_trainer.dataset import SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml, split_entries
+from hpcyolo_trainer.errors import HpcyoloError, shown
+from hpcyolo_trainer.staged import (MARKER, OWNER, already_staged, claim, current_marker, is_current, node_name,
+                                    read_marker, remove, say, source_identity)
+from hpcyolo_trainer.yamlfile import dump_yaml, loads
 
 # Room left free after the copy: filesystem overhead, the staged YAML, and (on
 # a tmpfs) memory the training processes still need.
@@ -588,8 +577,9 @@ def remove_stale(dest: Path) -> list[Path]:
     run = dest.parent
     if not run.parent.name.startswith("hpcyolo-") or not os.environ.get("SLURM_JOB_ID") or not run.parent.is_dir():
         return []
+    from hpcyolo_trainer.errors import SlurmError
+
     from . import slurm
-    from .errors import SlurmError
 
     removed = []
     for folder in run.parent.iterdir():

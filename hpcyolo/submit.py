@@ -29,13 +29,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HpcyoloError
+from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV
+from hpcyolo_trainer.rundir import checkpointed, preempt_marker, record_job, record_start, start_line
+
 from .config import parse_time
 from .plan import JobPlan
-from .preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV, SIGTERM_ENV
-from .rundir import check_job, checkpointed, preempt_marker, record_job, record_start, start_line, warn_job
-from .rundir import expand as _expand
+from .runcheck import check_job
+from .runcheck import expand as _expand
+from .runcheck import warn_job
 from .shell import Raw, Var
+from .slurm_stop import SIGTERM_ENV
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
 SUBMITIT_PARAMETERS = {
@@ -147,7 +151,7 @@ class TrainTask:
             return EXIT_CODE
         # Every ending but a requeue: the node's first task removes its scratch.
         if env.get("SLURM_LOCALID", "0") == "0" and self.plan.uses_scratch:
-            from .staged import remove
+            from hpcyolo_trainer.staged import remove
 
             remove(self.scratch_dir)
         if code != 0:
@@ -186,7 +190,7 @@ class Sweep:
 
 def parse_sweeps(options: tuple[str, ...]) -> list[Sweep]:
     """Each value is read as YAML with the job spec's rules (`010` stays "010")."""
-    from .yamlfile import loads
+    from hpcyolo_trainer.yamlfile import loads
 
     sweeps = []
     for option in options:
@@ -222,7 +226,7 @@ def point_name(base: str, point: dict[str, object]) -> str:
 # == submitting ==============================================================
 
 def expand(path: str) -> str:
-    """A run or scratch path as the job will see it (hpcyolo.rundir.expand)."""
+    """A run or scratch path as the job will see it (hpcyolo.runcheck.expand)."""
     return _expand(path, "; submit from where it is set")
 
 
@@ -332,7 +336,7 @@ def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, swe
 def check_datasets(plans: list[JobPlan]) -> None:
     """Each dataset once, as `validate` checks it: data that cannot be
     trained on is refused here, not after the job waited in the queue."""
-    from .dataset import check_data
+    from hpcyolo_trainer.dataset import check_data
 
     for data in dict.fromkeys(plan.data for plan in plans):
         for warning in check_data(data):

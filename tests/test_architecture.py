@@ -19,8 +19,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"hpcyolo": ROOT / "hpcyolo", "hpcyolo_trainer": ROOT / "trainer"}
 SLURM_COMMANDS = ("sbatch", "srun", "salloc", "scontrol", "sacct", "sacctmgr", "scancel", "sinfo", "squeue",
@@ -28,13 +26,27 @@ SLURM_COMMANDS = ("sbatch", "srun", "salloc", "scontrol", "sacct", "sacctmgr", "
 
 
 def modules() -> dict[str, Path]:
-    """Module name -> source file, for both packages (no __init__)."""
+    """Module name -> source file, for both packages and their subpackages (no __init__)."""
     out = {}
     for package, folder in PACKAGES.items():
-        for path in sorted(folder.glob("*.py")):
-            if path.stem != "__init__":
-                out[f"{package}.{path.stem}"] = path
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] != "__init__" and "__pycache__" not in parts:
+                out[".".join((package, *parts))] = path
     return out
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import statement in `path`,
+    module level or not: `from .x import y` in trainer/ reads hpcyolo_trainer.x."""
+    package = "hpcyolo_trainer" if ROOT / "trainer" in path.parents else "hpcyolo"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, node.module or "" if not node.level else f"{package}.{node.module or ''}"))
+    return found
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
@@ -104,6 +116,24 @@ def test_no_import_cycle_in_hpcyolo_and_trainer():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_the_trainer_is_the_lower_layer():
+    """One direction between the packages: hpcyolo_trainer (trainer/) never
+    imports hpcyolo, at module level or inside a function; hpcyolo imports
+    the trainer. What both need (errors, atomic writes, the YAML reader, the
+    data YAML, the settings' table, the run directory's names and rules, the
+    preemption protocol, the rendezvous, the model names) is the trainer's."""
+    upward = [f"{path.relative_to(ROOT)}:{line}: imports {name}"
+              for module, path in modules().items() if module.startswith("hpcyolo_trainer.")
+              for line, name in imported_names(path) if name == "hpcyolo" or name.startswith("hpcyolo.")]
+    assert not upward, "the trainer imports hpcyolo:\n" + "\n".join(upward)
+
+
+def test_the_direction_check_sees_an_upward_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\n\ndef f():\n    from hpcyolo.plan import make_plan\n")
+    assert imported_names(planted) == [(1, "os"), (4, "hpcyolo.plan")]
+
+
 def test_the_trainer_does_not_import_stage():
     graph = import_graph()
     users = sorted(m for m, deps in graph.items() if m.startswith("hpcyolo_trainer.") and "hpcyolo.stage" in deps)
@@ -161,3 +191,17 @@ def test_subprocess_is_used_for_slurm_only_in_slurm_py():
     assert "hpcyolo.slurm" in users
     for name in sorted(users - {"hpcyolo.slurm"}):
         assert not slurm_command_lines(modules()[name]), name
+
+
+# == the documented environment variables ======================================
+
+def test_every_hpcyolo_variable_is_documented_and_every_documented_one_is_read():
+    """docs/architecture.md's table of HPCYOLO_* variables and the code (the
+    packages, the templates, the tests' golden switch) name the same set."""
+    code = set()
+    for path in [*modules().values(), *(ROOT / "templates").glob("*.j2"), ROOT / "tests" / "test_golden.py"]:
+        code |= set(re.findall(r"\bHPCYOLO_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc[doc.index("| variable | set by | what it does |"):]
+    documented = set(re.findall(r"`(HPCYOLO_[A-Z0-9_]+)`", table.split("\n\n")[0]))
+    assert code - {"HPCYOLO_DRILL"} == documented

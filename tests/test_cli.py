@@ -6,9 +6,10 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import COCO8, REPO
 
 SITE, JOB = REPO / "site_configs" / "testbed.yaml", REPO / "examples" / "coco8.yaml"
 
@@ -99,7 +100,7 @@ def test_predict_with_a_file_that_is_not_weights_is_one_line(tmp_path, content):
         torch.save({"something": torch.zeros(2)}, weights)
     else:
         weights.write_bytes(content)
-    r = hpcyolo("predict", weights, REPO)
+    r = hpcyolo("predict", weights, Path(COCO8).parent / "images" / "val")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert len(r.stderr.splitlines()) == 1 and f"{weights}: not hpcyolo weights" in r.stderr
 

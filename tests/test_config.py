@@ -10,8 +10,8 @@ import pytest
 from conftest import COCO8, REPO, write
 
 from hpcyolo.config import format_time, load_job, load_site, parse_time
-from hpcyolo.errors import ConfigError
 from hpcyolo.plan import make_plan
+from hpcyolo_trainer.errors import ConfigError
 
 GPU_SITE = """\
 name: gpusite
@@ -199,7 +199,11 @@ def test_an_unknown_model_lists_the_choices(tmp_path):
 
 
 def test_the_default_model_is_n(tmp_path):
-    assert _argv_value(plan_of(tmp_path).train_argv, "--model") == "n"
+    from hpcyolo.runcheck import planned_settings
+
+    plan = plan_of(tmp_path)
+    assert "--model" not in plan.train_argv  # the trainer's default: n (yolov8n) without weights
+    assert planned_settings(plan, tmp_path / "run")["model"] is None
 
 
 def test_weights_relative_to_the_job_file(tmp_path):

@@ -14,20 +14,11 @@ import sys
 import pytest
 
 from hpcyolo import distenv
-from hpcyolo.distenv import (
-    DistEnv,
-    NodeLayout,
-    check_master,
-    default_port,
-    device_for,
-    expand_hostlist,
-    from_environ,
-    port_in_use_message,
-    resolve_master,
-    sagemaker_layout,
-    visible_gpus,
-)
-from hpcyolo.errors import HpcyoloError
+from hpcyolo.distenv import (DistEnv, NodeLayout, check_master, default_port, expand_hostlist, from_environ,
+                             resolve_master, sagemaker_layout)
+from hpcyolo_trainer.devices import device_for, visible_gpus
+from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.rendezvous import port_in_use_message
 
 HOST = re.escape(socket.gethostname().split(".")[0])
 
@@ -532,7 +523,7 @@ def test_port_in_use_message():
 def test_address_in_use_at_init_is_one_clear_line():
     # Rank 0 of 2 creates the store server on MASTER_PORT: taken, it fails at once (torch 2.13:
     # DistNetworkError "... code: -98, name: EADDRINUSE, message: address already in use").
-    code = ("import sys\nfrom hpcyolo.errors import HpcyoloError\nfrom hpcyolo_trainer.dist import setup\n"
+    code = ("import sys\nfrom hpcyolo_trainer.errors import HpcyoloError\nfrom hpcyolo_trainer.dist import setup\n"
             "try:\n    setup(timeout_s=10)\nexcept HpcyoloError as e:\n    sys.exit(f'hpcyolo: error: {e}')\n")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 from hpcyolo.local import free_port
-from hpcyolo.preemption import CHECKPOINT, HOLD_ENV, NONE, STOP, StopFlag, slurm_stop_reason
+from hpcyolo.slurm_stop import sigterm_decision, slurm_stop_reason
+from hpcyolo_trainer.preemption import CHECKPOINT, HOLD_ENV, NONE, STOP, Decision, StopFlag
+
+STOP_ON_SIGTERM = Decision(STOP, "SIGTERM")
 
 COMMON = ("JobId=14045994 JobName=job.sh UserId=root(0) GroupId=root(0) Priority=4294901757 Nice=0 {state} "
           "Requeue=1 {restarts} BatchFlag=1 Reboot=0 {times} Partition=debug NodeList=node[1-2] BatchHost=node1 "
@@ -73,7 +76,7 @@ def restore_signals():
 
 @pytest.fixture
 def flag(restore_signals):
-    return StopFlag("USR2")
+    return StopFlag("USR2", on_sigterm=sigterm_decision)  # as `hpcyolo train` makes it
 
 
 def test_the_sites_signal_checkpoints_and_requeues(flag):
@@ -93,6 +96,12 @@ def test_the_hold_drill_waits_at_its_step_for_a_signal(monkeypatch, capsys, rest
     d = flag.decide(3, env={})
     assert time.monotonic() - start >= 0.25 and (d.action, d.reason) == (CHECKPOINT, "SIGUSR2")
     assert "drill: holding after step 3 until a signal arrives" in capsys.readouterr().out
+
+
+def test_sigterm_stops_where_nobody_says_why(restore_signals):
+    flag = StopFlag("USR2")  # the trainer's own default, as a script that calls it directly gets it
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert flag.decide(1, env={"SLURM_JOB_ID": "7"}) == STOP_ON_SIGTERM
 
 
 def test_sigterm_outside_slurm_or_where_the_site_says_stop_stops(flag):

@@ -15,9 +15,9 @@ import pytest
 from conftest import write
 
 from hpcyolo.config import load_job, load_site
-from hpcyolo.errors import ConfigError
 from hpcyolo.plan import make_plan
 from hpcyolo.render import render_sbatch
+from hpcyolo_trainer.errors import ConfigError
 
 STUB = """#!/usr/bin/env python3
 import json, os, sys

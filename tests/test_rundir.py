@@ -1,5 +1,5 @@
 """A run directory is never silently rewritten: a second request on it
-continues the run only when it asks for the same run (hpcyolo.rundir), and
+continues the run only when it asks for the same run (hpcyolo_trainer.rundir), and
 anything else stops in one line before a file is written."""
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from conftest import REPO
 
 from hpcyolo.config import load_job
 from hpcyolo.local import launch
-from hpcyolo.rundir import MAY_DIFFER, SAME_RUN
 from hpcyolo.shapes import make_shapes
-from hpcyolo_trainer.config import TrainConfig
+from hpcyolo_trainer.settings import SETTINGS, TrainConfig
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 TINY = ("--imgsz", "64", "--batch", "4", "--nbs", "4", "--close-mosaic", "0", "--workers", "0")
@@ -45,15 +44,14 @@ def assert_refused(r, run: Path, before: dict[str, bytes], *names: str) -> None:
     assert snapshot(run) == before  # config.yaml byte-identical, no new file
 
 
-def test_every_trainer_setting_is_decided():
-    same = {s.key for s in SAME_RUN}
-    assert not same & MAY_DIFFER.keys()
-    assert same | MAY_DIFFER.keys() == {f.name for f in dataclasses.fields(TrainConfig)}
+def test_every_trainer_setting_is_decided_with_a_reason():
+    assert [s.name for s in SETTINGS] == [f.name for f in dataclasses.fields(TrainConfig)]
     job = load_job(REPO / "examples" / "coco8.yaml")  # messages about a job name its keys
-    for s in SAME_RUN:
-        if s.job_key:
-            section, key = s.job_key.split(".")
-            assert hasattr(getattr(job, section), key), s.job_key
+    for s in SETTINGS:
+        assert isinstance(s.same_run, bool) and s.why, s.name
+        if s.same_run and s.key:
+            section, key = s.key.split(".")
+            assert hasattr(getattr(job, section), key), s.key
 
 
 @pytest.fixture(scope="module")

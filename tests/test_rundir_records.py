@@ -1,4 +1,4 @@
-"""The run directory's records, written and read back by hpcyolo.rundir."""
+"""The run directory's records, written and read back by hpcyolo_trainer.rundir."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import subprocess
 
 import pytest
 
-from hpcyolo import rundir
-from hpcyolo.errors import HpcyoloError
-from hpcyolo.preemption import EXIT_CODE
+from hpcyolo import runcheck
+from hpcyolo_trainer import rundir
+from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.preemption import EXIT_CODE
 
 
 def test_the_batch_scripts_start_line_reads_back(tmp_path):
@@ -60,7 +61,7 @@ def test_expand(monkeypatch):
 
     monkeypatch.setenv("HPCYOLO_T_ROOT", "/r")
     monkeypatch.delenv("HPCYOLO_T_UNSET", raising=False)
-    assert rundir.expand("$HPCYOLO_T_ROOT/u-${SLURM_JOB_USER}") == f"/r/u-{getpass.getuser()}"
-    assert rundir.try_expand("$HPCYOLO_T_UNSET/x") is None
+    assert runcheck.expand("$HPCYOLO_T_ROOT/u-${SLURM_JOB_USER}") == f"/r/u-{getpass.getuser()}"
+    assert runcheck.try_expand("$HPCYOLO_T_UNSET/x") is None
     with pytest.raises(HpcyoloError, match=r"^\$HPCYOLO_T_UNSET/x: a variable in it is not set here; go$"):
-        rundir.expand("$HPCYOLO_T_UNSET/x", "; go")
+        runcheck.expand("$HPCYOLO_T_UNSET/x", "; go")

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 from conftest import VENV_BIN, write
-from test_slurm_train import EPOCHS, HOLD_STEP, LONG, assert_identical, site_file, wait_for
+from test_slurm_train import EPOCHS, HOLD_STEP, LONG, assert_identical
 from test_slurm_train import job_file as train_job_file
+from test_slurm_train import site_file, wait_for
 from test_submit import resources
 
 from hpcyolo import slurm
 from hpcyolo.config import load_job, load_site
 from hpcyolo.plan import make_plan
-from hpcyolo.preemption import HOLD_ENV
 from hpcyolo.render import render_sbatch
+from hpcyolo_trainer.preemption import HOLD_ENV
 
 pytestmark = pytest.mark.slurm
 

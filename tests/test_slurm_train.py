@@ -24,10 +24,11 @@ import pytest
 import yaml
 from conftest import REPO, VENV_BIN, job_log, max_abs_diff, submit, write
 
-from hpcyolo import rundir, slurm
+from hpcyolo import slurm
 from hpcyolo.distenv import default_port
-from hpcyolo.preemption import HOLD_ENV
 from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer import rundir
+from hpcyolo_trainer.preemption import HOLD_ENV
 
 pytestmark = pytest.mark.slurm
 EPOCHS = 2

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hpcyolo import stage as st
-from hpcyolo.errors import HpcyoloError
+from hpcyolo_trainer.errors import HpcyoloError
 
 YAML = """\
 # a dataset for the staging tests

@@ -15,6 +15,7 @@ from test_config import CPU_SITE, GPU_SITE, JOB, error_of, plan_of
 from hpcyolo import distenv
 from hpcyolo.doctor import check_layout
 from hpcyolo.render import render_sbatch as render
+from hpcyolo_trainer.devices import device_for
 
 UNEVEN = JOB.replace("nodes: 2,", "nodes: 3, gpus: 10,").replace("batch: 64", "batch: 60")
 
@@ -112,7 +113,7 @@ def test_the_rank_layer_reads_each_nodes_count_from_slurm():
                "SLURM_STEP_NODELIST": "gpu[07,11-12]", "SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": str(local)}
         d = distenv.from_environ(env, sagemaker_config="/nonexistent")
         seen.append((d.rank, d.local_rank, d.local_world_size, d.node_rank, d.world_size, d.master_addr))
-        assert distenv.device_for(d.local_rank, env, gpus=1) == "cuda:0"  # one GPU per task
+        assert device_for(d.local_rank, env, gpus=1) == "cuda:0"  # one GPU per task
     assert [s[2] for s in seen] == [2, 2, 4, 4, 4, 4, 4, 4, 4, 4]
     assert {s[4] for s in seen} == {10} and {s[5] for s in seen} == {"gpu07"}
     assert [s[:2] for s in seen[2:6]] == [(2, 0), (3, 1), (4, 2), (5, 3)]

@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import COCO8, REPO, write
 
-from hpcyolo.errors import ConfigError
+from hpcyolo_trainer.errors import ConfigError
 
 SITE = """\
 name: s

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import cv2
 import numpy as np
 
-from hpcyolo.models import MAX_STRIDE
+from .registry import MAX_STRIDE
 
 PAD_VALUE = 114  # grey fill for letterbox borders, mosaic gaps and affine borders
 

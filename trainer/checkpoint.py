@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from hpcyolo.fsutil import atomic_file
+from .fsutil import atomic_file
 
 FORMAT = 1
 _NAME = re.compile(r"ckpt-(\d{9})\.pt")

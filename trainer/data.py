@@ -1,7 +1,7 @@
 """Detection data: the data YAML, YOLO label files, the dataset and its caches.
 
 - `load_data_spec(yaml)` reads an ultralytics-style data YAML into a DataSpec
-  (hpcyolo.dataset, shared with the CLI's checks).
+  (hpcyolo_trainer.dataset, shared with the CLI's checks).
 - `YoloDataset(files, imgsz, ...)` checks every image and label file once, at
   construction, dropping what is broken and recording one line per problem in
   `dataset.problems` (nothing is printed or raised: the trainer prints them on
@@ -47,14 +47,13 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from hpcyolo.dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
-from hpcyolo.fsutil import fsync_dir
-
 from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, flip_lr, hsv_gains, letterbox,
                       letterbox_pad, letterbox_to, mosaic_affine, random_affine, rect_batches, resized_shape,
                       to_normalised, to_pixel_boxes)
+from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
+from .fsutil import fsync_dir
 
-# The data YAML and label paths live in hpcyolo.dataset (no torch: the CLI
+# The data YAML and label paths live in hpcyolo_trainer.dataset (no torch: the CLI
 # checks a dataset with them on a login node); re-exported for the trainer.
 __all__ = ["IMG_EXTS", "AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "keep_freed_memory",
            "label_path", "load_data_spec"]

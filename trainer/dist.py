@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hpcyolo.distenv import device_for
-from hpcyolo.rendezvous import init_process_group
+from .devices import device_for
+from .rendezvous import init_process_group
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def setup(timeout_s: int = 600) -> Dist:
     control = None
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        # Keyed by the job: a port clash is refused, never joined (hpcyolo.rendezvous).
+        # Keyed by the job: a port clash is refused, never joined (hpcyolo_trainer.rendezvous).
         init_process_group(backend, timeout_s, device_id=device if device.type == "cuda" else None)
         if backend == "nccl":
             # Reading an NCCL result (.item()) waits for everything queued on

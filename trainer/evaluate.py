@@ -31,13 +31,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hpcyolo.dataset import check_labels
-from hpcyolo.errors import HpcyoloError
-
 from .augment import PAD_VALUE, letterbox_to, rect_batches
 from .boxes import non_max_suppression, xywh2xyxy
 from .data import check_files, decode_resized, load_data_spec
+from .dataset import check_labels
 from .dist import Dist, gather_objects
+from .errors import HpcyoloError
 from .metrics import DetStats
 from .weights import build_from, read_weights
 

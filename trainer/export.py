@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcyolo.errors import HpcyoloError
-from hpcyolo.fsutil import write_atomic
-
+from .errors import HpcyoloError
+from .fsutil import write_atomic
 from .weights import build_from, read_weights
 
 OPSET = 17

@@ -14,8 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-import hpcyolo.models
-
+from . import registry
 from .boxes import dist2bbox, make_anchors
 
 # Family -> scale -> (depth multiple, width multiple, max channels), as published
@@ -27,8 +26,8 @@ FAMILIES = {
                "l": (1.00, 1.00, 512), "x": (1.00, 1.50, 512)},
 }
 MODELS = tuple(f"{family}{scale}" for family, scales in FAMILIES.items() for scale in scales)
-assert MODELS == hpcyolo.models.MODELS, "hpcyolo/models.py names the same detectors"
-ALIASES = hpcyolo.models.ALIASES  # n, s, m: YOLOv8's sizes, as hpcyolo first offered them
+assert MODELS == registry.MODELS, "trainer/registry.py names the same detectors"
+ALIASES = registry.ALIASES  # n, s, m: YOLOv8's sizes, as hpcyolo first offered them
 STRIDES = (8, 16, 32)
 REG_MAX = 16
 

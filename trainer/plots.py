@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcyolo.fsutil import atomic_file
+from .fsutil import atomic_file
 
 # Distinct, print-safe colours (RGB); class i uses PALETTE[i % len(PALETTE)].
 PALETTE = [

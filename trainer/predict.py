@@ -13,14 +13,13 @@ import cv2
 import numpy as np
 import torch
 
-from hpcyolo.errors import HpcyoloError
-from hpcyolo.fsutil import write_atomic
-from hpcyolo.models import MAX_STRIDE as STRIDE
-
 from .augment import PAD_VALUE
 from .boxes import non_max_suppression
 from .data import IMG_EXTS, decode_resized, probe_image
+from .errors import HpcyoloError
+from .fsutil import write_atomic
 from .plots import draw_detections, save_image
+from .registry import MAX_STRIDE as STRIDE
 from .weights import build_from, read_weights
 
 DEFAULT_IMGSZ = 640  # where the weights do not say their training size

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from hpcyolo.errors import HpcyoloError
+from .errors import HpcyoloError
+
 
 class _Refused(Exception):
     """Raised inside the unpickler; becomes RefusedPickle with the file name."""

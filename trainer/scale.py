@@ -14,7 +14,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from hpcyolo.models import MAX_STRIDE
+from .registry import MAX_STRIDE
 
 
 def step_size(imgsz: int, fraction: float, seed: int, number: int) -> int:

@@ -25,27 +25,26 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from hpcyolo import rundir
-from hpcyolo.dataset import DataSpec, check_labels
-from hpcyolo.errors import HpcyoloError
-from hpcyolo.fsutil import write_atomic
-from hpcyolo.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
-from hpcyolo.preemption import (CHECKPOINT, NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision, StopFlag,
-                                mark_preempted)
-
 from . import checkpoint as ckpt
-from .config import TrainConfig
+from . import rundir
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
+from .dataset import DataSpec, check_labels
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
 from .ema import ModelEMA
+from .errors import HpcyoloError
 from .evaluate import ValBatches, validate
+from .fsutil import write_atomic
 from .loss import DetectionLoss
 from .model import ALIASES, build_model
 from .photometric import gains_of, hsv_jitter_batch
+from .preemption import CHECKPOINT
+from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
+from .preemption import NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision, StopFlag, mark_preempted
 from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
 from .schedule import Schedule, build_optimizer
+from .settings import TrainConfig
 from .syncbn import normalise_across_ranks
 from .weights import Weights, load_into, read_weights
 
@@ -465,7 +464,7 @@ def finish(d: Dist, code: int, keep_scratch: bool) -> int:
     cleanup()
     scratch = os.environ.get(SCRATCH_ENV)
     if not keep_scratch and scratch and d.local_rank == 0:
-        from hpcyolo.staged import remove
+        from .staged import remove
 
         remove(scratch)
     return code

@@ -23,12 +23,11 @@ from pathlib import Path
 
 import torch
 
-from hpcyolo.errors import HpcyoloError, shown
-from hpcyolo.models import MAX_STRIDE
-from hpcyolo.rundir import WEIGHTS
-
 from . import safe_pickle
+from .errors import HpcyoloError, shown
 from .model import REG_MAX, DetectionModel, build_model, resolve_model
+from .registry import MAX_STRIDE
+from .rundir import WEIGHTS
 
 # Our module for each layer index of ultralytics' published tables (None:
 # upsample and concat layers, which hold no tensors).

@@ -12,7 +12,6 @@ bit-identity (the CPU suite checks that: tests/trainer/test_resume.py)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -28,8 +27,8 @@ import torch
 # `cuda`: the only tests that may skip in CI (tests/conftest.py).
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from hpcyolo import rundir  # noqa: E402
-from hpcyolo.preemption import DRILL_ENV, EXIT_CODE  # noqa: E402
+from hpcyolo_trainer import rundir  # noqa: E402
+from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE  # noqa: E402
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 IMGSZ = 192
@@ -144,7 +143,7 @@ import torch.distributed as dist
 d = setup(60)
 assert dist.is_initialized() or d.world_size == 1
 if not dist.is_initialized():
-    from hpcyolo.rendezvous import init_process_group
+    from hpcyolo_trainer.rendezvous import init_process_group
     init_process_group("nccl", 60, device_id=d.device)
 assert dist.get_backend() == "nccl", dist.get_backend()
 # The per-step stop agreement goes over a gloo group beside NCCL (dist.setup

@@ -18,11 +18,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hpcyolo.errors import ConfigError
 import hpcyolo_trainer.data as data_module
 from hpcyolo_trainer.augment import mosaic4, mosaic_affine, random_affine
 from hpcyolo_trainer.data import (BATCH_MOSAIC, AugmentHyp, YoloDataset, cache_bytes, collate, label_path,
                                   load_data_spec, parse_label_row)
+from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.sampler import EpochBatch, EvenShardSampler, RunBatches
 
 COCO8 = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "coco8"

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import SHARED
-from hpcyolo.errors import HpcyoloError
+
+from hpcyolo_trainer.errors import HpcyoloError
 
 pytest.importorskip("onnxruntime", reason="the export extra (pip install hpcyolo[export]) is not installed")
 

@@ -13,13 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import max_abs_diff
 from PIL import Image
 
-from conftest import max_abs_diff
-
-from hpcyolo.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo.shapes import make_shapes
 from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo_trainer.train import SHAPES_ENV
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")

@@ -11,14 +11,13 @@ import sys
 from pathlib import Path
 
 import torch
-
 from conftest import max_abs_diff
 
-from hpcyolo import rundir
 from hpcyolo.local import launch
-from hpcyolo.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo.shapes import make_shapes
 from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer import rundir
+from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 

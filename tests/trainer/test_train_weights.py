@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import SHARED
+from test_resume import max_abs_diff
+
 from hpcyolo.local import launch
-from hpcyolo.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo.shapes import make_shapes
 from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo_trainer.weights import read_weights
-from test_resume import max_abs_diff
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 V8 = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes" / "model.pt"

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import SHARED
 from PIL import Image
 
-from conftest import SHARED
-from hpcyolo.errors import HpcyoloError
 from hpcyolo_trainer import safe_pickle
+from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.model import build_model
 from hpcyolo_trainer.weights import Weights, build_from, load_into, read_weights
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from conftest import SHARED
 
 from hpcyolo.local import free_port
@@ -48,9 +47,9 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
 
 
 def _one_step(d, clip: float, batchnorm: str) -> dict:
-    from hpcyolo_trainer.config import TrainConfig
     from hpcyolo_trainer.data import AugmentHyp, YoloDataset, collate, load_data_spec
     from hpcyolo_trainer.ema import ModelEMA
+    from hpcyolo_trainer.settings import TrainConfig
     from hpcyolo_trainer.train import (build_optimization, data_parallel, detection_loss, forward_backward,
                                        initial_model, optimizer_step, place_model)
     from hpcyolo_trainer.weights import read_weights

@@ -19,10 +19,16 @@ import datetime
 import os
 import socket
 
-from .distenv import JOB_ENV, port_in_use_message
 from .errors import HpcyoloError
 
 OWNER_KEY = "hpcyolo/job"
+JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked here (hpcyolo.distenv and hpcyolo.local set it)
+
+
+def port_in_use_message(host: str, port: int | str) -> str:
+    """What to say when rank 0 cannot listen on the rendezvous port."""
+    return (f"MASTER_PORT {port} on {host} is already in use (another job or launcher on that node?); "
+            f"set HPCYOLO_MASTER_PORT to a free port or resubmit")
 
 
 def init_process_group(backend: str, timeout_s: int, device_id=None) -> None:

@@ -4,12 +4,11 @@ continue the run it holds.
 A run directory is never silently rewritten. A request on a directory that
 holds a run (`hpcyolo train`, `hpcyolo run`, `hpcyolo submit`, the batch
 script's training step) continues it only when it asks for the same run:
-when it agrees with the run's config.yaml on every setting in SAME_RUN.
-Anything else stops before a file is written, in one line naming the keys
-that differ. The settings in MAY_DIFFER may change from one start to the
-next: a requeued job may land on other hardware, and raising `epochs` is the
-way to train a run further. Every field of the trainer's TrainConfig is in
-exactly one of the two tables (tests/test_rundir.py keeps them complete).
+when it agrees with the run's config.yaml on every setting the settings'
+table marks `same_run` (settings.py, each with the reason). Anything else
+stops before a file is written, in one line naming the keys that differ. The
+others may change from one start to the next: a requeued job may land on
+other hardware, and raising `epochs` is the way to train a run further.
 
 The trainer checks (hpcyolo_trainer.train), and so do the commands that start
 a job before they submit or launch it; validate, render and submit --dry-run
@@ -31,11 +30,11 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .errors import HpcyoloError
-from .models import ALIASES, DEFAULT
 from .preemption import EXIT_CODE
+from .settings import BY_NAME, SAME_RUN
+from .staged import dataset_of
 
 RECORD = "hpcyolo-run"  # a line per start of a job on the run (the batch script, submit, `hpcyolo run`)
 JOBS = "hpcyolo-jobs"  # what `hpcyolo submit` submitted for the run (JSON lines)
@@ -55,85 +54,8 @@ RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss"
                    "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", *TIMING_COLUMNS)
 
 
-def dataset_of(data: str) -> str:
-    """The dataset a data YAML stands for: a staged copy's source (its
-    marker names it), else the path made absolute. The ranks of a staged job
-    read a copy in node-local scratch whose path is not the dataset's."""
-    from .staged import read_marker
-
-    source = (read_marker(Path(data).parent) or {}).get("source") or {}
-    return source.get("yaml") or source.get("archive") or os.path.abspath(data)
-
-
-def _model(config: dict) -> str | None:
-    """n -> yolov8n; no model and no weights is the default one; with
-    weights, None stands for their architecture."""
-    name = config.get("model") or (None if config.get("weights") else DEFAULT)
-    return ALIASES.get(name, name)
-
-
-def _path(key: str) -> Callable[[dict], str | None]:
-    return lambda config: os.path.abspath(config[key]) if config.get(key) else None
-
-
-@dataclass(frozen=True)
-class Setting:
-    key: str  # in config.yaml (TrainConfig's field)
-    job_key: str | None  # the job spec's key for it, where it has one
-    why: str  # why another value makes another run
-    value: Callable[[dict], object] | None = None  # the compared value, where the raw one is not
-
-    def of(self, config: dict) -> object:
-        return self.value(config) if self.value else config.get(self.key)
-
-
-_DATA = Setting("data", "data.yaml", "the images and classes the weights learnt; results.csv would mix two "
-                                    "datasets (compared as the dataset: a staged copy stands for its source)",
-                lambda c: c.get("dataset") or dataset_of(c["data"]))
-_SCHEDULE = "the learning-rate schedule: a resumed run is the run it continues, exactly"
-_AUGMENT = "the augmentation of each epoch"
-# What makes a run this run: whatever changes what training computes.
-SAME_RUN = (
-    Setting("model", "train.model", "the checkpoints hold this architecture's weights", _model),
-    _DATA,
-    Setting("weights", "train.weights", "the run's starting point", _path("weights")),
-    Setting("imgsz", "train.imgsz", "the size the weights were trained and results.csv measured at"),
-    Setting("batch", "train.batch", "the global batch sets the steps per epoch: a checkpoint's place in its epoch "
-                                    "would stand for other images"),
-    Setting("nbs", "train.nbs", "gradient accumulation, and the scale of the weight decay"),
-    Setting("optimizer", "train.optimizer", "the checkpoint holds this optimizer's state"),
-    Setting("lr0", "train.lr0", _SCHEDULE),
-    Setting("lrf", None, _SCHEDULE),
-    Setting("momentum", None, _SCHEDULE),
-    Setting("weight_decay", None, _SCHEDULE),
-    Setting("warmup_epochs", None, _SCHEDULE),
-    Setting("cosine", None, _SCHEDULE),
-    Setting("clip_norm", None, "the size of every step"),
-    Setting("amp", None, "the arithmetic of every step"),
-    Setting("seed", "train.seed", "the order of the images and the augmentation drawn in every epoch"),
-    Setting("close_mosaic", "train.close_mosaic", _AUGMENT),
-    Setting("mosaic", None, _AUGMENT),
-    Setting("augment", None, _AUGMENT),
-    # Absent from the config.yaml of runs begun before they existed: their defaults then.
-    Setting("multi_scale", "train.multi_scale", "the image size of every step", lambda c: c.get("multi_scale", 0.0)),
-    Setting("rect", "train.rect", "the batches of every epoch (rectangular ones are other images together)",
-            lambda c: c.get("rect", False)),
-)
-# May differ from one start of a run to the next, and why.
-MAY_DIFFER = {
-    "epochs": "raising it trains the run further (a finished one too): the learning rate then decays to the new "
-              "end from where the run is, and the last close_mosaic epochs move with it",
-    "run_dir": "the same directory, however it is spelled",
-    "workers": "loader processes per rank: the hardware's",
-    "cache": "where decoded images are kept: the node's",
-    "cache_dir": "where decoded images are kept: the node's",
-    "save_every": "how often a checkpoint is written",
-    "keep": "how many checkpoints are kept",
-    "signal": "the site's preemption signal",
-    "dist_timeout": "how long a collective may wait",
-    "val_images": "how many validation images are drawn",
-    "log_every": "how often progress is logged",
-}
+JOB_NEW_RUN = "run.name, or another job name"  # how a job spec names another run directory
+RESUME_HOW = "set run.resume: true"  # how a job spec asks to continue its run
 
 
 def settings(config: dict) -> dict:
@@ -167,17 +89,17 @@ def read_settings(run_dir: Path) -> dict | None:
 def differences(saved: dict, request: dict, job_keys: bool = False) -> list[str]:
     """`key (old -> new)` for each setting of SAME_RUN the two differ in."""
     found = []
-    for s in SAME_RUN:
+    for s in SAME_RUN:  # the settings' table, in its order
         old, new = s.of(saved), s.of(request)
         if old != new:
-            found.append(f"{s.job_key if job_keys and s.job_key else s.key} ({_show(old)} -> {_show(new)})")
+            found.append(f"{s.key if job_keys and s.key else s.name} ({_show(old)} -> {_show(new)})")
     return found
 
 
-def _what(saved: dict) -> str:
+def describe(saved: dict) -> str:
     """`yolov8n on /data/coco.yaml`: the run a config.yaml describes."""
-    model = _model(saved) or f"the weights {saved.get('weights')}"
-    return f"{model} on {_DATA.of(saved)}"
+    model = BY_NAME["model"].of(saved) or f"the weights {saved.get('weights')}"
+    return f"{model} on {BY_NAME['data'].of(saved)}"
 
 
 def _show(value: object) -> str:
@@ -191,7 +113,7 @@ def refusal(run_dir: Path, saved: dict, request: dict, new_run: str, job_keys: b
     found = differences(saved, request, job_keys)
     if not found:
         return None
-    return (f"{run_dir} holds a run of {_what(saved)}; this request differs in "
+    return (f"{run_dir} holds a run of {describe(saved)}; this request differs in "
             f"{', '.join(found)}: use a new run directory ({new_run}) to start a new run")
 
 
@@ -207,98 +129,10 @@ def check_continues(run_dir: Path, request: dict, saved: dict | None = None, for
         raise HpcyoloError(why)
 
 
-# == a job's run directory, before the job starts ============================
-
-JOB_NEW_RUN = "run.name, or another job name"
-RESUME_HOW = "set run.resume: true"  # how a job spec asks to continue its run
-LOCAL_RESUME_HOW = "add --resume (or set run.resume: true)"  # and `hpcyolo run`
-
-
-def planned_settings(plan, run_dir: Path) -> dict | None:
-    """What the plan's `hpcyolo train` would record in config.yaml: its very
-    command line, read by the train command's own options. None for a custom
-    entrypoint, which writes what it writes."""
-    if plan.job.entrypoint:
-        return None
-    from hpcyolo_trainer.config import TrainConfig
-
-    from .knobs import read_train_argv
-    from .shell import Var
-
-    words = list(plan.train_argv)
-    values = {"RUN_DIR": str(run_dir), "DATA": plan.data, "SCRATCH_DIR": str(run_dir / "scratch")}
-    args = [w.resolve(values) if isinstance(w, Var) else str(w) for w in words[words.index("train") + 1:]]
-    return settings(TrainConfig(**read_train_argv(args)).to_dict())
-
-
-def job_verdict(plan, run_dir: Path, resume: bool, resume_how: str) -> tuple[bool, str] | None:
-    """What a job of `plan` would do with the run in `run_dir`: None when
-    there is none; else (whether it goes ahead, one line saying what and why)."""
-    if not holds_run(run_dir):
-        return None
-    request = planned_settings(plan, run_dir)
-    try:
-        saved = read_settings(run_dir) if request is not None else None
-    except HpcyoloError as e:  # an unreadable config.yaml: refused, and said so beforehand
-        return False, str(e)
-    why = refusal(run_dir, saved, request, JOB_NEW_RUN, job_keys=True) if saved is not None else None
-    if why:
-        return False, why
-    if not resume:
-        return False, already_holds(run_dir, resume_how)
-    return True, f"{run_dir} holds a run{' of ' + _what(saved) if saved else ''}: the job continues it"
-
-
 def already_holds(run_dir: Path | str, resume_how: str = RESUME_HOW) -> str:
     """The never-overwrite rule's refusal of a request that does not ask to
     continue the run (the batch script says it too, with "$RUN_DIR")."""
     return f"{run_dir} already holds a run; {resume_how} to continue it, or choose another run.name"
-
-
-def check_job(plan, run_dir: Path, resume: bool, resume_how: str = RESUME_HOW) -> None:
-    """The no-clobber rule, before a job is launched or submitted: a run
-    directory that holds a run is continued only on request, and only by the
-    same run."""
-    verdict = job_verdict(plan, run_dir, resume, resume_how)
-    if verdict is not None and not verdict[0]:
-        raise HpcyoloError(verdict[1])
-
-
-def warn_job(plan, run_dir: str) -> None:
-    """validate, render, submit --dry-run: one line on stderr when the job's
-    run directory already holds a run, saying whether the job would continue
-    it or be refused, so that the user learns it before queueing. Silent
-    where the directory's path needs variables this shell lacks."""
-    import sys
-
-    try:
-        path = Path(expand(run_dir))
-    except HpcyoloError:
-        return
-    verdict = job_verdict(plan, path, plan.resume, RESUME_HOW)
-    if verdict is not None:
-        print(f"hpcyolo: warning: {verdict[1] if verdict[0] else 'the job would be refused: ' + verdict[1]}",
-              file=sys.stderr)
-
-
-# == paths with variables ====================================================
-
-def expand(path: str, where: str = "") -> str:
-    """A plan path with $VARs ($SCRATCH, ${SLURM_JOB_USER}), as the batch
-    shell would expand it; outside a job SLURM_JOB_USER is this user. `where`
-    ends the error: what to do instead."""
-    expanded = try_expand(path)
-    if expanded is None:
-        raise HpcyoloError(f"{path}: a variable in it is not set here{where}")
-    return expanded
-
-
-def try_expand(path: str) -> str | None:
-    """expand(), or None where a variable in `path` is not set here."""
-    import getpass
-
-    expanded = os.path.expandvars(path.replace("${SLURM_JOB_USER}", getpass.getuser()))
-    return None if "$" in expanded else expanded
 
 
 # == the start record: a line per start of a job on the run ==================
@@ -417,7 +251,7 @@ def scores(row: dict[str, str]) -> str:
 
 def preempt_marker(run_dir: Path | str, job: str, restart: str) -> str:
     """The file the trainer leaves once its checkpoint is written, before it
-    exits EXIT_CODE (hpcyolo.preemption.MARKER_ENV names it to the trainer)."""
+    exits EXIT_CODE (hpcyolo_trainer.preemption.MARKER_ENV names it to the trainer)."""
     return f"{run_dir}/{PREEMPTED}{job}-{restart}"
 
 

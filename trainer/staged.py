@@ -132,3 +132,11 @@ def remove(dest: str | os.PathLike) -> None:
             os.rmdir(parent)
         except OSError:
             pass  # another run of the user's is there
+
+
+def dataset_of(data: str) -> str:
+    """The dataset a data YAML stands for: a staged copy's source (its
+    marker names it), else the path made absolute. The ranks of a staged job
+    read a copy in node-local scratch whose path is not the dataset's."""
+    source = (read_marker(os.path.dirname(os.path.abspath(data))) or {}).get("source") or {}
+    return source.get("yaml") or source.get("archive") or os.path.abspath(data)

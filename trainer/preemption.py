@@ -12,10 +12,9 @@ rank is left in a collective), and then either:
 Which one is `StopFlag.decide`'s answer. The site's signal (and the test
 drill, and Ctrl-C of an interactive run) checkpoint. SIGTERM is what Slurm
 sends on `scancel`, at the time limit, on preemption and on requeue, and what
-srun sends the surviving ranks when one rank died: it checkpoints only when
-Slurm is in fact requeueing, preempting or timing out the job (`scontrol show
-job` says so: see `slurm_stop_reason`), or never where the site says
-`preemption.sigterm: stop`. A cancelled job says so and stops.
+srun sends the surviving ranks when one rank died: what it means is the
+answer of StopFlag's `on_sigterm`, which `hpcyolo train` takes from Slurm
+(hpcyolo.slurm_stop); without it SIGTERM stops.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again later".
 EXIT_CODE = 75
@@ -41,8 +41,6 @@ MARKER_ENV = "HPCYOLO_PREEMPT_MARKER"
 # Node-local scratch of the job (staged data, caches): removed by the node's
 # first rank on an ending that no requeue follows.
 SCRATCH_ENV = "HPCYOLO_SCRATCH_DIR"
-# The site's preemption.sigterm: "requeue" (when Slurm says so) or "stop".
-SIGTERM_ENV = "HPCYOLO_SIGTERM"
 
 # A drill for tests and for trying a cluster's requeue path: behave as if the
 # signal arrived right after this optimizer step.
@@ -62,11 +60,19 @@ class Decision:
     requeue: bool = False  # a requeue will follow: keep node-local scratch
 
 
-class StopFlag:
-    """Set by the site's signal, SIGTERM and SIGINT; `decide` says what to do."""
+def stop_on_sigterm(env) -> Decision:
+    """SIGTERM outside a cluster that can say why: stop, without a checkpoint."""
+    return Decision(STOP, "SIGTERM")
 
-    def __init__(self, signal_name: str):
+
+class StopFlag:
+    """Set by the site's signal, SIGTERM and SIGINT; `decide` says what to
+    do. What SIGTERM means is `on_sigterm(environ)`'s answer: under Slurm,
+    hpcyolo asks Slurm (hpcyolo.slurm_stop.sigterm_decision)."""
+
+    def __init__(self, signal_name: str, on_sigterm: Callable[[Mapping[str, str]], Decision] = stop_on_sigterm):
         self.signal_name = signal_name
+        self.on_sigterm = on_sigterm
         self.received: list[str] = []
         drill = os.environ.get(DRILL_ENV)
         self._drill_step = int(drill) if drill else None
@@ -100,65 +106,10 @@ class StopFlag:
         if self.signal_name in self.received:
             return Decision(CHECKPOINT, f"SIG{self.signal_name}", requeue=True)  # the site's preemption signal
         if "TERM" in self.received:
-            return sigterm_decision(env)
+            return self.on_sigterm(env)
         if "INT" in self.received:
             return Decision(CHECKPOINT, "SIGINT", requeue=True)
         return Decision(NONE)
-
-
-def sigterm_decision(env) -> Decision:
-    if env.get(SIGTERM_ENV) == "stop":
-        return Decision(STOP, "SIGTERM (the site's preemption.sigterm is stop)")
-    if not env.get("SLURM_JOB_ID"):
-        return Decision(STOP, "SIGTERM")
-    from . import slurm
-    from .errors import SlurmError
-
-    try:
-        info = slurm.show_job(int(env["SLURM_JOB_ID"]), env=env)
-    except (SlurmError, ValueError) as e:
-        return Decision(STOP, f"SIGTERM, and Slurm cannot say why ({e})")
-    return slurm_stop_reason(info, int(env.get("SLURM_RESTART_COUNT") or 0))
-
-
-def slurm_stop_reason(info: dict[str, str], restarts: int) -> Decision:
-    """Why Slurm is ending this job, from `scontrol show job -o` as seen in a
-    task that got SIGTERM. Seen on Slurm 22.05 (tests/slurm_output):
-
-    - a requeue (scontrol requeue, or the end of a preemption's grace in
-      REQUEUE mode) has already counted the restart (Restarts >
-      SLURM_RESTART_COUNT);
-    - a job selected for preemption (preempt/partition_prio with a
-      GraceTime) is still RUNNING, Reason None, but has a PreemptTime and
-      an EndTime moved to the end of the grace; the job's tasks get SIGTERM
-      then, the batch shell only when the grace is over. The batch script
-      requeues the job once the checkpoint is written, so the run goes on
-      whatever the site's PreemptMode (REQUEUE, or CANCEL);
-    - at the time limit: COMPLETING with Reason TimeLimit (RunTime past
-      TimeLimit), the batch shell signalled too;
-    - scancel shows COMPLETING (or CANCELLED) with the restart count
-      unchanged; srun ending a step whose rank died leaves the job RUNNING."""
-    state = info.get("JobState", "?")
-    if int(info.get("Restarts") or 0) > restarts:
-        return Decision(CHECKPOINT, "SIGTERM: Slurm is requeueing the job", requeue=True)
-    if (state == "PREEMPTED" or "preempt" in info.get("Reason", "").lower()
-            or info.get("PreemptTime", "None") not in ("None", "Unknown", "")):
-        return Decision(CHECKPOINT, "SIGTERM: Slurm is preempting the job", requeue=True)
-    if state in ("TIMEOUT", "DEADLINE") or info.get("Reason") == "TimeLimit" or _past_limit(info):
-        return Decision(CHECKPOINT, "SIGTERM: the job reached its time limit")
-    if state in ("CANCELLED", "COMPLETING"):
-        return Decision(STOP, "cancelled")
-    return Decision(STOP, f"SIGTERM while the job is {state}: srun is ending the step (another rank failed?) "
-                          f"or the process was signalled")
-
-
-def _past_limit(info: dict[str, str]) -> bool:
-    from .config import parse_time
-
-    try:
-        return parse_time(info.get("RunTime", "")) >= parse_time(info.get("TimeLimit", ""))
-    except ValueError:  # UNLIMITED, Partition_Limit, or no such field
-        return False
 
 
 def mark_preempted(reason: str) -> None:

@@ -1,0 +1,309 @@
+"""The trainer's settings: one row each, the one place a setting is stated.
+
+From this table come:
+- `TrainConfig`, the trainer's frozen config (config.py), saved in every
+  checkpoint and as RUN/config.yaml;
+- the job spec's `train` and `checkpoint` sections, and the fields of the
+  other sections that are trainer settings (`data.cache`, `run.dist_timeout`,
+  the site's `preemption.signal`): hpcyolo.config takes their default, doc
+  and check from here;
+- the options of `hpcyolo train` (hpcyolo.cli), and the batch script's
+  `hpcyolo train` command line (hpcyolo.plan: every setting of the job spec);
+- the same-run rule (rundir.py): whether another value makes another run;
+- the README's table of settings (tests/test_settings.py compares them).
+
+Adding a setting is one row here plus its use in the trainer. No torch and
+nothing of hpcyolo here: the CLI reads this table before it imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from .errors import HpcyoloError, shown
+from .registry import CHOICES, check_imgsz
+
+REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
+
+
+class OptionError(HpcyoloError):
+    """A bad value of a command-line option: one line naming the option, exit 2
+    as for a bad key in a job spec."""
+
+    exit_code = 2
+
+
+# -- value checks: each raises ValueError with the words the user sees -------
+
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+
+
+def check_positive(value: int) -> None:
+    if value < 1:
+        raise ValueError(f"must be at least 1 (got {value})")
+
+
+def check_non_negative(value: int | float) -> None:
+    if value < 0:
+        raise ValueError(f"must not be negative (got {value})")
+
+
+def check_fraction(value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"must be a fraction in [0, 1], got {value}")
+
+
+def check_multi_scale(value: float) -> None:
+    if not 0 <= value < 1:
+        raise ValueError(f"must be a fraction in [0, 1) (0.5: sizes from half to 1.5 times imgsz), got {value}")
+
+
+def check_signal(value: str) -> None:
+    if value not in SIGNALS:
+        raise ValueError(f"{shown(value)} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
+
+
+# -- the table -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # TrainConfig's field, and the key in the run's config.yaml
+    default: Any
+    type: Any  # as annotated: int, str | None, Literal["sgd", "adamw"], ...
+    doc: str
+    same_run: bool  # another value makes another run (rundir: a run is continued only by the same run)
+    why: str  # why it does, or why it may differ from one start of a run to the next
+    check: Callable[[Any], None] | None = None
+    key: str | None = None  # the job spec's key ("site:" for the site config's), where it has one
+    flag: str | None = None  # the option of `hpcyolo train` ("--cosine/--linear" for a switch)
+    help: str | None = None  # the option's help, where the doc speaks of the job spec's words
+    path: str | None = None  # "file": an existing file; "file-name": a file's path; "folder": a folder's
+    compare: Callable[[dict], object] | None = None  # the value compared by the same-run rule, where not the raw one
+
+    @property
+    def value_type(self) -> Any:
+        """The Python type of a value, without None and Literal: int, str, ..."""
+        return plain_type(self.type)
+
+    @property
+    def choices(self) -> tuple | None:
+        """The values a Literal type allows, else None."""
+        args = [a for a in typing.get_args(self.type) if a is not type(None)] if _is_union(self.type) else [self.type]
+        return typing.get_args(args[0]) if typing.get_origin(args[0]) is Literal else None
+
+    @property
+    def option(self) -> str | None:
+        """The option's name as it appears in an error: --cosine for --cosine/--linear."""
+        return self.flag.split("/")[0] if self.flag else None
+
+    @property
+    def option_help(self) -> str:
+        return self.help or self.doc
+
+    def of(self, config: dict) -> object:
+        """The value the same-run rule compares in a config.yaml's `config`."""
+        return self.compare(config) if self.compare else config.get(self.name, self.default)
+
+    def validate(self, value: Any) -> None:
+        """Raise OptionError, naming the option, when `value` fails the check."""
+        if self.check is None or value is None:
+            return
+        try:
+            self.check(value)
+        except ValueError as e:
+            raise OptionError(f"{self.option or self.name}: {e}") from None
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def plain_type(tp: Any) -> Any:
+    """int for int | None, str for Literal["a", "b"], ..."""
+    if _is_union(tp):
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is Literal:
+        return type(typing.get_args(tp)[0])
+    return tp
+
+
+def _model(config: dict) -> str | None:
+    """n -> yolov8n; no model and no weights is the default one; with
+    weights, None stands for their architecture."""
+    from .registry import ALIASES, DEFAULT
+
+    name = config.get("model") or (None if config.get("weights") else DEFAULT)
+    return ALIASES.get(name, name)
+
+
+def _dataset(config: dict) -> str:
+    from .staged import dataset_of
+
+    return config.get("dataset") or dataset_of(config["data"])
+
+
+def _path(config: dict, key: str) -> str | None:
+    import os
+
+    return os.path.abspath(config[key]) if config.get(key) else None
+
+
+_SCHEDULE = "the learning-rate schedule: a resumed run is the run it continues, exactly"
+_AUGMENT = "the augmentation of each epoch"
+_CACHE = "where decoded images are kept: the node's"
+S = Setting
+# In TrainConfig's order.
+SETTINGS: tuple[Setting, ...] = (
+    S("run_dir", REQUIRED, str, "Run directory (shared).", False, "the same directory, however it is spelled",
+      flag="--run-dir", path="folder"),
+    S("data", REQUIRED, str, "Ultralytics-style data YAML (path, train, val, names); relative to this file.", True,
+      "the images and classes the weights learnt; the results would mix two datasets (compared as the dataset: a "
+      "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML.",
+      compare=_dataset),
+    S("model", None, Literal[CHOICES] | None, "Detector: yolov8n, yolov8s, yolov8m, yolov8l, yolov8x, yolo11n ... "
+      "yolo11x (n, s, m: the YOLOv8 sizes); empty: n, or the architecture of train.weights.", True,
+      "the checkpoints hold this architecture's weights", key="train.model", flag="--model", compare=_model,
+      help="Detector: yolov8n-x or yolo11n-x (n, s, m: the YOLOv8 sizes).  [default: n, or the architecture of "
+           "--weights]"),
+    S("weights", None, str | None, "Start from these weights: an ultralytics checkpoint (read without running its "
+      "pickle) or hpcyolo weights/checkpoint; relative to this file. A run's own checkpoint, when it resumes, wins.",
+      True, "the run's starting point", key="train.weights", flag="--weights", path="file",
+      compare=lambda c: _path(c, "weights"),
+      help="Start from these weights when the run has no checkpoint to resume: an ultralytics checkpoint "
+           "(yolov8n.pt, a best.pt; read without running its pickle) or hpcyolo weights or a checkpoint."),
+    S("epochs", 100, int, "Epochs to train.", False, "raising it trains the run further (a finished one too): the "
+      "learning rate then decays to the new end from where the run is, and the last close_mosaic epochs move with it",
+      check_positive, key="train.epochs", flag="--epochs"),
+    S("batch", 64, int, "Global batch size, split evenly over all ranks.", True, "the global batch sets the steps "
+      "per epoch: a checkpoint's place in its epoch would stand for other images", check_positive,
+      key="train.batch", flag="--batch"),
+    S("imgsz", 640, int, "Training image size (pixels, a multiple of 32).", True, "the size the weights were "
+      "trained and measured at", check_imgsz, key="train.imgsz", flag="--imgsz"),
+    S("workers", 4, int, "Data-loader worker processes per rank.", False, "loader processes per rank: the "
+      "hardware's", check_non_negative, key="train.workers", flag="--workers"),
+    S("seed", 0, int, "Random seed (each rank derives its own from it).", True, "the order of the images and the "
+      "augmentation drawn in every epoch", check_non_negative, key="train.seed", flag="--seed"),
+    S("optimizer", "sgd", Literal["sgd", "adamw"], "Optimizer: sgd or adamw.", True, "the checkpoint holds this "
+      "optimizer's state", key="train.optimizer", flag="--optimizer"),
+    S("lr0", None, float | None, "Initial learning rate; empty: 0.01 for sgd, 0.001 for adamw.", True, _SCHEDULE,
+      check_non_negative, key="train.lr0", flag="--lr0",
+      help="Initial learning rate.  [default: 0.01 for sgd, 0.001 for adamw]"),
+    S("lrf", 0.01, float, "Final learning rate, as a fraction of lr0 (learning-rate schedule).", True, _SCHEDULE,
+      check_non_negative),
+    S("momentum", 0.937, float, "SGD momentum, or AdamW's beta1.", True, _SCHEDULE, check_non_negative),
+    S("weight_decay", 5e-4, float, "Weight decay, scaled by the batch over nbs.", True, _SCHEDULE, check_non_negative),
+    S("warmup_epochs", 3.0, float, "Epochs of LR warm-up (at least 100 batches unless 0).", True, _SCHEDULE,
+      check_non_negative, flag="--warmup-epochs"),
+    S("cosine", False, bool, "LR decay shape after warm-up.", True, _SCHEDULE, flag="--cosine/--linear"),
+    S("nbs", 64, int, "Nominal batch: gradients accumulate until about this many images per step.", True,
+      "gradient accumulation, and the scale of the weight decay", check_positive, key="train.nbs", flag="--nbs"),
+    S("clip_norm", 10.0, float, "Gradients are clipped to this norm (0: not clipped).", True, "the size of every step",
+      check_non_negative),
+    S("close_mosaic", 10, int, "Train the last N epochs without mosaic.", True, _AUGMENT, check_non_negative,
+      key="train.close_mosaic", flag="--close-mosaic"),
+    S("mosaic", 1.0, float, "Probability of a mosaic of four images in training (until the last close_mosaic "
+      "epochs).", True, _AUGMENT, check_fraction),
+    S("multi_scale", 0.0, float, "Multi-scale training: each step's image size drawn from imgsz x [1 - f, 1 + f], a "
+      "multiple of 32, the same on every rank; 0: off.", True, "the image size of every step", check_multi_scale,
+      key="train.multi_scale", flag="--multi-scale"),
+    S("rect", False, bool, "Rectangular training batches: images sorted by aspect ratio, each batch letterboxed to "
+      "its own shape; no mosaic and no affine augmentation.", True, "the batches of every epoch (rectangular ones "
+      "are other images together)", key="train.rect", flag="--rect/--no-rect"),
+    S("augment", True, bool, "Training augmentation (mosaic, affine, HSV, flip); off: letterbox only, e.g. to check "
+      "over-fitting.", True, _AUGMENT, flag="--augment/--no-augment"),
+    S("cache", "none", Literal["none", "ram", "disk"], "Decoded-image cache: none, ram (one per node), disk.", False,
+      _CACHE, key="data.cache", flag="--cache",
+      help="Decoded-image cache: none, ram (one per node, in --cache-dir) or disk."),
+    S("cache_dir", None, str | None, "Node-local folder for image caches (default: RUN_DIR/cache).", False, _CACHE,
+      flag="--cache-dir", path="folder"),
+    S("save_every", 0, int, "Also checkpoint every N optimizer steps; 0: at the end of each epoch only.", False,
+      "how often a checkpoint is written", check_non_negative, key="checkpoint.every_steps", flag="--save-every"),
+    S("keep", 3, int, "How many recent checkpoints to keep.", False, "how many checkpoints are kept", check_positive,
+      key="checkpoint.keep", flag="--keep"),
+    S("signal", "USR2", str, "Signal Slurm sends before the time limit; hpcyolo checkpoints on it.", False,
+      "the site's preemption signal", check_signal, key="site:preemption.signal", flag="--signal",
+      help="Signal that asks for a checkpoint and a requeue (the site's preemption.signal)."),
+    S("dist_timeout", 600, int, "Seconds a collective may wait before the job gives up (hang protection).", False,
+      "how long a collective may wait", check_positive, key="run.dist_timeout", flag="--dist-timeout"),
+    S("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
+    S("val_images", 4, int, "Validation images drawn with predictions each epoch.", False,
+      "how many validation images are drawn", check_non_negative),
+    S("log_every", 30.0, float, "Seconds between progress lines in batch logs.", False,
+      "how often progress is logged", check_non_negative),
+)
+del S
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS if s.key}
+SAME_RUN: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.same_run)
+# The options that `hpcyolo exec` shares with `hpcyolo train` (the run-level ones).
+RUN_LEVEL = ("run_dir", "data", "signal", "dist_timeout")
+
+
+def defaults() -> dict[str, Any]:
+    return {s.name: s.default for s in SETTINGS if s.default is not REQUIRED}
+
+
+def batch_problem(batch: int, world: int) -> str | None:
+    """Why a global batch does not split over `world` ranks, in the words the
+    job spec's train.batch and `hpcyolo train --batch` both use; None if it does."""
+    if batch % world:
+        return f"must be a multiple of the world size ({world}), got {batch}"
+    return None
+
+
+def check_train(options: dict[str, Any], world: int) -> None:
+    """What `hpcyolo train` checks before it imports torch: every setting
+    given, through its own check, then the batch over the world size.
+    Raises OptionError (one line naming the option, exit 2)."""
+    for name, value in options.items():
+        if name in BY_NAME:
+            BY_NAME[name].validate(value)
+    problem = batch_problem(options.get("batch", BY_NAME["batch"].default), world)
+    if problem:
+        raise OptionError(f"--batch: {problem}")
+
+
+def job_field(name: str) -> Any:
+    """The schema field (hpcyolo.config's `spec`) of setting `name`, built by
+    `make_field(default, doc=..., check=...)`: how a section of the job spec
+    or site config takes a trainer setting from this table."""
+    s = BY_NAME[name]
+    return s.default, s.doc, s.check
+
+
+def _train_config_methods() -> dict:
+    def learning_rate(self) -> float:
+        return self.lr0 if self.lr0 is not None else (0.01 if self.optimizer == "sgd" else 0.001)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    return {"learning_rate": property(learning_rate), "to_dict": to_dict,
+            "__doc__": "The trainer's configuration: one field per row of hpcyolo_trainer.settings, in its order."}
+
+
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig",
+    [(s.name, s.type) if s.default is REQUIRED else
+     (s.name, s.type, dataclasses.field(default=s.default, metadata={"doc": s.doc})) for s in SETTINGS],
+    namespace={**_train_config_methods(), "__module__": __name__}, frozen=True, kw_only=True)
+
+
+def markdown() -> str:
+    """The README's table of the settings (tests/test_settings.py keeps the
+    README's copy equal to this)."""
+    rows = ["| setting | `hpcyolo train` | job spec | default | another value | what it does |",
+            "|---|---|---|---|---|---|"]
+    for s in SETTINGS:
+        default = "required" if s.default is REQUIRED else "empty" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.name}` | {f'`{s.flag}`' if s.flag else ''} | {f'`{s.key}`' if s.key else ''} | {default} "
+                    f"| {'another run' if s.same_run else 'the same run'} | {s.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
