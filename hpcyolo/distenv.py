@@ -81,13 +81,10 @@ another job's store with one line, and a port taken at init is reported with
 
 from __future__ import annotations
 
-import errno
-import ipaddress
 import json
 import os
 import re
 import socket
-import struct
 import sys
 import zlib
 from dataclasses import dataclass, replace
@@ -97,6 +94,8 @@ from hpcyolo_trainer.devices import check_gpus, env_int, short_hostname, visible
 from hpcyolo_trainer.errors import HpcyoloError, shown
 from hpcyolo_trainer.rendezvous import JOB_ENV
 
+from .netif import resolve_master, site_interface
+
 PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (tests, a SageMaker-like platform)
@@ -104,7 +103,6 @@ SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (test
 JOB_NAME_VARS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "TRAINING_JOB_NAME", "JOBSET_NAME")
 # Exact addresses only: 127.0.0.11 and 127.0.0.12 (the Slurm testbed's nodes) must stay valid.
 LOCALHOST = frozenset({"localhost", "127.0.0.1", "::1", "127.0.1.1"})
-_SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B  # <linux/sockios.h>
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,8 +169,8 @@ class NodeLayout:
 
 
 def default_port(job_id: int) -> int:
-    """The port the sbatch script derives from SLURM_JOB_ID (keep in step
-    with templates/sbatch.sh.j2): consecutive jobs, array tasks among them,
+    """The port the sbatch script derives from SLURM_JOB_ID (with these
+    constants, through the plan): consecutive jobs, array tasks among them,
     get distinct ports."""
     return PORT_BASE + job_id % PORT_SPAN
 
@@ -274,7 +272,7 @@ def _from_openmpi(env: Mapping[str, str]) -> DistEnv:
     # node's ranks are consecutive, so the node index is rank // local size.
     return DistEnv(rank=rank, local_rank=env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), world_size=size,
                    local_world_size=local_size, node_rank=rank // max(local_size, 1),
-                   nnodes=-(-size // max(local_size, 1)), master_addr=resolve_master(master, _site_interface(env)),
+                   nnodes=-(-size // max(local_size, 1)), master_addr=resolve_master(master, site_interface(env)),
                    master_port=_port(env), source="openmpi")
 
 
@@ -290,7 +288,7 @@ def _from_slurm(env: Mapping[str, str]) -> DistEnv:
     return DistEnv(rank=env_int(env, "SLURM_PROCID"), local_rank=env_int(env, "SLURM_LOCALID"),
                    world_size=env_int(env, ntasks), local_world_size=_tasks_on_node(per_node, node_id),
                    node_rank=node_id, nnodes=env_int(env, nnodes_var) if nnodes_var else max(len(hosts), 1),
-                   master_addr=resolve_master(master, _site_interface(env)), master_port=_port(env), source="slurm")
+                   master_addr=resolve_master(master, site_interface(env)), master_port=_port(env), source="slurm")
 
 
 def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
@@ -321,7 +319,7 @@ def sagemaker_layout(env: Mapping[str, str], path: str | os.PathLike) -> NodeLay
     if host not in hosts:
         raise HpcyoloError(f"{path}: current_host {shown(host)} is not one of hosts {shown(hosts)}")
     return _host_layout(env, node_rank=hosts.index(host), nnodes=len(hosts), master=hosts[0], host=host,
-                        source="sagemaker", interface=None if _site_interface(env) else interface)
+                        source="sagemaker", interface=None if site_interface(env) else interface)
 
 
 def _from_pytorchjob(env: Mapping[str, str]) -> NodeLayout:
@@ -378,7 +376,7 @@ def _host_layout(env: Mapping[str, str], *, node_rank: int, nnodes: int, master:
     nproc = _procs_per_host(env)
     check_gpus(nproc, env, host)
     return NodeLayout(node_rank=node_rank, nnodes=nnodes, nproc_per_node=nproc,
-                      master_addr=resolve_master(master, _site_interface(env) or interface, hostname=host),
+                      master_addr=resolve_master(master, site_interface(env) or interface, hostname=host),
                       master_port=_port(env), host=host, source=source, interface=interface)
 
 
@@ -455,70 +453,3 @@ def check_master(addr: str, nnodes: int) -> None:
     loopback = sorted(found & LOCALHOST)
     if loopback:
         raise HpcyoloError(f"MASTER_ADDR={addr} resolves to localhost ({loopback[0]}) {hint}")
-
-
-# ---- the master's address on the site's interface ----
-
-def _site_interface(env: Mapping[str, str]) -> str | None:
-    """The interface the site names: NCCL_SOCKET_IFNAME, else
-    GLOO_SOCKET_IFNAME; the first of a list ('hsn0,hsn1'); none for an
-    exclusion list ('^docker,lo'); '=' (NCCL's exact match) dropped."""
-    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-        value = env.get(name, "").strip()
-        if value and not value.startswith("^"):
-            return value.split(",")[0].strip().lstrip("=") or None
-    return None
-
-
-def resolve_master(addr: str, interface: str | None, *, hostname: str | None = None) -> str:
-    """MASTER_ADDR as this host should use it. On the master host itself,
-    with an interface named, the interface's IPv4 address (so rank 0 connects
-    to the store on the fast network, not on whatever its own name resolves
-    to: 127.0.1.1 on Debian, or the management network), unless the name
-    already resolves into that interface's network. Elsewhere, the name."""
-    if not interface:
-        return addr
-    host = hostname or socket.gethostname()
-    if addr not in (host, host.split(".")[0]):
-        return addr
-    interface = interface.split(",")[0].strip().lstrip("=")
-    ip, network = _interface_ipv4(_match_interface(interface, host))
-    if any(a in network for a in _ipv4_addresses(addr)):
-        return addr  # e.g. the testbed: node1 is 127.0.0.11, on lo
-    return ip
-
-
-def _match_interface(name: str, host: str) -> str:
-    """The exact name, else the first interface it prefixes (NCCL's rule:
-    NCCL_SOCKET_IFNAME=ib matches ib0)."""
-    names = [n for _, n in socket.if_nameindex()]
-    if name in names:
-        return name
-    match = next((n for n in names if n.startswith(name)), None)
-    if match is None:
-        raise HpcyoloError(f"network interface {shown(name)} (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) does not exist on "
-                           f"{host}; it has: {', '.join(names)}")
-    return match
-
-
-def _interface_ipv4(name: str) -> tuple[str, ipaddress.IPv4Network]:
-    """The IPv4 address and network of an interface (Linux: netdevice(7) ioctls)."""
-    import fcntl
-
-    request = struct.pack("256s", name.encode()[:15])
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, request)[20:24])
-            mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFNETMASK, request)[20:24])
-        except OSError as e:
-            why = {errno.ENODEV: "does not exist", errno.EADDRNOTAVAIL: "has no IPv4 address"}.get(e.errno, e.strerror)
-            raise HpcyoloError(f"network interface {shown(name)} {why} on {socket.gethostname()}") from None
-    return addr, ipaddress.IPv4Network(f"{addr}/{mask}", strict=False)
-
-
-def _ipv4_addresses(name: str) -> list[ipaddress.IPv4Address]:
-    try:
-        infos = socket.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
-        return []
-    return [ipaddress.IPv4Address(info[4][0]) for info in infos]

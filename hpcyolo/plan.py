@@ -19,6 +19,7 @@ from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE
 from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
 
 from .config import EnvironmentSite, JobSpec, SiteConfig, format_time, limit_seconds, parse_time
+from .distenv import PORT_BASE, PORT_SPAN
 from .shell import Expand, Raw, Var
 
 # torchrun's agent turns only these into a clean shutdown of its workers
@@ -74,6 +75,8 @@ class JobPlan:
     sigterm: str  # the site's preemption.sigterm: requeue (when Slurm says so) or stop
     max_requeues: int  # requeues after a checkpoint before the script stops asking
     preempt_exit_code: int = PREEMPT_EXIT_CODE
+    port_base: int = PORT_BASE  # MASTER_PORT = port_base + SLURM_JOB_ID % port_span (distenv.default_port)
+    port_span: int = PORT_SPAN
     peer_lost_exit_code: int = PEER_LOST_EXIT_CODE
     # The run directory's files and words, from hpcyolo_trainer.rundir (shell forms).
     record: Var = Var("RUN_DIR", f"/{rundir.RECORD}")  # the start record

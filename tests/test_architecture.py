@@ -108,7 +108,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_function_level_imports_count():
     graph = import_graph()
     assert "hpcyolo.stage" in graph["hpcyolo.submit"]  # `from .stage import stage` inside a method
-    assert "hpcyolo_trainer.train" in graph["hpcyolo.cli"]  # `from hpcyolo_trainer.train import ...` in a command
+    assert "hpcyolo_trainer.train" in graph["hpcyolo.cli.task"]  # `from hpcyolo_trainer.train import ...` in a command
 
 
 def test_no_import_cycle_in_hpcyolo_and_trainer():

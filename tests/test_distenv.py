@@ -15,7 +15,8 @@ import pytest
 
 from hpcyolo import distenv
 from hpcyolo.distenv import (DistEnv, NodeLayout, check_master, default_port, expand_hostlist, from_environ,
-                             resolve_master, sagemaker_layout)
+                             sagemaker_layout)
+from hpcyolo.netif import resolve_master
 from hpcyolo_trainer.devices import device_for, visible_gpus
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.rendezvous import port_in_use_message

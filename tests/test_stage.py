@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from hpcyolo import stage as st
+from hpcyolo import treecopy
 from hpcyolo_trainer.errors import HpcyoloError
 
 YAML = """\
@@ -45,7 +46,7 @@ def make_dataset(root: Path, n: int = 6, text: str = YAML) -> Path:
 
 
 def same_tree(a: Path, b: Path) -> bool:
-    return st.first_difference(st.walk(a), st.walk(b)) is None
+    return treecopy.first_difference(st.walk(a), st.walk(b)) is None
 
 
 @pytest.fixture
@@ -190,7 +191,7 @@ def test_not_enough_space_fails_before_writing(data, dest, monkeypatch):
     ("source", lambda f: os.truncate(f, 3), "file labels/val/002.txt has 3 bytes in the copy, 36 in the source"),
 ])
 def test_verification_catches_a_bad_copy(data, dest, monkeypatch, where, damage, message, workers):
-    copy = st._copy_files
+    copy = treecopy._copy_files
 
     def bad_copy(src_dir, dst_dir, entries):  # the copier, in each worker
         hit = dst_dir.endswith("labels/val") and any(name == "002.txt" for name, _, _ in entries)
@@ -201,7 +202,7 @@ def test_verification_catches_a_bad_copy(data, dest, monkeypatch, where, damage,
             damage(Path(dst_dir, "002.txt"))
         return sizes
 
-    monkeypatch.setattr(st, "_copy_files", bad_copy)
+    monkeypatch.setattr(treecopy, "_copy_files", bad_copy)
     with pytest.raises(HpcyoloError, match=message):
         st.stage(data, dest, workers=workers)
     assert not dest.exists() and not leftovers(dest)
@@ -218,7 +219,7 @@ def test_workers_copy_in_parallel_and_report_errors(tmp_path, dest):
 
 def test_fork_map_brings_back_results_and_errors():
     jobs = [(i,) for i in range(7)]
-    assert st._fork_map(lambda i: (i, [i * i]), jobs, 3) == [(i, [i * i]) for i in range(7)]
+    assert treecopy._fork_map(lambda i: (i, [i * i]), jobs, 3) == [(i, [i * i]) for i in range(7)]
 
     def fails_in_a_child(i):  # job 1 is the first child's
         if i == 1:
@@ -226,9 +227,9 @@ def test_fork_map_brings_back_results_and_errors():
         return i
 
     with pytest.raises(FileNotFoundError, match="gone"):
-        st._fork_map(fails_in_a_child, jobs, 2)
+        treecopy._fork_map(fails_in_a_child, jobs, 2)
     with pytest.raises(HpcyoloError, match=r"worker failed: ZeroDivisionError"):
-        st._fork_map(lambda i: 1 // (i - 1), jobs, 2)
+        treecopy._fork_map(lambda i: 1 // (i - 1), jobs, 2)
 
 
 def _stage_slowly(data: str, dest: str, delay: float, out) -> None:

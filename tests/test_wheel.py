@@ -25,6 +25,10 @@ def test_wheel_installs_and_renders(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "hpcyolo/templates/sbatch.sh.j2" in names and "hpcyolo_trainer/__init__.py" in names
     assert not any(n.startswith(("trainer/", "templates/")) for n in names)
+    sources = [f"{package}/{path.relative_to(REPO / folder).as_posix()}"
+               for package, folder in (("hpcyolo", "hpcyolo"), ("hpcyolo_trainer", "trainer"))
+               for path in (REPO / folder).rglob("*.py") if "__pycache__" not in path.parts]
+    assert sorted(set(sources) - set(names)) == []  # every module, subpackages too (pyproject's packages)
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)

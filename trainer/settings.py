@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from .errors import HpcyoloError, shown
-from .registry import CHOICES, check_imgsz
+from .registry import ALIASES, CHOICES, FAMILIES, MODELS, SCALES, check_imgsz
 
 REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
 
@@ -134,7 +134,7 @@ def plain_type(tp: Any) -> Any:
 def _model(config: dict) -> str | None:
     """n -> yolov8n; no model and no weights is the default one; with
     weights, None stands for their architecture."""
-    from .registry import ALIASES, DEFAULT
+    from .registry import DEFAULT
 
     name = config.get("model") or (None if config.get("weights") else DEFAULT)
     return ALIASES.get(name, name)
@@ -152,6 +152,8 @@ def _path(config: dict, key: str) -> str | None:
     return os.path.abspath(config[key]) if config.get(key) else None
 
 
+_FAMILIES = " or ".join(f"{family}{SCALES[0]}-{SCALES[-1]}" for family in FAMILIES)  # yolov8n-x or yolo11n-x
+_ALIASES = ", ".join(ALIASES)
 _SCHEDULE = "the learning-rate schedule: a resumed run is the run it continues, exactly"
 _AUGMENT = "the augmentation of each epoch"
 _CACHE = "where decoded images are kept: the node's"
@@ -164,11 +166,10 @@ SETTINGS: tuple[Setting, ...] = (
       "the images and classes the weights learnt; the results would mix two datasets (compared as the dataset: a "
       "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML.",
       compare=_dataset),
-    S("model", None, Literal[CHOICES] | None, "Detector: yolov8n, yolov8s, yolov8m, yolov8l, yolov8x, yolo11n ... "
-      "yolo11x (n, s, m: the YOLOv8 sizes); empty: n, or the architecture of train.weights.", True,
-      "the checkpoints hold this architecture's weights", key="train.model", flag="--model", compare=_model,
-      help="Detector: yolov8n-x or yolo11n-x (n, s, m: the YOLOv8 sizes).  [default: n, or the architecture of "
-           "--weights]"),
+    S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
+      "empty: n, or the architecture of train.weights.", True, "the checkpoints hold this architecture's weights",
+      key="train.model", flag="--model", compare=_model,
+      help=f"Detector: {_FAMILIES} ({_ALIASES}: the YOLOv8 sizes).  [default: n, or the architecture of --weights]"),
     S("weights", None, str | None, "Start from these weights: an ultralytics checkpoint (read without running its "
       "pickle) or hpcyolo weights/checkpoint; relative to this file. A run's own checkpoint, when it resumes, wins.",
       True, "the run's starting point", key="train.weights", flag="--weights", path="file",

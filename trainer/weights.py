@@ -5,7 +5,7 @@ reads them. An ultralytics checkpoint pickles its model object; it is read
 with `safe_pickle` (nothing in it runs), and its tensors are renamed from
 ultralytics' layer indices (`model.N.…`) to this package's module names:
 
-- `model.N` -> the module holding layer N of the published table (ULTRALYTICS_LAYERS);
+- `model.N` -> the module holding layer N of the published table (the family module's ULTRALYTICS_LAYERS);
 - ultralytics' Conv keeps `conv`/`bn` attributes, ours is a Sequential: `0`/`1`;
 - the Detect head's `cv2`/`cv3` are our `box`/`cls`; its DFL weights are the
   fixed bins 0..15, which ours computes rather than stores.
@@ -23,27 +23,14 @@ from pathlib import Path
 
 import torch
 
-from . import safe_pickle
+from . import families, registry, safe_pickle
 from .errors import HpcyoloError, shown
 from .model import REG_MAX, DetectionModel, build_model, resolve_model
 from .registry import MAX_STRIDE
 from .rundir import WEIGHTS
 
-# Our module for each layer index of ultralytics' published tables (None:
-# upsample and concat layers, which hold no tensors).
-_STAGES8 = ("backbone.stem.0", "backbone.stem.1", "backbone.stem.2", "backbone.stage3.0", "backbone.stage3.1",
-            "backbone.stage4.0", "backbone.stage4.1", "backbone.stage5.0", "backbone.stage5.1", "backbone.stage5.2")
-ULTRALYTICS_LAYERS = {
-    # yolov8.yaml: 0-9 backbone, 10 upsample, 11 concat, 12 C2f, 13 upsample,
-    # 14 concat, 15 C2f, 16 Conv, 17 concat, 18 C2f, 19 Conv, 20 concat, 21 C2f, 22 Detect.
-    "yolov8": _STAGES8 + (None, None, "neck.td4", None, None, "neck.td3", "neck.down3", None, "neck.bu4",
-                          "neck.down4", None, "neck.bu5", "head"),
-    # yolo11.yaml: as YOLOv8 with C3k2 for C2f, plus 10 C2PSA at the end of the backbone.
-    "yolo11": _STAGES8 + ("backbone.stage5.3", None, None, "neck.td4", None, None, "neck.td3", "neck.down3", None,
-                          "neck.bu4", "neck.down4", None, "neck.bu5", "head"),
-}
 _NOT_WEIGHTS = f"not hpcyolo weights such as RUN/{WEIGHTS}/best.pt, nor an ultralytics checkpoint"
-_ULTRALYTICS_NAME = re.compile(r"(yolov8|yolo11)([nsmlx])?")
+_ULTRALYTICS_NAME = re.compile(f"({'|'.join(registry.FAMILIES)})([{''.join(registry.SCALES)}])?")
 
 
 @dataclass(frozen=True)
@@ -146,9 +133,9 @@ def _ultralytics_arch(yaml, path: str) -> str:
     stem = Path(str(yaml.get("yaml_file") or "")).stem
     m = _ULTRALYTICS_NAME.fullmatch(stem)
     scale = yaml.get("scale") or (m.group(2) if m else None)
-    if not m or scale not in ("n", "s", "m", "l", "x"):
+    if not m or scale not in registry.SCALES:
         raise HpcyoloError(f"{path}: ultralytics architecture {shown(yaml.get('yaml_file'))} is not one hpcyolo builds "
-                           "(yolov8n-x, yolo11n-x)")
+                           f"({', '.join(f'{f}{registry.SCALES[0]}-{registry.SCALES[-1]}' for f in registry.FAMILIES)})")
     return m.group(1) + scale
 
 
@@ -167,7 +154,7 @@ def _module_tensors(module: safe_pickle.Inert, prefix: str):
 
 def _rename(tensors: dict[str, torch.Tensor], arch: str, path: str) -> dict[str, torch.Tensor]:
     """Ultralytics' names -> ours, checking each tensor against a model of `arch`."""
-    layers = ULTRALYTICS_LAYERS[arch[:-1]]
+    layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
     ours: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
         parts = name.split(".")

@@ -8,20 +8,14 @@ import pytest
 import torch
 from torch import nn
 
+from hpcyolo_trainer import families, registry
 from hpcyolo_trainer.model import ALIASES, MODELS, DetectionModel, build_model, count_parameters
 
-# Published sizes at nc=80, as ultralytics prints them (its model YAMLs list
-# them beside each scale: cfg/models/v8/yolov8.yaml and cfg/models/11/yolo11.yaml,
-# "summary: ... parameters"; the docs' model tables round the same numbers:
-# YOLOv8 3.2/11.2/25.9/43.7/68.2 M, YOLO11 2.6/9.4/20.1/25.3/56.9 M).
-# Ultralytics counts 16 extra frozen weights (its DFL projection is a Conv2d);
-# ours is a constant, so we land 16 below.
-PUBLISHED = {
-    "yolov8n": 3_157_200, "yolov8s": 11_166_560, "yolov8m": 25_902_640, "yolov8l": 43_691_520,
-    "yolov8x": 68_229_648,
-    "yolo11n": 2_624_080, "yolo11s": 9_458_752, "yolo11m": 20_114_688, "yolo11l": 25_372_160,
-    "yolo11x": 56_966_176,
-}
+# Published sizes at nc=80, as ultralytics prints them: each family module's
+# PUBLISHED_PARAMETERS. Ultralytics counts 16 extra frozen weights (its DFL
+# projection is a Conv2d); ours is a constant, so we land 16 below.
+PUBLISHED = {f"{family}{scale}": n for family in registry.FAMILIES
+             for scale, n in families.load(family).PUBLISHED_PARAMETERS.items()}
 
 NC = 3
 H, W = 64, 96
@@ -40,6 +34,16 @@ def image() -> torch.Tensor:
 
 def test_every_model_is_pinned():
     assert sorted(PUBLISHED) == sorted(MODELS)
+
+
+@pytest.mark.parametrize("family", registry.FAMILIES)
+def test_a_family_module_has_what_a_family_needs(family):
+    """What model.py and weights.py read of a family module: the registry's
+    sizes, a body, the head's variant and ultralytics' layer map."""
+    spec = families.load(family)
+    assert tuple(spec.SCALES) == tuple(spec.PUBLISHED_PARAMETERS) == registry.SCALES
+    assert callable(spec.body) and isinstance(spec.DEPTHWISE_CLS, bool)
+    assert spec.ULTRALYTICS_LAYERS[-1] == "head"
 
 
 @pytest.mark.parametrize("name", MODELS)

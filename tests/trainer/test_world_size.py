@@ -33,7 +33,7 @@ BATCHNORM = ("frozen", "train")
 def _steps(rank: int, world: int, port: int, out: str) -> None:
     """Rank `rank` of `world`: for each of CLIPS, one optimizer step from the
     same weights on its share of two global batches."""
-    from hpcyolo.distenv import JOB_ENV
+    from hpcyolo_trainer.rendezvous import JOB_ENV
     from hpcyolo_trainer.dist import cleanup, setup
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),

@@ -1,0 +1,180 @@
+"""Commands a job's tasks run: stage (once per node), train (once per GPU;
+its options come from the settings' table), exec (a custom entrypoint)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from hpcyolo_trainer.errors import HpcyoloError
+
+from .group import main, this_process_vars
+
+
+@main.command(short_help="Copy a dataset into node-local scratch.")
+@click.option("--data", type=click.Path(dir_okay=False), help="The dataset: its data YAML (the dataset root, "
+              "`path:`, is copied), or a tar archive (.tar, .tar.gz/.tgz, .tar.zst, .tar.xz, .tar.bz2) holding it "
+              "with exactly one data YAML at its top level.")
+@click.option("--dest", type=click.Path(file_okay=False), help="Node-local folder to copy it into (created; its "
+              "parent holds the lock file).")
+@click.option("--remove", "remove", type=click.Path(file_okay=False), help="Remove this folder (a staged copy or "
+              "the whole scratch folder) and its lock file instead; a missing one is fine.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes that stat and copy the "
+              "files in parallel; from Lustre or NFS, where each file waits on the servers, more than the CPUs "
+              "pay off.  [default: one per CPU, 2 to 16; one below 1024 files]")
+def stage(data: str | None, dest: str | None, remove: str | None, workers: int | None) -> None:
+    """Copy a dataset into node-local scratch, once per node.
+
+    Run as one task per node (the sbatch script does this); other tasks on
+    the node that stage the same DEST wait for it. Checks the free space
+    first, copies, verifies the copy (the same paths, file sizes and symlinks
+    as the source), then writes DEST/data.yaml (the source's YAML with `path:`
+    set to the copy) and a completion marker: a later stage of an unchanged
+    source on this node (a requeued job) returns at once, a changed one
+    (the data YAML, the root or a split folder modified) copies again.
+
+    \b
+    Example:
+        hpcyolo stage --data /lustre/coco/coco.yaml --dest /dev/shm/$USER/coco
+
+    Train with DEST/data.yaml. One line on stderr when the copy starts and
+    one when it ends (files, bytes, seconds, MB/s, node).
+    """
+    from .. import stage as staging
+
+    if remove:
+        staging.remove(remove)
+        return
+    if not (data and dest):
+        raise click.UsageError("give --data and --dest (or --remove DIR)")
+    staging.stage(data, dest, workers=workers)
+
+
+def _setting_option(name: str):
+    """The option of `hpcyolo train` for the trainer's setting `name`: its
+    name, default, help and check all from the settings' table
+    (hpcyolo_trainer.settings)."""
+    from hpcyolo_trainer.settings import BY_NAME, REQUIRED
+
+    s = BY_NAME[name]
+    kind = {"file": click.Path(exists=True, dir_okay=False), "file-name": click.Path(dir_okay=False),
+            "folder": click.Path(file_okay=False)}.get(s.path)
+    if kind is None and s.choices:
+        kind = click.Choice(s.choices)
+    elif kind is None and s.value_type is not bool:
+        kind = s.value_type
+
+    def check(ctx: click.Context, param: click.Parameter, value):
+        s.validate(value)
+        return value
+
+    if s.default is REQUIRED:
+        return click.option(s.flag, s.name, type=kind, required=True, help=s.option_help, callback=check)
+    return click.option(s.flag, s.name, type=kind, default=s.default, show_default=s.default is not None,
+                        help=s.option_help, callback=check)
+
+
+def _with_run_options(fn):
+    """The run-level options, which `hpcyolo exec` shares: --run-dir, --data, --signal, --dist-timeout."""
+    from hpcyolo_trainer.settings import RUN_LEVEL
+
+    for name in reversed(RUN_LEVEL):
+        fn = _setting_option(name)(fn)
+    return fn
+
+
+def _with_setting_options(fn):
+    """Every other setting of the trainer that has an option, in the table's order."""
+    from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS
+
+    for s in reversed(SETTINGS):
+        if s.flag and s.name not in RUN_LEVEL:
+            fn = _setting_option(s.name)(fn)
+    return fn
+
+
+@main.command(short_help="Train the detector (one process per GPU).")
+@_with_run_options
+@_with_setting_options
+@click.option("--check-run", is_flag=True, help="Only check that --run-dir may take this run (it holds none, or "
+              "one with the same settings), writing nothing: the batch script of a job with run.resume: true asks "
+              "before it records a start.")
+def train(run_dir: str, data: str, signal: str, check_run: bool, **options) -> None:
+    """Train the built-in detector: run once per GPU (the sbatch script does this).
+
+    Reads the rank layout from Slurm or torchrun, resumes from the newest valid
+    checkpoint in --run-dir, and on --signal checkpoints and exits 75 so the
+    batch script requeues the job. Without a launcher it trains in one process.
+
+    \b
+    Example:
+        hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
+    """
+    if check_run:
+        import pathlib
+
+        from hpcyolo_trainer import rundir
+
+        config = train_config(run_dir, data, signal, **options).to_dict()
+        rundir.check_continues(pathlib.Path(run_dir), rundir.settings(config), for_job=True)
+        return
+    from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE, StopFlag
+
+    from ..slurm_stop import sigterm_decision
+
+    # Catch the warning signal from the first moment: importing torch takes
+    # seconds, and the signal's default action would kill the process.
+    stop = StopFlag(signal, on_sigterm=sigterm_decision)
+    os.environ.update(this_process_vars(os.environ))
+    # What the job spec checks, with its words, before torch loads.
+    from hpcyolo_trainer.settings import check_train
+
+    check_train({"signal": signal, **options}, int(os.environ.get("WORLD_SIZE", "1")))
+    from hpcyolo_trainer.dist import lost_peer_line
+    from hpcyolo_trainer.train import main as train_main
+
+    try:
+        code = train_main(train_config(run_dir, data, signal, **options), stop)
+    except RuntimeError as e:  # a collective whose peer died: one line, not a traceback per rank
+        line = lost_peer_line(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        code = PEER_LOST_EXIT_CODE
+    sys.exit(code)
+
+
+def train_config(run_dir: str, data: str, signal: str, check_run: bool = False, **options):
+    """The trainer's config of a `hpcyolo train` command line (no torch)."""
+    from hpcyolo_trainer.settings import TrainConfig
+
+    return TrainConfig(run_dir=run_dir, data=data, signal=signal, **options)
+
+
+@main.command(name="exec", context_settings={"ignore_unknown_options": True},
+              short_help="Run a torch.distributed script with ranks set.")
+@_with_run_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(run_dir: str, data: str, signal: str, dist_timeout: int, command: tuple[str, ...]) -> None:
+    """Run COMMAND (any torch.distributed script) with the standard variables.
+
+    Sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT from the launcher's environment, plus HPCYOLO_RUN_DIR and
+    HPCYOLO_DATA, then replaces itself with COMMAND.
+
+    \b
+    Example:
+        hpcyolo exec --run-dir RUN --data DATA -- python train.py --epochs 3
+    """
+    env = dict(os.environ)
+    env.update(this_process_vars(env))
+    env.update(HPCYOLO_RUN_DIR=run_dir, HPCYOLO_DATA=data, HPCYOLO_SIGNAL=signal,
+               HPCYOLO_DIST_TIMEOUT=str(dist_timeout))
+    try:
+        os.execvpe(command[0], list(command), env)
+    except FileNotFoundError:
+        raise HpcyoloError(f"command not found: {command[0]}") from None
+    except PermissionError:
+        raise HpcyoloError(f"not executable: {command[0]}") from None
