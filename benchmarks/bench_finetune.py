@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.weights.is_file():
         sys.exit(f"no weights at {args.weights} (give --weights)")
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())}
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,8 +33,8 @@ def main() -> None:
     n_train, n_val, imgsz = (32, 8, 64) if args.smoke else (800, 200, 160)
     if args.smoke:
         args.epochs = 1
-    from hpcyolo.local import launch
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
+    from hpcyolo.node.local import launch
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)

@@ -45,7 +45,7 @@ from pathlib import Path
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FUNC = """\
 import sys, time
-from hpcyolo.stage import stage
+from hpcyolo.node.stage import stage
 start = time.perf_counter()
 stage(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]) if len(sys.argv) > 3 else None)
 print(time.perf_counter() - start)

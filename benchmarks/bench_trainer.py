@@ -90,7 +90,7 @@ barrier("measured")
 
 
 def shapes(root: Path, n_train: int) -> Path:
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     return make_shapes(root / "shapes", n_train=n_train, n_val=16, imgsz=IMGSZ, seed=0)
 
@@ -148,7 +148,7 @@ def main() -> None:
             print(f"loader, {workers} workers: uncached {rates['none']:.0f} images/s, RAM-cached {rates['ram']:.0f} "
                   f"images/s ({rates['ram'] / rates['none']:.2f}x)")
 
-        from hpcyolo.local import launch
+        from hpcyolo.node.local import launch
 
         probe = [sys.executable, "-c", CACHE_PROBE, str(data), str(IMGSZ), str(root / "ramcache"), str(root)]
         assert launch(probe, 2) == 0

@@ -37,7 +37,7 @@ MARGIN = 0.02  # the band around the one-process mean when the seeds agree more 
 
 def train(data: Path, run: Path, nproc: int, seed: int, args) -> tuple[dict, float]:
     """The last results.csv row of one run, and its wall time."""
-    from hpcyolo.local import launch
+    from hpcyolo.node.local import launch
 
     argv = [str(BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), "--model", "n",
             "--epochs", str(args.epochs), "--batch", str(args.batch), "--nbs", str(args.batch), "--imgsz",
@@ -74,7 +74,7 @@ def main() -> None:
     layouts = [int(n) for n in args.layouts.split(",")]
     if any(n < 1 or args.batch % n for n in layouts) or args.seeds < 2 or args.epochs < 2 and not args.smoke:
         sys.exit("bench_world_size: each layout must divide --batch, --seeds >= 2, --epochs >= 2")
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
@@ -89,7 +89,7 @@ def main() -> None:
                 runs.append((n, seed, *train(data, root / f"run-{n}x-seed{seed}", n, seed, args)))
                 print(f"  done: {n} process(es), seed {seed}", flush=True)
 
-    print(f"\n| processes x images | seed | mAP50-95 | mAP50 | wall s |")
+    print("\n| processes x images | seed | mAP50-95 | mAP50 | wall s |")
     print("|---|---|---|---|---|")
     for n, seed, row, wall in runs:
         print(f"| {n} x {args.batch // n} | {seed} | {float(row['metrics/mAP50-95']):.3f} | "

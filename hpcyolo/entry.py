@@ -35,7 +35,7 @@ def main() -> int | None:
                 return 0
             if _plain(data, dest):
                 _exit(_stage(data, dest, workers))
-    from .cli import main as cli
+    from hpcyolo.cli import main as cli
 
     return cli()
 
@@ -63,9 +63,8 @@ def _plain(data: str, dest: str) -> bool:
 
 def _stage(data: str, dest: str, workers: int | None) -> int:
     """`hpcyolo stage` as the click command runs it (hpcyolo.cli), errors included."""
+    from hpcyolo.node.stage import stage
     from hpcyolo_trainer.errors import HpcyoloError, printable
-
-    from .stage import stage
 
     try:
         stage(data, dest, workers=workers)

@@ -3,7 +3,7 @@
 Each call turns a missing command or a failure into a SlurmError that says
 which command failed and what it printed; NoAnswer where the command is not
 here or did not answer in time. The questions of `hpcyolo status|cancel`
-(hpcyolo.lifecycle) and `hpcyolo doctor` return what Slurm printed, which
+(hpcyolo.login.lifecycle) and `hpcyolo doctor` return what Slurm printed, which
 those modules parse and report.
 """
 

@@ -128,7 +128,7 @@ def job_log(cwd: Path, name: str, job_id: int) -> str:
 @pytest.fixture(scope="session")
 def shapes(tmp_path_factory):
     """The Slurm tests' dataset: 48 training images of 64 px, 3 classes."""
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     return make_shapes(tmp_path_factory.mktemp("data") / "shapes", n_train=48, n_val=16, imgsz=64, classes=3, seed=0)
 

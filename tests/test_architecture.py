@@ -107,7 +107,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_function_level_imports_count():
     graph = import_graph()
-    assert "hpcyolo.stage" in graph["hpcyolo.submit"]  # `from .stage import stage` inside a method
+    assert "hpcyolo.node.stage" in graph["hpcyolo.login.submit"]  # `from .stage import stage` inside a method
     assert "hpcyolo_trainer.train" in graph["hpcyolo.cli.task"]  # `from hpcyolo_trainer.train import ...` in a command
 
 
@@ -130,13 +130,13 @@ def test_the_trainer_is_the_lower_layer():
 
 def test_the_direction_check_sees_an_upward_import(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text("import os\n\ndef f():\n    from hpcyolo.plan import make_plan\n")
-    assert imported_names(planted) == [(1, "os"), (4, "hpcyolo.plan")]
+    planted.write_text("import os\n\ndef f():\n    from hpcyolo.login.plan import make_plan\n")
+    assert imported_names(planted) == [(1, "os"), (4, "hpcyolo.login.plan")]
 
 
 def test_the_trainer_does_not_import_stage():
     graph = import_graph()
-    users = sorted(m for m, deps in graph.items() if m.startswith("hpcyolo_trainer.") and "hpcyolo.stage" in deps)
+    users = sorted(m for m, deps in graph.items() if m.startswith("hpcyolo_trainer.") and "hpcyolo.node.stage" in deps)
     assert not users, users
 
 
@@ -166,7 +166,7 @@ def slurm_command_lines(path: Path) -> list[str]:
 def test_the_slurm_command_finder_finds_one():
     found = slurm_command_lines(ROOT / "hpcyolo" / "slurm.py")
     assert any("['scontrol', 'show', 'job', '-o'" in line for line in found), found
-    assert not slurm_command_lines(ROOT / "hpcyolo" / "config.py")  # ("srun", "torchrun"): launcher names
+    assert not slurm_command_lines(ROOT / "hpcyolo" / "login" / "config.py")  # ("srun", "torchrun"): launcher names
 
 
 def test_only_slurm_py_runs_slurm_commands():
@@ -205,3 +205,17 @@ def test_every_hpcyolo_variable_is_documented_and_every_documented_one_is_read()
     table = doc[doc.index("| variable | set by | what it does |"):]
     documented = set(re.findall(r"`(HPCYOLO_[A-Z0-9_]+)`", table.split("\n\n")[0]))
     assert code - {"HPCYOLO_DRILL"} == documented
+
+
+def test_the_architecture_doc_names_every_module_and_only_those():
+    """docs/architecture.md lists each module by its path in its package
+    (`login/plan.py`, `settings.py`); a module added, moved or removed
+    without the doc fails here."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    named = {re.sub(r"^(hpcyolo|trainer)/", "", name) for name in re.findall(r"`([a-z_/0-9]+\.py)`", doc)
+             if not name.startswith("tests/")}
+    files = {path.relative_to(folder).as_posix() for folder in PACKAGES.values() for path in folder.rglob("*.py")
+             if path.stem != "__init__" and "__pycache__" not in path.parts}
+    files -= {"cli/__main__.py"}
+    assert sorted(files - named) == [], "modules the doc does not name"
+    assert sorted(named - files) == [], "modules the doc names that do not exist"

@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import COCO8, REPO, write
 
-from hpcyolo.config import format_time, load_job, load_site, parse_time
-from hpcyolo.plan import make_plan
+from hpcyolo.login.config import format_time, load_job, load_site, parse_time
+from hpcyolo.login.plan import make_plan
 from hpcyolo_trainer.errors import ConfigError
 
 GPU_SITE = """\
@@ -199,7 +199,7 @@ def test_an_unknown_model_lists_the_choices(tmp_path):
 
 
 def test_the_default_model_is_n(tmp_path):
-    from hpcyolo.runcheck import planned_settings
+    from hpcyolo.login.runcheck import planned_settings
 
     plan = plan_of(tmp_path)
     assert "--model" not in plan.train_argv  # the trainer's default: n (yolov8n) without weights

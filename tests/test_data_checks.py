@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import COCO8, REPO, SHARED
 
-from hpcyolo import doctor
+from hpcyolo.login import doctor
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

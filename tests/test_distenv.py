@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from hpcyolo import distenv
-from hpcyolo.distenv import (DistEnv, NodeLayout, check_master, default_port, expand_hostlist, from_environ,
-                             sagemaker_layout)
-from hpcyolo.netif import resolve_master
+from hpcyolo.node import distenv
+from hpcyolo.node.distenv import (DistEnv, NodeLayout, check_master, default_port, expand_hostlist, from_environ,
+                                  sagemaker_layout)
+from hpcyolo.node.netif import resolve_master
 from hpcyolo_trainer.devices import device_for, visible_gpus
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.rendezvous import port_in_use_message
@@ -141,7 +141,7 @@ def test_torchrun_inside_srun_one_task_per_node():
 
 
 def test_hand_made_torch_variables_are_one_node():
-    # What hpcyolo.local.launch sets (no TORCHELASTIC_RUN_ID, no GROUP_WORLD_SIZE).
+    # What hpcyolo.node.local.launch sets (no TORCHELASTIC_RUN_ID, no GROUP_WORLD_SIZE).
     d = from_environ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "20000"})
     assert layout(d) == (1, 1, 2, 2, 0, 1) and d.source == "torchrun"
@@ -540,6 +540,6 @@ def test_address_in_use_at_init_is_one_clear_line():
 
 
 def test_env_layer_does_not_import_torch():
-    r = subprocess.run([sys.executable, "-c", "import sys, hpcyolo.distenv; print('torch' in sys.modules)"],
+    r = subprocess.run([sys.executable, "-c", "import sys, hpcyolo.node.distenv; print('torch' in sys.modules)"],
                        capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from conftest import VENV_BIN, write
 
-from hpcyolo import doctor
-from hpcyolo.config import load_site
+from hpcyolo.login import doctor
+from hpcyolo.login.config import load_site
 
 GPU_SITE = {
     "name": "gpusite",

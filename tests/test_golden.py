@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from hpcyolo.config import load_job, load_site
-from hpcyolo.plan import make_plan
-from hpcyolo.render import render_sbatch
+from hpcyolo.login.config import load_job, load_site
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.render import render_sbatch
 
 GOLDEN = REPO / "tests" / "golden"
 SITES = sorted((REPO / "site_configs").glob("*.yaml"))

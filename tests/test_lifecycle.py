@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import VENV_BIN, write
 
-from hpcyolo.lifecycle import Start, jobs, starts
+from hpcyolo.login.lifecycle import Start, jobs, starts
 
 # What Slurm prints, recorded (scontrol show job -o; sacct -X -n -P -o
 # State,Elapsed,Timelimit,NodeList,ExitCode; scancel's errors).

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from conftest import REPO
 
-from hpcyolo.render import _environment, templates_dir
+from hpcyolo.login.render import _environment, templates_dir
 from hpcyolo_trainer import rundir
 
 OWNER = REPO / "trainer" / "rundir.py"
@@ -76,7 +76,7 @@ def test_rundir_names_them():
 
 
 def test_the_script_says_the_refusal_and_records_starts_in_rundir_words(tmp_path):
-    from hpcyolo.plan import JobPlan
+    from hpcyolo.login.plan import JobPlan
 
     script = (templates_dir() / "sbatch.sh.j2").read_text()
     for word in (*NAMES, "job $SLURM_JOB_ID restart"):
@@ -115,10 +115,10 @@ def test_every_template_is_named_here():
 
 
 def test_the_signal_test_script_is_valid_bash(tmp_path):
-    from hpcyolo.config import JobSpec, load_site
-    from hpcyolo.loader import build
-    from hpcyolo.plan import make_plan
-    from hpcyolo.render import render_signal_test
+    from hpcyolo.login.config import JobSpec, load_site
+    from hpcyolo.login.loader import build
+    from hpcyolo.login.plan import make_plan
+    from hpcyolo.login.render import render_signal_test
 
     for site_path in sorted((REPO / "site_configs").glob("*.yaml")):
         site = load_site(site_path)

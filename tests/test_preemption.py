@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcyolo.local import free_port
-from hpcyolo.slurm_stop import sigterm_decision, slurm_stop_reason
+from hpcyolo.node.local import free_port
+from hpcyolo.node.slurm_stop import sigterm_decision, slurm_stop_reason
 from hpcyolo_trainer.preemption import CHECKPOINT, HOLD_ENV, NONE, STOP, Decision, StopFlag
 
 STOP_ON_SIGTERM = Decision(STOP, "SIGTERM")
@@ -116,7 +116,7 @@ def test_sigterm_when_slurm_cannot_answer_stops_and_says_why(flag, tmp_path):
     assert d.action == STOP and "Slurm cannot say why" in d.reason
 
 
-PROBE = "from hpcyolo.probe import run; raise SystemExit(run())"
+PROBE = "from hpcyolo.node.probe import run; raise SystemExit(run())"
 
 
 def test_a_rank_that_reaches_another_jobs_store_refuses_to_join(tmp_path):

@@ -14,9 +14,9 @@ import subprocess
 import pytest
 from conftest import write
 
-from hpcyolo.config import load_job, load_site
-from hpcyolo.plan import make_plan
-from hpcyolo.render import render_sbatch
+from hpcyolo.login.config import load_job, load_site
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.render import render_sbatch
 from hpcyolo_trainer.errors import ConfigError
 
 STUB = """#!/usr/bin/env python3
@@ -145,7 +145,7 @@ def test_directive_values_are_rejected(tmp_path, hostile_files, key, value):
     ("$1/$(x)", "$1/$(x)"),
 ])
 def test_quote_path_expands_only_variables(tmp_path, value, expected_with_home_x):
-    from hpcyolo.shell import quote_path
+    from hpcyolo.login.shell import quote_path
 
     out = subprocess.run(["bash", "-c", f"printf %s {quote_path(value)}"], env={"HOME": "/x", "PATH": os.environ["PATH"]},
                          capture_output=True, text=True, cwd=tmp_path, check=True).stdout

@@ -13,8 +13,9 @@ import pytest
 import yaml
 from conftest import write
 
-from hpcyolo import doctor, lifecycle, slurm
-from hpcyolo.config import load_site
+from hpcyolo import slurm
+from hpcyolo.login import doctor, lifecycle
+from hpcyolo.login.config import load_site
 
 RECORDED = Path(__file__).parent / "slurm_output"
 

@@ -11,10 +11,10 @@ import subprocess
 import pytest
 from conftest import COCO8, REPO, write
 
-from hpcyolo.config import load_job, load_site
-from hpcyolo.distenv import default_port
-from hpcyolo.plan import make_plan
-from hpcyolo.render import render_sbatch
+from hpcyolo.login.config import load_job, load_site
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.render import render_sbatch
+from hpcyolo.node.distenv import default_port
 
 SITES = sorted((REPO / "site_configs").glob("*.yaml"))
 VARIANTS = {

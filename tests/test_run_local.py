@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import REPO, write
 
-from hpcyolo.shapes import make_shapes
+from hpcyolo.login.shapes import make_shapes
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 

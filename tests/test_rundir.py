@@ -15,9 +15,9 @@ import pytest
 import yaml
 from conftest import REPO
 
-from hpcyolo.config import load_job
-from hpcyolo.local import launch
-from hpcyolo.shapes import make_shapes
+from hpcyolo.login.config import load_job
+from hpcyolo.login.shapes import make_shapes
+from hpcyolo.node.local import launch
 from hpcyolo_trainer.settings import SETTINGS, TrainConfig
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from hpcyolo import runcheck
+from hpcyolo.login import runcheck
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.preemption import EXIT_CODE

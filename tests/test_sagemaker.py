@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcyolo.local import free_port
+from hpcyolo.node.local import free_port
 
 pytest.importorskip("torch")
 HOSTS = {"algo-1": "127.0.0.21", "algo-2": "127.0.0.22"}

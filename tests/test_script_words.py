@@ -15,7 +15,7 @@ import pytest
 from conftest import COCO8, REPO, write
 from test_render import SITES, VARIANTS, job_file, render
 
-from hpcyolo.config import RESERVED_ENV, load_site, reserved_env
+from hpcyolo.login.config import RESERVED_ENV, load_site, reserved_env
 
 TEMPLATES = REPO / "templates"
 HPCYOLO = os.path.join(os.path.dirname(sys.executable), "hpcyolo")

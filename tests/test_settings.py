@@ -18,11 +18,11 @@ import click
 import pytest
 from conftest import COCO8, write
 
-from hpcyolo import config
 from hpcyolo.cli import exec_, train, train_config
-from hpcyolo.config import load_job, load_site
-from hpcyolo.plan import make_plan
-from hpcyolo.runcheck import planned_settings
+from hpcyolo.login import config
+from hpcyolo.login.config import load_job, load_site
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.runcheck import planned_settings
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.settings import (BY_KEY, BY_NAME, REQUIRED, SETTINGS, OptionError, TrainConfig, check_train,
                                       plain_type)

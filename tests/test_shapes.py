@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO
 from PIL import Image
 
-from hpcyolo import shapes
+from hpcyolo.login import shapes
 from hpcyolo_trainer.errors import HpcyoloError
 
 SMALL = dict(n_train=24, n_val=8, imgsz=64, classes=6, seed=1, max_objects=4)

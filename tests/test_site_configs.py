@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcyolo.config import SiteConfig, load_job, load_site
-from hpcyolo.loader import field_docs
-from hpcyolo.plan import make_plan
-from hpcyolo.render import render_sbatch
+from hpcyolo.login.config import SiteConfig, load_job, load_site
+from hpcyolo.login.loader import field_docs
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.render import render_sbatch
 
 REPO = Path(__file__).resolve().parent.parent
 SITE_DIR = REPO / "site_configs"

@@ -13,10 +13,10 @@ import yaml
 from conftest import COCO8, REPO, VENV_BIN, job_log, submit, write
 
 from hpcyolo import slurm
-from hpcyolo.config import load_job, load_site
-from hpcyolo.distenv import default_port
-from hpcyolo.plan import make_plan
-from hpcyolo.render import render_sbatch
+from hpcyolo.login.config import load_job, load_site
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.render import render_sbatch
+from hpcyolo.node.distenv import default_port
 
 pytestmark = pytest.mark.slurm
 SITES = sorted((REPO / "site_configs").glob("*.yaml"))
@@ -59,7 +59,7 @@ def test_sbatch_test_only_rejects_an_unknown_partition(slurm_env):
 
 def test_probe_maps_ranks_on_two_nodes(tmp_path, slurm_env):
     site = make_testbed_site(tmp_path)
-    job = job_spec(tmp_path, "probe", "python3 -m hpcyolo.probe")
+    job = job_spec(tmp_path, "probe", "python3 -m hpcyolo.node.probe")
     job_id = submit(site, job, slurm_env, tmp_path)
     info = slurm.wait(job_id, timeout=180, env=slurm_env)
     assert info["JobState"] == "COMPLETED", job_log(tmp_path, "probe", job_id)
@@ -147,7 +147,7 @@ def test_two_jobs_sharing_nodes_do_not_collide(tmp_path, slurm_env):
     site = make_testbed_site(tmp_path)
     jobs = {}
     for name in ("probe-x", "probe-y"):
-        jobs[name] = submit(site, job_spec(tmp_path, name, "python3 -m hpcyolo.probe"), slurm_env, tmp_path)
+        jobs[name] = submit(site, job_spec(tmp_path, name, "python3 -m hpcyolo.node.probe"), slurm_env, tmp_path)
     ports, hosts = set(), []
     for name, job_id in jobs.items():
         info = slurm.wait(job_id, timeout=180, env=slurm_env)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import REPO, VENV_BIN, write
 
-from hpcyolo.shapes import make_shapes
+from hpcyolo.login.shapes import make_shapes
 
 pytestmark = pytest.mark.slurm
 TESTBED = REPO / "site_configs" / "testbed.yaml"

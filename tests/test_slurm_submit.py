@@ -17,9 +17,9 @@ from test_slurm_train import site_file, wait_for
 from test_submit import resources
 
 from hpcyolo import slurm
-from hpcyolo.config import load_job, load_site
-from hpcyolo.plan import make_plan
-from hpcyolo.render import render_sbatch
+from hpcyolo.login.config import load_job, load_site
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.render import render_sbatch
 from hpcyolo_trainer.preemption import HOLD_ENV
 
 pytestmark = pytest.mark.slurm

@@ -25,7 +25,7 @@ import yaml
 from conftest import REPO, VENV_BIN, job_log, max_abs_diff, submit, write
 
 from hpcyolo import slurm
-from hpcyolo.distenv import default_port
+from hpcyolo.node.distenv import default_port
 from hpcyolo_trainer import checkpoint as ckpt
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.preemption import HOLD_ENV

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcyolo import stage as st
-from hpcyolo import treecopy
+from hpcyolo.node import stage as st
+from hpcyolo.node import treecopy
 from hpcyolo_trainer.errors import HpcyoloError
 
 YAML = """\
@@ -340,11 +340,11 @@ def hpcyolo_imports(*args) -> tuple[subprocess.CompletedProcess, set[str]]:
 def test_cli_second_stage_reads_the_marker_alone(data, dest):
     r, modules = hpcyolo_imports("stage", "--data", data, "--dest", dest)
     assert r.returncode == 0 and "staged 25 files" in r.stderr, r.stderr
-    assert "hpcyolo.stage" in modules and "click" not in modules  # a plain first stage skips click too
+    assert "hpcyolo.node.stage" in modules and "click" not in modules  # a plain first stage skips click too
     r, modules = hpcyolo_imports("stage", "--dest", dest, "--data", data, "--workers", "2")
     assert r.returncode == 0, r.stderr
     assert r.stderr == f"hpcyolo stage: {dest} already staged on {st.node_name()} (25 files from {data})\n"
-    assert not {"click", "yaml", "hpcyolo.cli", "hpcyolo.stage"} & modules, modules
+    assert not {"click", "yaml", "hpcyolo.cli", "hpcyolo.node.stage"} & modules, modules
     assert st.is_current(st.read_marker(dest), data, dest)  # the library's answer, the same
 
 

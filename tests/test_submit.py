@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV_BIN
 
-from hpcyolo.config import load_job, load_site, parse_time
-from hpcyolo.plan import make_plan
-from hpcyolo.render import render_sbatch
-from hpcyolo.submit import parse_sweeps, point_name, submitit_parameters, sweep_points
+from hpcyolo.login.config import load_job, load_site, parse_time
+from hpcyolo.login.plan import make_plan
+from hpcyolo.login.render import render_sbatch
+from hpcyolo.login.submit import parse_sweeps, point_name, submitit_parameters, sweep_points
 from hpcyolo_trainer.errors import HpcyoloError
 
 SITES = sorted((REPO / "site_configs").glob("*.yaml"))
@@ -100,7 +100,7 @@ def test_local_site_submits_in_the_background_and_status_follows(tmp_path, one_t
 
     import yaml
 
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     data = make_shapes(tmp_path / "shapes", n_train=8, n_val=4, imgsz=64, classes=2, seed=0)
     site = yaml.safe_load((REPO / "site_configs" / "local.yaml").read_text())

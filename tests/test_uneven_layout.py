@@ -12,9 +12,9 @@ import pytest
 from conftest import VENV_BIN, write
 from test_config import CPU_SITE, GPU_SITE, JOB, error_of, plan_of
 
-from hpcyolo import distenv
-from hpcyolo.doctor import check_layout
-from hpcyolo.render import render_sbatch as render
+from hpcyolo.login.doctor import check_layout
+from hpcyolo.login.render import render_sbatch as render
+from hpcyolo.node import distenv
 from hpcyolo_trainer.devices import device_for
 
 UNEVEN = JOB.replace("nodes: 2,", "nodes: 3, gpus: 10,").replace("batch: 64", "batch: 60")

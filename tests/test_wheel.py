@@ -39,7 +39,7 @@ def test_wheel_installs_and_renders(tmp_path):
     (fresh_site,) = (venv / "lib").glob("python3*/site-packages")
     (fresh_site / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
-    where = subprocess.run([venv / "bin" / "python", "-c", "import hpcyolo, hpcyolo.render as r; "
+    where = subprocess.run([venv / "bin" / "python", "-c", "import hpcyolo, hpcyolo.login.render as r; "
                             "print(hpcyolo.__file__); print(r.templates_dir())"],
                            capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
     assert all(p.startswith(str(fresh_site)) for p in where), where

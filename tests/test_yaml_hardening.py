@@ -74,7 +74,7 @@ def test_a_file_that_is_not_a_small_regular_file_is_one_line(tmp_path, kind, wor
 
 
 def test_a_directory_is_one_line(tmp_path):
-    from hpcyolo.stage import read_data_yaml
+    from hpcyolo.node.stage import read_data_yaml
 
     with pytest.raises(ConfigError, match="is a directory"):
         read_data_yaml(tmp_path)
@@ -187,8 +187,8 @@ def test_a_long_value_is_echoed_bounded(tmp_path):
 
 
 def test_sweep_values_are_read_as_written(tmp_path):
-    from hpcyolo.config import load_job
-    from hpcyolo.submit import parse_sweeps, sweep_points
+    from hpcyolo.login.config import load_job
+    from hpcyolo.login.submit import parse_sweeps, sweep_points
 
     (sweep,) = parse_sweeps(("run.name=012,0x1,3.10",))
     assert [str(v) for v in sweep.values] == ["012", "0x1", "3.10"]

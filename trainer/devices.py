@@ -1,6 +1,6 @@
 """Which device a process trains on, and whether a node's processes fit
 its GPUs: from the environment alone (CUDA_VISIBLE_DEVICES, the launcher's
-GPU counts), without torch, so that hpcyolo.distenv checks a layout on a
+GPU counts), without torch, so that hpcyolo.node.distenv checks a layout on a
 login node with the same rules the trainer places itself by."""
 
 from __future__ import annotations

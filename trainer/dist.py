@@ -42,7 +42,7 @@ class Dist:
 def pick_device(local_rank: int) -> torch.device:
     """cuda:0 when CUDA_VISIBLE_DEVICES leaves each task one GPU (srun
     --gpus-per-task), else cuda:LOCAL_RANK; the CPU without GPUs. The rule
-    (and its checks) is hpcyolo.distenv.device_for's; torch says whether CUDA works."""
+    (and its checks) is hpcyolo.node.distenv.device_for's; torch says whether CUDA works."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device(device_for(local_rank, os.environ, gpus=torch.cuda.device_count()))

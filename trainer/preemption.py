@@ -14,7 +14,7 @@ drill, and Ctrl-C of an interactive run) checkpoint. SIGTERM is what Slurm
 sends on `scancel`, at the time limit, on preemption and on requeue, and what
 srun sends the surviving ranks when one rank died: what it means is the
 answer of StopFlag's `on_sigterm`, which `hpcyolo train` takes from Slurm
-(hpcyolo.slurm_stop); without it SIGTERM stops.
+(hpcyolo.node.slurm_stop); without it SIGTERM stops.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def stop_on_sigterm(env) -> Decision:
 class StopFlag:
     """Set by the site's signal, SIGTERM and SIGINT; `decide` says what to
     do. What SIGTERM means is `on_sigterm(environ)`'s answer: under Slurm,
-    hpcyolo asks Slurm (hpcyolo.slurm_stop.sigterm_decision)."""
+    hpcyolo asks Slurm (hpcyolo.node.slurm_stop.sigterm_decision)."""
 
     def __init__(self, signal_name: str, on_sigterm: Callable[[Mapping[str, str]], Decision] = stop_on_sigterm):
         self.signal_name = signal_name

@@ -22,7 +22,7 @@ import socket
 from .errors import HpcyoloError
 
 OWNER_KEY = "hpcyolo/job"
-JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked here (hpcyolo.distenv and hpcyolo.local set it)
+JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked here (hpcyolo.node.distenv and hpcyolo.node.local set it)
 
 
 def port_in_use_message(host: str, port: int | str) -> str:

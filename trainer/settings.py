@@ -5,10 +5,10 @@ From this table come:
   checkpoint and as RUN/config.yaml;
 - the job spec's `train` and `checkpoint` sections, and the fields of the
   other sections that are trainer settings (`data.cache`, `run.dist_timeout`,
-  the site's `preemption.signal`): hpcyolo.config takes their default, doc
+  the site's `preemption.signal`): hpcyolo.login.config takes their default, doc
   and check from here;
 - the options of `hpcyolo train` (hpcyolo.cli), and the batch script's
-  `hpcyolo train` command line (hpcyolo.plan: every setting of the job spec);
+  `hpcyolo train` command line (hpcyolo.login.plan: every setting of the job spec);
 - the same-run rule (rundir.py): whether another value makes another run;
 - the README's table of settings (tests/test_settings.py compares them).
 
@@ -269,7 +269,7 @@ def check_train(options: dict[str, Any], world: int) -> None:
 
 
 def job_field(name: str) -> Any:
-    """The schema field (hpcyolo.config's `spec`) of setting `name`, built by
+    """The schema field (hpcyolo.login.config's `spec`) of setting `name`, built by
     `make_field(default, doc=..., check=...)`: how a section of the job spec
     or site config takes a trainer setting from this table."""
     s = BY_NAME[name]

@@ -5,7 +5,7 @@ removal. Standard library only.
 A requeued job runs `hpcyolo stage` again on a node that already holds the
 copy; the console entry point (hpcyolo.entry) answers that from here with a
 few stats and one small JSON read, before it imports click or the YAML
-parser. What "current" means is defined here, once: hpcyolo.stage asks
+parser. What "current" means is defined here, once: hpcyolo.node.stage asks
 `current_marker` too, before it parses anything and again under its lock.
 The trainer removes the node's scratch with `remove` when the job ends.
 """
@@ -19,7 +19,7 @@ import sys
 MARKER = ".hpcyolo-staged"
 # In a run's scratch folder (SCRATCH/hpcyolo-USER/RUN, the copy at RUN/data):
 # the Slurm job using it. A later stage on the node removes folders whose job
-# has ended (hpcyolo.stage.remove_stale): a job killed outright leaves its
+# has ended (hpcyolo.node.stage.remove_stale): a job killed outright leaves its
 # copy behind, node memory taken from the next user.
 OWNER = ".hpcyolo-job"
 FORMAT = 2  # bump when the staged layout or the source identity changes: older copies are then staged again

@@ -10,8 +10,8 @@ runs a plain `hpcyolo stage` without loading click.
 
 from __future__ import annotations
 
-from . import login, task, weights  # noqa: F401  (each registers its commands on main)
-from .group import main
-from .task import exec_, train, train_config
+from hpcyolo.cli import login, task, weights  # noqa: F401  (each registers its commands on main)
+from hpcyolo.cli.group import main
+from hpcyolo.cli.task import exec_, train, train_config
 
 __all__ = ["exec_", "main", "train", "train_config"]

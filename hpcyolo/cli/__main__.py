@@ -1,5 +1,5 @@
 """`python -m hpcyolo.cli`: the command line of this very installation."""
 
-from . import main
+from hpcyolo.cli import main
 
 main()

@@ -14,9 +14,8 @@ import sys
 import click
 from click.exceptions import NoArgsIsHelpError
 
+from hpcyolo import __version__
 from hpcyolo_trainer.errors import ConfigError, HpcyoloError, printable
-
-from .. import __version__
 
 
 class _Group(click.Group):
@@ -90,7 +89,7 @@ def _hint_swapped(command):
         try:
             return command(site, job, **options)
         except ConfigError as e:
-            from ..config import wrong_order
+            from hpcyolo.login.config import wrong_order
 
             instead = wrong_order(site, job) if site and e.file in (site, job) else None
             if instead is None:
@@ -103,8 +102,8 @@ def _hint_swapped(command):
 def _load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
     """The plan of SITE and JOB; `for_sbatch`: also check what the rendered
     script needs on this machine before it is submitted (storage.logs)."""
-    from ..config import load_job, load_site
-    from ..plan import check_logs_folder, make_plan
+    from hpcyolo.login.config import load_job, load_site
+    from hpcyolo.login.plan import check_logs_folder, make_plan
 
     site, job = load_site(site_path), load_job(job_path)
     command = shlex.join(["hpcyolo", *sys.argv[1:]])
@@ -119,11 +118,11 @@ def this_process_vars(env: dict[str, str]) -> dict[str, str]:
     that starts one per host (SageMaker, a Kubernetes pod) on a host that
     needs several starts one per GPU instead, each running this same command
     line (they find their ranks set), and exits with their status."""
-    from ..distenv import NodeLayout, from_environ
+    from hpcyolo.node.distenv import NodeLayout, from_environ
 
     found = from_environ(env)
     if isinstance(found, NodeLayout):
-        from ..local import launch_layout
+        from hpcyolo.node.local import launch_layout
 
         sys.exit(launch_layout([sys.executable, "-m", "hpcyolo.cli", *sys.argv[1:]], found, env=env))
     return found.standard_vars()

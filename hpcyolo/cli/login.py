@@ -9,9 +9,8 @@ import sys
 
 import click
 
+from hpcyolo.cli.group import _hint_swapped, _job_arg, _load_plan, _site_arg, main
 from hpcyolo_trainer.errors import HpcyoloError, printable
-
-from .group import _hint_swapped, _job_arg, _load_plan, _site_arg, main
 
 
 @main.command(short_help="Check SITE and JOB; print what they ask for.")
@@ -30,9 +29,8 @@ def validate(site: str, job: str) -> None:
     Example:
         hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
     """
+    from hpcyolo.login.runcheck import warn_job
     from hpcyolo_trainer.dataset import check_data
-
-    from ..runcheck import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
     for warning in check_data(plan.data):
@@ -59,8 +57,8 @@ def render(site: str, job: str, output: str | None) -> None:
     Example:
         hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
     """
-    from ..render import render_sbatch
-    from ..runcheck import warn_job
+    from hpcyolo.login.render import render_sbatch
+    from hpcyolo.login.runcheck import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
     script = render_sbatch(plan)
@@ -93,7 +91,7 @@ def run_(site: str, job: str, resume: bool) -> None:
     Example:
         hpcyolo run site_configs/local.yaml examples/shapes.yaml
     """
-    from ..run import run_local
+    from hpcyolo.login.run import run_local
 
     sys.exit(run_local(_load_plan(site, job), resume=resume))
 
@@ -130,7 +128,7 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
     import time
     from pathlib import Path
 
-    from ..shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     start = time.monotonic()
     data_yaml = make_shapes(Path(directory), n_train=n_train, n_val=n_val, imgsz=imgsz, classes=classes, seed=seed,
@@ -169,7 +167,7 @@ def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[st
 
     A sweep element's run is named after its values (NAME-lr0_0.01-model_n).
     """
-    from ..submit import submit as do_submit
+    from hpcyolo.login.submit import submit as do_submit
 
     command = shlex.join(["hpcyolo", *sys.argv[1:]])
     jobs = do_submit(site, job, via=via, dry_run=dry_run, sweeps=sweeps, parallel=parallel, command=command)
@@ -192,7 +190,7 @@ def status(run: str) -> None:
     """
     from pathlib import Path
 
-    from ..lifecycle import status as run_status
+    from hpcyolo.login.lifecycle import status as run_status
 
     click.echo(run_status(Path(run)))
 
@@ -211,7 +209,7 @@ def logs(run: str, rank: int | None, follow: bool) -> None:
     """
     from pathlib import Path
 
-    from ..lifecycle import logs as run_logs
+    from hpcyolo.login.lifecycle import logs as run_logs
 
     run_logs(Path(run), rank, follow)
 
@@ -229,7 +227,7 @@ def cancel(run: str) -> None:
     """
     from pathlib import Path
 
-    from ..lifecycle import cancel as run_cancel
+    from hpcyolo.login.lifecycle import cancel as run_cancel
 
     click.echo(run_cancel(Path(run)), err=True)
 
@@ -266,22 +264,22 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
         hpcyolo doctor --signal-test site_configs/testbed.yaml
     """
     if in_job:
-        from ..preflight import preflight
+        from hpcyolo.node.preflight import preflight
 
         sys.exit(preflight(interface, scratch, data))
     if signal_wait:
-        from ..doctor import signal_wait as wait_for_signal
+        from hpcyolo.login.doctor import signal_wait as wait_for_signal
 
         sys.exit(wait_for_signal(*signal_wait))
     if not site:
         raise click.UsageError("give SITE (and optionally JOB), or --in-job inside a job")
-    from ..config import load_site
-    from ..doctor import doctor as run_doctor
-    from ..doctor import report
+    from hpcyolo.login.config import load_site
+    from hpcyolo.login.doctor import doctor as run_doctor
+    from hpcyolo.login.doctor import report
 
     site_config = load_site(site)
     if signal_test:
-        from ..doctor import signal_test as run_signal_test
+        from hpcyolo.login.doctor import signal_test as run_signal_test
 
         click.echo("submitting a 1-node test job; it takes a minute or so", err=True)
         checks = run_signal_test(site_config, site)

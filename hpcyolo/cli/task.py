@@ -8,9 +8,8 @@ import sys
 
 import click
 
+from hpcyolo.cli.group import main, this_process_vars
 from hpcyolo_trainer.errors import HpcyoloError
-
-from .group import main, this_process_vars
 
 
 @main.command(short_help="Copy a dataset into node-local scratch.")
@@ -42,7 +41,7 @@ def stage(data: str | None, dest: str | None, remove: str | None, workers: int |
     Train with DEST/data.yaml. One line on stderr when the copy starts and
     one when it ends (files, bytes, seconds, MB/s, node).
     """
-    from .. import stage as staging
+    from hpcyolo.node import stage as staging
 
     if remove:
         staging.remove(remove)
@@ -120,9 +119,8 @@ def train(run_dir: str, data: str, signal: str, check_run: bool, **options) -> N
         config = train_config(run_dir, data, signal, **options).to_dict()
         rundir.check_continues(pathlib.Path(run_dir), rundir.settings(config), for_job=True)
         return
+    from hpcyolo.node.slurm_stop import sigterm_decision
     from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE, StopFlag
-
-    from ..slurm_stop import sigterm_decision
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.

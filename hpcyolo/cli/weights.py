@@ -6,7 +6,7 @@ import os
 
 import click
 
-from .group import _check_imgsz, main, this_process_vars
+from hpcyolo.cli.group import _check_imgsz, main, this_process_vars
 
 
 @main.command(short_help="Detect objects in images with trained weights.")

@@ -36,7 +36,7 @@ IMGSZ = 192
 N_TRAIN, BATCH, EPOCHS = 640, 16, 6
 STEPS = N_TRAIN // BATCH * EPOCHS
 LIMIT = 480  # seconds for one training command; far more than an H200 needs
-LAUNCH = ("import json, sys; from hpcyolo.local import launch; "
+LAUNCH = ("import json, sys; from hpcyolo.node.local import launch; "
           "sys.exit(launch(json.loads(sys.argv[1]), int(sys.argv[2])))")
 
 
@@ -62,7 +62,7 @@ def losses(rows) -> list[float]:
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     return make_shapes(tmp_path_factory.mktemp("gpu") / "shapes", n_train=N_TRAIN, n_val=64, imgsz=IMGSZ,
                        classes=3, seed=0)
@@ -174,7 +174,7 @@ cleanup()
 
 
 def test_ddp_syncbn_over_nccl_in_one_process():
-    from hpcyolo.local import free_port
+    from hpcyolo.node.local import free_port
 
     e = env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(free_port()))

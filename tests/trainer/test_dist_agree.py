@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hpcyolo.local import free_port
+from hpcyolo.node.local import free_port
 from hpcyolo_trainer.dist import Dist, max_over_ranks
 
 

@@ -16,14 +16,14 @@ import pytest
 from conftest import max_abs_diff
 from PIL import Image
 
-from hpcyolo.shapes import make_shapes
+from hpcyolo.login.shapes import make_shapes
 from hpcyolo_trainer import checkpoint as ckpt
 from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo_trainer.train import SHAPES_ENV
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 HANG_LIMIT = 300  # seconds for a whole launch, far below the process group's 600 s timeout
-LAUNCH = "import json, sys; from hpcyolo.local import launch; sys.exit(launch(json.loads(sys.argv[1]), int(sys.argv[2])))"
+LAUNCH = "import json, sys; from hpcyolo.node.local import launch; sys.exit(launch(json.loads(sys.argv[1]), int(sys.argv[2])))"
 
 
 def mixed_aspect(data: Path) -> None:
@@ -36,7 +36,7 @@ def mixed_aspect(data: Path) -> None:
 
 
 def launch_within(argv: list[str], nproc: int, env: dict) -> int:
-    """hpcyolo.local.launch in its own session, killed whole if it outlives HANG_LIMIT."""
+    """hpcyolo.node.local.launch in its own session, killed whole if it outlives HANG_LIMIT."""
     p = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(argv), str(nproc)], env=env,
                          start_new_session=True)
     try:

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED
-from hpcyolo.local import launch
+
+from hpcyolo.node.local import launch
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from conftest import max_abs_diff
 
-from hpcyolo.local import launch
-from hpcyolo.shapes import make_shapes
+from hpcyolo.login.shapes import make_shapes
+from hpcyolo.node.local import launch
 from hpcyolo_trainer import checkpoint as ckpt
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE

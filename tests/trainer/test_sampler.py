@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
-from hpcyolo.local import free_port
+from hpcyolo.node.local import free_port
 from hpcyolo_trainer.sampler import EvenShardSampler, RectBatchSampler, steps_per_epoch
 
 SIZES = (1, 2, 5, 7, 10, 13)

@@ -13,8 +13,8 @@ import torch
 from conftest import SHARED
 from test_resume import max_abs_diff
 
-from hpcyolo.local import launch
-from hpcyolo.shapes import make_shapes
+from hpcyolo.login.shapes import make_shapes
+from hpcyolo.node.local import launch
 from hpcyolo_trainer import checkpoint as ckpt
 from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo_trainer.weights import read_weights

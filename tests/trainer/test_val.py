@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import SHARED
-from hpcyolo.local import launch
-from hpcyolo.shapes import make_shapes
+
+from hpcyolo.login.shapes import make_shapes
+from hpcyolo.node.local import launch
 from hpcyolo_trainer.boxes import non_max_suppression
 from hpcyolo_trainer.evaluate import letterbox_to, rect_batches
 from hpcyolo_trainer.metrics import ap_per_class, match_predictions

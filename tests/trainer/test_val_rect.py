@@ -20,9 +20,8 @@ import shutil
 
 import pytest
 import torch
-from PIL import Image
-
 from conftest import SHARED
+from PIL import Image
 
 from hpcyolo_trainer.dist import Dist
 from hpcyolo_trainer.evaluate import ValBatches, evaluate
@@ -47,7 +46,7 @@ def stretched_copy(dest, fixture=FIXTURE):
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """400 validation images like the fixtures' training data, and a copy with two in three stretched."""
-    from hpcyolo.shapes import make_shapes
+    from hpcyolo.login.shapes import make_shapes
 
     root = tmp_path_factory.mktemp("generated")
     data = make_shapes(root / "shapes", n_train=1, n_val=400, imgsz=160, classes=4, seed=7)

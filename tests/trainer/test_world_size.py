@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 from conftest import SHARED
 
-from hpcyolo.local import free_port
+from hpcyolo.node.local import free_port
 
 FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
@@ -33,8 +33,8 @@ BATCHNORM = ("frozen", "train")
 def _steps(rank: int, world: int, port: int, out: str) -> None:
     """Rank `rank` of `world`: for each of CLIPS, one optimizer step from the
     same weights on its share of two global batches."""
-    from hpcyolo_trainer.rendezvous import JOB_ENV
     from hpcyolo_trainer.dist import cleanup, setup
+    from hpcyolo_trainer.rendezvous import JOB_ENV
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})

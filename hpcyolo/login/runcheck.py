@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpcyolo.login.shell import Var
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.rundir import (JOB_NEW_RUN, RESUME_HOW, already_holds, describe, holds_run, read_settings, refusal,
                                     settings)
 from hpcyolo_trainer.settings import TrainConfig
-
-from .shell import Var
 
 LOCAL_RESUME_HOW = "add --resume (or set run.resume: true)"  # and `hpcyolo run`
 

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Mapping, Sequence
 
-from .distenv import JOB_ENV, NodeLayout
+from hpcyolo.node.distenv import JOB_ENV, NodeLayout
 
 
 def free_port() -> int:

@@ -42,7 +42,7 @@ SageMaker, PyTorchJob and Indexed Jobs start ONE process per host (pod).
 processes per node = HPCYOLO_NPROC, else a number in PET_NPROC_PER_NODE, else
 the GPUs CUDA_VISIBLE_DEVICES or SM_NUM_GPUS show, else 1 on a CPU host), not a
 `DistEnv`: one process per GPU must still be started on each host. `hpcyolo
-train`, `val` and `exec` do it themselves, through `hpcyolo.local.launch_layout`
+train`, `val` and `exec` do it themselves, through `hpcyolo.node.local.launch_layout`
 (process i of node n gets RANK = n * nproc + i, MASTER_ADDR = the master host,
 the rendezvous of all hosts); torchrun can do it too. A child that gets only
 LOCAL_RANK (and no RANK/WORLD_SIZE) is mapped the same way by `from_environ`.
@@ -90,11 +90,10 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from hpcyolo.node.netif import resolve_master, site_interface
 from hpcyolo_trainer.devices import check_gpus, env_int, short_hostname, visible_gpus
 from hpcyolo_trainer.errors import HpcyoloError, shown
 from hpcyolo_trainer.rendezvous import JOB_ENV
-
-from .netif import resolve_master, site_interface
 
 PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
@@ -138,7 +137,7 @@ class DistEnv:
 class NodeLayout:
     """One host's place in a job whose launcher starts one process per host
     (SageMaker, a Kubernetes pod); hpcyolo's local launcher starts
-    `nproc_per_node` processes from it (`hpcyolo.local.launch_layout`)."""
+    `nproc_per_node` processes from it (`hpcyolo.node.local.launch_layout`)."""
 
     node_rank: int
     nnodes: int

@@ -22,11 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcyolo import slurm
+from hpcyolo.login.config import JobSpec, SiteConfig, limit_seconds
 from hpcyolo_trainer.errors import HpcyoloError, shown
 from hpcyolo_trainer.preemption import EXIT_CODE
-
-from . import slurm
-from .config import JobSpec, SiteConfig, limit_seconds
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -177,7 +176,7 @@ def account_check(site: SiteConfig, code: int, out: str) -> Check:
 
 
 def _expand(path: str) -> str | None:
-    from .runcheck import try_expand
+    from hpcyolo.login.runcheck import try_expand
 
     return try_expand(path)
 
@@ -348,9 +347,8 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
     free = shutil.disk_usage(where).free
     if not (job and job.data.stage and data):
         return Check("storage.scratch", "PASS", f"{where}: {free / 2**30:.1f} GiB free on this node")
+    from hpcyolo.node.stage import walk
     from hpcyolo_trainer.dataset import dataset_root, read_data_yaml
-
-    from .stage import walk
 
     root = dataset_root(Path(data), read_data_yaml(data))
     need = walk(root).nbytes
@@ -448,10 +446,10 @@ def signal_wait(signal_name: str, result: str, timeout: float = 240.0) -> int:
 
 
 def signal_test(site: SiteConfig, site_file: str, timeout: float = 300.0) -> list[Check]:
-    from .config import JobSpec
-    from .loader import build
-    from .plan import make_plan
-    from .render import render_signal_test
+    from hpcyolo.login.config import JobSpec
+    from hpcyolo.login.loader import build
+    from hpcyolo.login.plan import make_plan
+    from hpcyolo.login.render import render_signal_test
 
     raw = {"name": "hpcyolo-signal-test", "resources": {"nodes": 1, "time": "00:10:00"},
            "data": {"yaml": "/dev/null"}, "train": {"batch": 1}}

@@ -31,14 +31,13 @@ import threading
 import time
 from pathlib import Path
 
+from hpcyolo.node.archive import archive_yaml, list_archive, run_tar
+from hpcyolo.node.treecopy import Manifest, copy_tree, first_difference, walk
 from hpcyolo_trainer.dataset import SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml, split_entries
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.staged import (MARKER, OWNER, already_staged, claim, current_marker, is_current, node_name,
                                     read_marker, remove, say, source_identity)
 from hpcyolo_trainer.yamlfile import dump_yaml, loads
-
-from .archive import archive_yaml, list_archive, run_tar
-from .treecopy import Manifest, copy_tree, first_difference, walk
 
 # Room left free after the copy: filesystem overhead, the staged YAML, and (on
 # a tmpfs) memory the training processes still need.
@@ -204,9 +203,8 @@ def remove_stale(dest: Path) -> list[Path]:
     run = dest.parent
     if not run.parent.name.startswith("hpcyolo-") or not os.environ.get("SLURM_JOB_ID") or not run.parent.is_dir():
         return []
+    from hpcyolo import slurm
     from hpcyolo_trainer.errors import SlurmError
-
-    from . import slurm
 
     removed = []
     for folder in run.parent.iterdir():

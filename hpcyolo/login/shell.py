@@ -11,7 +11,7 @@ import re
 import shlex
 from typing import Iterable
 
-from .config import PATH_VAR
+from hpcyolo.login.config import PATH_VAR
 
 
 class Var(str):

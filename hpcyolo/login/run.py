@@ -2,7 +2,7 @@
 
 The same steps as the sbatch script, in Python: the run directory with its
 no-clobber rule (hpcyolo_trainer.rundir), staging into node-local scratch, one process
-per rank with the standard variables (hpcyolo.local), and the preemption exit
+per rank with the standard variables (hpcyolo.node.local), and the preemption exit
 code. A signal sent to `hpcyolo run` reaches every rank; they checkpoint and
 stop, and running the same command again resumes.
 """
@@ -13,13 +13,12 @@ import os
 import sys
 from pathlib import Path
 
+from hpcyolo.login import runcheck
+from hpcyolo.login.plan import JobPlan
+from hpcyolo.login.shell import Raw, Var
+from hpcyolo.node.local import launch
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
-
-from . import runcheck
-from .local import launch
-from .plan import JobPlan
-from .shell import Raw, Var
 
 
 def run_local(plan: JobPlan, resume: bool = False) -> int:
@@ -30,7 +29,7 @@ def run_local(plan: JobPlan, resume: bool = False) -> int:
     rundir.record_start(run_dir, rundir.local_start_line(os.uname().nodename))
     data = plan.data
     if plan.stage:
-        from .stage import stage
+        from hpcyolo.node.stage import stage
 
         data = str(stage(data, scratch / "data"))
     values = {"RUN_DIR": str(run_dir), "DATA": data, "SCRATCH_DIR": str(scratch)}

@@ -24,9 +24,8 @@ def sigterm_decision(env) -> Decision:
         return Decision(STOP, "SIGTERM (the site's preemption.sigterm is stop)")
     if not env.get("SLURM_JOB_ID"):
         return Decision(STOP, "SIGTERM")
+    from hpcyolo import slurm
     from hpcyolo_trainer.errors import SlurmError
-
-    from . import slurm
 
     try:
         info = slurm.show_job(int(env["SLURM_JOB_ID"]), env=env)
@@ -67,7 +66,7 @@ def slurm_stop_reason(info: dict[str, str], restarts: int) -> Decision:
 
 
 def _past_limit(info: dict[str, str]) -> bool:
-    from .config import parse_time
+    from hpcyolo.login.config import parse_time
 
     try:
         return parse_time(info.get("RunTime", "")) >= parse_time(info.get("TimeLimit", ""))

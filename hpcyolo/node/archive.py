@@ -10,10 +10,8 @@ import re
 import shutil
 from pathlib import Path
 
+from hpcyolo.node.treecopy import Manifest
 from hpcyolo_trainer.errors import HpcyoloError, shown
-
-from .treecopy import Manifest
-
 
 _LISTING = re.compile(r'^(?P<type>.)\S* \S+ +(?P<size>\d+|\d+, *\d+) \S+ \S+ "(?P<name>(?:[^"\\]|\\.)*)"'
                       r'(?: (?P<how>->|link to) "(?P<target>(?:[^"\\]|\\.)*)")?$')

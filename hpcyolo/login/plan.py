@@ -12,15 +12,14 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig, format_time, limit_seconds, parse_time
+from hpcyolo.login.shell import Expand, Raw, Var
+from hpcyolo.node.distenv import PORT_BASE, PORT_SPAN
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE
 from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
-
-from .config import EnvironmentSite, JobSpec, SiteConfig, format_time, limit_seconds, parse_time
-from .distenv import PORT_BASE, PORT_SPAN
-from .shell import Expand, Raw, Var
 
 # torchrun's agent turns only these into a clean shutdown of its workers
 # (torch.distributed.elastic: SIGTERM, SIGINT, SIGHUP, SIGQUIT); any other

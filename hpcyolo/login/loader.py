@@ -1,6 +1,6 @@
 """Reading YAML into frozen dataclasses, with errors that name file and key.
 
-The schema is the dataclasses themselves (hpcyolo.config): each field's type
+The schema is the dataclasses themselves (hpcyolo.login.config): each field's type
 says what YAML value it takes, `spec(doc=..., check=...)` documents it and adds
 a value check. This module walks a mapping that hpcyolo_trainer.yamlfile parsed
 against them.

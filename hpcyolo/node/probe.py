@@ -1,6 +1,6 @@
 """A probe entrypoint: check the rank mapping before spending GPU hours.
 
-    entrypoint: python3 -m hpcyolo.probe
+    entrypoint: python3 -m hpcyolo.node.probe
 
 Each rank prints one line (rank, local rank, host, master, the Slurm values
 they came from), joins the process group, and all-reduces rank + 1; the sum

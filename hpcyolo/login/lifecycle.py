@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcyolo import slurm
 from hpcyolo_trainer.errors import HpcyoloError, SlurmError
 from hpcyolo_trainer.rundir import Start  # noqa: F401  (a start of a job, as callers of starts() know it)
 from hpcyolo_trainer.rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
-
-from . import slurm
 
 
 @dataclass

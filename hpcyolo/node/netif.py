@@ -1,7 +1,7 @@
 """The master's address on the site's network interface: the interface a
 site names (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME), its IPv4 address and
 network read from the kernel (SIOCGIFADDR and SIOCGIFNETMASK ioctls), and
-MASTER_ADDR as the master host itself should use it (hpcyolo.distenv)."""
+MASTER_ADDR as the master host itself should use it (hpcyolo.node.distenv)."""
 
 from __future__ import annotations
 

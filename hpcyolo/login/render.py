@@ -1,7 +1,7 @@
 """Render a plan into an sbatch script: a pure function of the plan.
 
 One Jinja environment, strict about undefined names, with the shell-quoting
-filters of hpcyolo.shell for every interpolated value. The templates read the
+filters of hpcyolo.login.shell for every interpolated value. The templates read the
 plan (and hpcyolo's version) only: what the script does is what the plan says.
 """
 
@@ -10,17 +10,17 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from . import __version__
-from .plan import JobPlan
-from .shell import comment, join, quote, quote_path, wrap
-from .slurm_flags import sbatch_option
+from hpcyolo import __version__
+from hpcyolo.login.plan import JobPlan
+from hpcyolo.login.shell import comment, join, quote, quote_path, wrap
+from hpcyolo.login.slurm_flags import sbatch_option
 
 
 def templates_dir() -> Path:
     """The templates: hpcyolo/templates/ in an installed wheel (pyproject maps
     templates/ there), else templates/ beside the package in a source checkout
     or an editable install."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # hpcyolo/, this module being hpcyolo/login/render.py
     installed = package / "templates"
     return installed if (installed / "sbatch.sh.j2").is_file() else package.parent / "templates"
 
@@ -41,7 +41,7 @@ def _environment():
         keep_trailing_newline=True,
         autoescape=False,
     )
-    # `name | sbatch(value)`: a generic resource as its sbatch option (hpcyolo.slurm_flags).
+    # `name | sbatch(value)`: a generic resource as its sbatch option (hpcyolo.login.slurm_flags).
     env.filters.update(q=quote, qpath=quote_path, args=join, wrap=wrap, comment=comment, sbatch=sbatch_option)
     return env
 

@@ -20,8 +20,8 @@ import socket
 import struct
 import time
 
-from .distenv import from_environ
-from .doctor import Check
+from hpcyolo.login.doctor import Check
+from hpcyolo.node.distenv import from_environ
 
 SIOCGIFADDR = 0x8915
 CONNECT_TIMEOUT = 60.0
@@ -108,9 +108,8 @@ def check_room(scratch: str | None, data: str | None) -> Check:
         return Check("scratch room", "SKIP", "no staging")
     from pathlib import Path
 
+    from hpcyolo.node.stage import walk
     from hpcyolo_trainer.dataset import dataset_root, read_data_yaml
-
-    from .stage import walk
 
     os.makedirs(scratch, exist_ok=True)
     free = shutil.disk_usage(scratch).free
@@ -125,7 +124,7 @@ def check_room(scratch: str | None, data: str | None) -> Check:
 def check_gpus(local_world: int, gpus_per_task: int = 1) -> Check:
     """Visible GPUs against the tasks of this node (CUDA_VISIBLE_DEVICES as
     Slurm sets it: the node's GPUs, or this task's own)."""
-    from .distenv import visible_gpus
+    from hpcyolo.node.distenv import visible_gpus
 
     seen = visible_gpus(os.environ)
     if seen is None:

@@ -29,17 +29,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcyolo.login.config import parse_time
+from hpcyolo.login.plan import JobPlan
+from hpcyolo.login.runcheck import check_job
+from hpcyolo.login.runcheck import expand as _expand
+from hpcyolo.login.runcheck import warn_job
+from hpcyolo.login.shell import Raw, Var
+from hpcyolo.node.slurm_stop import SIGTERM_ENV
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV
 from hpcyolo_trainer.rundir import checkpointed, preempt_marker, record_job, record_start, start_line
-
-from .config import parse_time
-from .plan import JobPlan
-from .runcheck import check_job
-from .runcheck import expand as _expand
-from .runcheck import warn_job
-from .shell import Raw, Var
-from .slurm_stop import SIGTERM_ENV
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
 SUBMITIT_PARAMETERS = {
@@ -90,7 +89,7 @@ def _srun_extra(plan: JobPlan) -> tuple[str, ...]:
 
 def setup_lines(plan: JobPlan) -> list[str]:
     """The batch script's software environment, for submitit's `setup`."""
-    from .render import render_setup
+    from hpcyolo.login.render import render_setup
 
     return render_setup(plan).splitlines()
 
@@ -127,7 +126,7 @@ class TrainTask:
             env[SIGTERM_ENV] = "stop"
         data = self.plan.data
         if self.plan.stage:
-            from .stage import stage
+            from hpcyolo.node.stage import stage
 
             data = str(stage(data, Path(self.scratch_dir) / "data"))
         values = {"RUN_DIR": self.run_dir, "DATA": data, "SCRATCH_DIR": self.scratch_dir}
@@ -226,7 +225,7 @@ def point_name(base: str, point: dict[str, object]) -> str:
 # == submitting ==============================================================
 
 def expand(path: str) -> str:
-    """A run or scratch path as the job will see it (hpcyolo.runcheck.expand)."""
+    """A run or scratch path as the job will see it (hpcyolo.login.runcheck.expand)."""
     return _expand(path, "; submit from where it is set")
 
 
@@ -284,9 +283,9 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
 
 
 def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
-    from . import slurm
-    from .plan import check_logs_folder
-    from .render import render_sbatch
+    from hpcyolo import slurm
+    from hpcyolo.login.plan import check_logs_folder
+    from hpcyolo.login.render import render_sbatch
 
     check_logs_folder(plan)
     script = render_sbatch(plan)
@@ -306,8 +305,8 @@ def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
 def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, sweeps: tuple[str, ...],
            parallel: int | None, command: str) -> list[tuple[str, Path]]:
     """`hpcyolo submit`: returns (job id, run directory) for each job (none for a dry run)."""
-    from .config import load_job, load_site
-    from .plan import make_plan
+    from hpcyolo.login.config import load_job, load_site
+    from hpcyolo.login.plan import make_plan
 
     site = load_site(site_path)
     via = via or ("local" if site.name == "local" else "submitit")
@@ -348,7 +347,7 @@ def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     local executor (logs and the job's state in RUN/submitit)."""
     import submitit
 
-    from .run import run_local
+    from hpcyolo.login.run import run_local
 
     run_dir = Path(expand(plan.run_dir))
     if dry_run:

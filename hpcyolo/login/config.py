@@ -2,7 +2,7 @@
 
 A site config holds facts about one cluster that rarely change; a job spec
 holds one training run. Both load into frozen, keyword-only dataclasses and are
-never changed after loading: derived values live in the plan (hpcyolo.plan).
+never changed after loading: derived values live in the plan (hpcyolo.login.plan).
 site_configs/example.yaml is the annotated version of the same schema.
 """
 
@@ -13,11 +13,10 @@ from dataclasses import dataclass, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from hpcyolo.login.loader import build, spec
 from hpcyolo_trainer.errors import ConfigError, HpcyoloError, shown
 from hpcyolo_trainer.settings import BY_KEY, SIGNALS, check_non_negative, check_positive, check_signal  # noqa: F401
 from hpcyolo_trainer.yamlfile import read_yaml
-
-from .loader import build, spec
 
 # -- value checks (each raises ValueError with the message the user sees) ----
 
