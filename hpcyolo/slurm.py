@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Mapping
 
-from hpcyolo_trainer.errors import SlurmError
+from hpcyolo_trainer.errors import SlurmError, shown
 
 # Job states after which a job will not run again (squeue(1), JOB STATE CODES).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -187,3 +187,47 @@ def one_task(options: list[str], command: list[str], *, timeout: float) -> subpr
     """`srun OPTIONS COMMAND`: one step (an allocation of its own), as doctor
     runs it to look at a compute node."""
     return run(["srun", *options, *command], timeout=timeout)
+
+
+# == Slurm's time formats =====================================================
+
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def parse_time(value: str) -> int:
+    """Slurm's time formats (man sbatch, --time) to seconds: M, M:S, H:M:S,
+    D-H, D-H:M, D-H:M:S."""
+    m = _TIME.fullmatch(value.strip())
+    if not m:
+        raise ValueError(f"{shown(value)} is not a Slurm time such as 90 (minutes), 04:00:00 or 2-00:00:00")
+    days, a, b, c = m.groups()
+    a, b, c = int(a), int(b or 0), int(c or 0)
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        seconds = int(days) * 86400 + a * 3600 + b * 60 + c
+    elif m.group(4) is not None:  # H:M:S
+        seconds = a * 3600 + b * 60 + c
+    elif m.group(3) is not None:  # M:S
+        seconds = a * 60 + b
+    else:  # M
+        seconds = a * 60
+    if seconds <= 0:
+        raise ValueError(f"{shown(value)} is not a positive time")
+    return seconds
+
+
+# How sinfo and scontrol print a partition without a time limit.
+UNLIMITED = ("infinite", "unlimited")
+
+
+def limit_seconds(value: str | None) -> float:
+    """A time limit in seconds; infinite when there is none (empty, or
+    INFINITE / UNLIMITED as sinfo prints it)."""
+    if not value or value.strip().lower() in UNLIMITED:
+        return float("inf")
+    return parse_time(value)
+
+
+def format_time(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{hms}" if days else hms

@@ -39,13 +39,17 @@ def modules() -> dict[str, Path]:
 def imported_names(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import statement in `path`,
     module level or not: `from .x import y` in trainer/ reads hpcyolo_trainer.x."""
-    package = "hpcyolo_trainer" if ROOT / "trainer" in path.parents else "hpcyolo"
+    package = next((".".join((name, *path.parent.relative_to(folder).parts)) for name, folder in PACKAGES.items()
+                    if folder in path.parents), "")
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append((node.lineno, node.module or ""))
         elif isinstance(node, ast.ImportFrom):
-            found.append((node.lineno, node.module or "" if not node.level else f"{package}.{node.module or ''}"))
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            found.append((node.lineno, f"{base}.{node.module}" if node.module else base))
     return found
 
 
@@ -126,6 +130,25 @@ def test_the_trainer_is_the_lower_layer():
               for module, path in modules().items() if module.startswith("hpcyolo_trainer.")
               for line, name in imported_names(path) if name == "hpcyolo" or name.startswith("hpcyolo.")]
     assert not upward, "the trainer imports hpcyolo:\n" + "\n".join(upward)
+
+
+# Each layer imports only the layers below it (a module may import its own layer).
+LAYERS = ("hpcyolo_trainer", "hpcyolo.slurm", "hpcyolo.node", "hpcyolo.login", "hpcyolo.cli", "hpcyolo.entry")
+
+
+def layer_of(module: str) -> int:
+    return max(i for i, layer in enumerate(LAYERS) if module == layer or module.startswith(layer + "."))
+
+
+def test_hpcyolo_layers_import_downwards():
+    """trainer < slurm.py < node/ < login/ < cli/ < entry.py: node/ (what runs on
+    the job's nodes) never reaches for login/ (the login node's files and
+    plan), nor either of them for the command line."""
+    upward = [f"{path.relative_to(ROOT)}:{line}: {module} imports {name}"
+              for module, path in modules().items() for line, name in imported_names(path)
+              if name.startswith(("hpcyolo.", "hpcyolo_trainer")) and name.split(".")[0] in ("hpcyolo", "hpcyolo_trainer")
+              and name not in ("hpcyolo", "hpcyolo.__init__") and layer_of(name) > layer_of(module)]
+    assert not upward, "\n".join(upward)
 
 
 def test_the_direction_check_sees_an_upward_import(tmp_path):

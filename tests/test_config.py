@@ -9,8 +9,9 @@ import sys
 import pytest
 from conftest import COCO8, REPO, write
 
-from hpcyolo.login.config import format_time, load_job, load_site, parse_time
+from hpcyolo.login.config import load_job, load_site
 from hpcyolo.login.plan import make_plan
+from hpcyolo.slurm import format_time, parse_time
 from hpcyolo_trainer.errors import ConfigError
 
 GPU_SITE = """\

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV_BIN
 
-from hpcyolo.login.config import load_job, load_site, parse_time
+from hpcyolo.login.config import load_job, load_site
 from hpcyolo.login.plan import make_plan
 from hpcyolo.login.render import render_sbatch
 from hpcyolo.login.submit import parse_sweeps, point_name, submitit_parameters, sweep_points
+from hpcyolo.slurm import parse_time
 from hpcyolo_trainer.errors import HpcyoloError
 
 SITES = sorted((REPO / "site_configs").glob("*.yaml"))

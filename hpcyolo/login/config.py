@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpcyolo.login.loader import build, spec
+from hpcyolo.slurm import limit_seconds, parse_time
 from hpcyolo_trainer.errors import ConfigError, HpcyoloError, shown
 from hpcyolo_trainer.settings import BY_KEY, SIGNALS, check_non_negative, check_positive, check_signal  # noqa: F401
 from hpcyolo_trainer.yamlfile import read_yaml
@@ -30,7 +31,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(?:=[A-Za-z0-9_.,:+@%=/*&|\[\]()-]+)?")
 _MEMORY = re.compile(r"[0-9]+[KMGT]?")
 PATH_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 
 def check_name(value: str) -> None:
@@ -198,50 +198,11 @@ def check_time(value: str) -> None:
     parse_time(value)
 
 
-def parse_time(value: str) -> int:
-    """Slurm's time formats (man sbatch, --time) to seconds: M, M:S, H:M:S,
-    D-H, D-H:M, D-H:M:S."""
-    m = _TIME.fullmatch(value.strip())
-    if not m:
-        raise ValueError(f"{shown(value)} is not a Slurm time such as 90 (minutes), 04:00:00 or 2-00:00:00")
-    days, a, b, c = m.groups()
-    a, b, c = int(a), int(b or 0), int(c or 0)
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        seconds = int(days) * 86400 + a * 3600 + b * 60 + c
-    elif m.group(4) is not None:  # H:M:S
-        seconds = a * 3600 + b * 60 + c
-    elif m.group(3) is not None:  # M:S
-        seconds = a * 60 + b
-    else:  # M
-        seconds = a * 60
-    if seconds <= 0:
-        raise ValueError(f"{shown(value)} is not a positive time")
-    return seconds
-
-
-# How sinfo and scontrol print a partition without a time limit.
-UNLIMITED = ("infinite", "unlimited")
-
-
 def check_max_time(value: str) -> None:
     try:
         limit_seconds(value)
     except ValueError as e:
         raise ValueError(f"{e}, or INFINITE for a partition without a limit") from None
-
-
-def limit_seconds(value: str | None) -> float:
-    """A time limit in seconds; infinite when there is none (empty, or
-    INFINITE / UNLIMITED as sinfo prints it)."""
-    if not value or value.strip().lower() in UNLIMITED:
-        return float("inf")
-    return parse_time(value)
-
-
-def format_time(seconds: int) -> str:
-    days, rest = divmod(seconds, 86400)
-    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{hms}" if days else hms
 
 
 # -- site config ---------------------------------------------------------

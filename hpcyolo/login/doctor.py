@@ -19,23 +19,16 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpcyolo import slurm
-from hpcyolo.login.config import JobSpec, SiteConfig, limit_seconds
+from hpcyolo.login.config import JobSpec, SiteConfig
+from hpcyolo.node.preflight import Check
+from hpcyolo.slurm import limit_seconds
 from hpcyolo_trainer.errors import HpcyoloError, shown
 from hpcyolo_trainer.preemption import EXIT_CODE
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # PASS | WARN | FAIL | SKIP (only FAIL fails the doctor)
-    detail: str
-    fix: str = ""
 
 
 def _run(argv: list[str]) -> tuple[int, str]:

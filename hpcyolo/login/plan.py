@@ -12,9 +12,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig, format_time, limit_seconds, parse_time
+from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig
 from hpcyolo.login.shell import Expand, Raw, Var
 from hpcyolo.node.distenv import PORT_BASE, PORT_SPAN
+from hpcyolo.slurm import format_time, limit_seconds, parse_time
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.preemption import EXIT_CODE as PREEMPT_EXIT_CODE

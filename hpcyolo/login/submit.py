@@ -29,13 +29,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcyolo.login.config import parse_time
 from hpcyolo.login.plan import JobPlan
 from hpcyolo.login.runcheck import check_job
 from hpcyolo.login.runcheck import expand as _expand
 from hpcyolo.login.runcheck import warn_job
 from hpcyolo.login.shell import Raw, Var
 from hpcyolo.node.slurm_stop import SIGTERM_ENV
+from hpcyolo.slurm import parse_time
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV
 from hpcyolo_trainer.rundir import checkpointed, preempt_marker, record_job, record_start, start_line

@@ -38,7 +38,7 @@ def resolve_master(addr: str, interface: str | None, *, hostname: str | None = N
     if addr not in (host, host.split(".")[0]):
         return addr
     interface = interface.split(",")[0].strip().lstrip("=")
-    ip, network = _interface_ipv4(_match_interface(interface, host))
+    ip, network = interface_ipv4(_match_interface(interface, host))
     if any(a in network for a in _ipv4_addresses(addr)):
         return addr  # e.g. the testbed: node1 is 127.0.0.11, on lo
     return ip
@@ -57,7 +57,7 @@ def _match_interface(name: str, host: str) -> str:
     return match
 
 
-def _interface_ipv4(name: str) -> tuple[str, ipaddress.IPv4Network]:
+def interface_ipv4(name: str) -> tuple[str, ipaddress.IPv4Network]:
     """The IPv4 address and network of an interface (Linux: netdevice(7) ioctls)."""
     import fcntl
 

@@ -13,28 +13,25 @@ srun ends the step and the job fails before it spends its allocation.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import socket
-import struct
 import time
+from dataclasses import dataclass
 
-from hpcyolo.login.doctor import Check
 from hpcyolo.node.distenv import from_environ
+from hpcyolo.node.netif import interface_ipv4
+from hpcyolo_trainer.errors import HpcyoloError
 
-SIOCGIFADDR = 0x8915
 CONNECT_TIMEOUT = 60.0
 
 
-def interface_address(name: str) -> str | None:
-    """The interface's IPv4 address, None if it has none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
+@dataclass
+class Check:
+    name: str
+    status: str  # PASS | WARN | FAIL | SKIP (only FAIL fails the doctor)
+    detail: str
+    fix: str = ""
 
 
 def check_interface(name: str | None, host: str) -> Check:
@@ -43,8 +40,9 @@ def check_interface(name: str | None, host: str) -> Check:
     if name not in [n for _, n in socket.if_nameindex()]:
         return Check("interface", "FAIL", f"{name} does not exist on {host}",
                      f"run `ip -br addr` on {host} and set network.interface to the fast one")
-    address = interface_address(name)
-    if address is None:
+    try:
+        address, _ = interface_ipv4(name)
+    except HpcyoloError:
         return Check("interface", "FAIL", f"{name} has no IPv4 address on {host}",
                      "choose an interface that is up and configured (network.interface)")
     return Check("interface", "PASS", f"{name} {address} on {host}")

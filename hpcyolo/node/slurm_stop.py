@@ -66,7 +66,7 @@ def slurm_stop_reason(info: dict[str, str], restarts: int) -> Decision:
 
 
 def _past_limit(info: dict[str, str]) -> bool:
-    from hpcyolo.login.config import parse_time
+    from hpcyolo.slurm import parse_time
 
     try:
         return parse_time(info.get("RunTime", "")) >= parse_time(info.get("TimeLimit", ""))
