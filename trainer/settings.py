@@ -244,10 +244,6 @@ SAME_RUN: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.same_run)
 RUN_LEVEL = ("run_dir", "data", "signal", "dist_timeout")
 
 
-def defaults() -> dict[str, Any]:
-    return {s.name: s.default for s in SETTINGS if s.default is not REQUIRED}
-
-
 def batch_problem(batch: int, world: int) -> str | None:
     """Why a global batch does not split over `world` ranks, in the words the
     job spec's train.batch and `hpcyolo train --batch` both use; None if it does."""
@@ -266,14 +262,6 @@ def check_train(options: dict[str, Any], world: int) -> None:
     problem = batch_problem(options.get("batch", BY_NAME["batch"].default), world)
     if problem:
         raise OptionError(f"--batch: {problem}")
-
-
-def job_field(name: str) -> Any:
-    """The schema field (hpcyolo.login.config's `spec`) of setting `name`, built by
-    `make_field(default, doc=..., check=...)`: how a section of the job spec
-    or site config takes a trainer setting from this table."""
-    s = BY_NAME[name]
-    return s.default, s.doc, s.check
 
 
 def _train_config_methods() -> dict:
