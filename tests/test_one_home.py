@@ -75,19 +75,17 @@ def test_rundir_names_them():
         assert any(repr(name) in f for f in names) or name in OWNER.read_text(), name
 
 
-def test_the_script_says_the_refusal_and_records_starts_in_rundir_words(tmp_path):
-    from hpcyolo.login.plan import JobPlan
-
+def test_the_script_leaves_the_refusal_and_the_records_to_the_job_steps(tmp_path):
     script = (templates_dir() / "sbatch.sh.j2").read_text()
-    for word in (*NAMES, "job $SLURM_JOB_ID restart"):
+    for word in (*NAMES, "job $SLURM_JOB_ID restart", "already holds", "failed first", "requeueing"):
         assert word not in script, word
-    fields = {f.name: f.default for f in JobPlan.__dataclass_fields__.values()}
-    assert rundir.already_holds("$RUN_DIR") in fields["already_holds"]
-    assert fields["start_line"] == f'"{rundir.SHELL_START}"'
+    assert "plan.begin_argv" in script and "plan.end_argv" in script  # hpcyolo job begin / end
     rundir.record_start(tmp_path, rundir.start_line("42", "1", "node1", via="submitit"))
     rundir.record_start(tmp_path, rundir.local_start_line("laptop"))
-    assert rundir.starts(tmp_path) == [rundir.Start("42", "1", "node1", None)]
-    assert rundir.start_count(tmp_path) == 2
+    rundir.record_start(tmp_path, rundir.start_line("43", "0", "node2", log="/logs/a b.out"))
+    assert rundir.starts(tmp_path) == [rundir.Start("42", "1", "node1", None),
+                                       rundir.Start("43", "0", "node2", "/logs/a b.out")]
+    assert rundir.start_count(tmp_path) == 3
 
 
 # -- the plan is the templates' only input -------------------------------------

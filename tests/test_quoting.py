@@ -25,6 +25,8 @@ with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
 if sys.argv[1:3] == ["show", "hostnames"]:
     print("node1\\nnode2")
+if "begin" in sys.argv and "--run-dir" in sys.argv:  # `hpcyolo job begin` makes the run directory
+    os.makedirs(sys.argv[sys.argv.index("--run-dir") + 1], exist_ok=True)
 """
 
 
@@ -94,7 +96,9 @@ def test_hostile_values_are_passed_literally_and_never_run(tmp_path, hostile_fil
     assert train[train.index("--run-dir") + 1] == f"{runs}/run1"
     assert train[train.index("--data") + 1] == f"{stage_dir}/data.yaml"
     assert train[train.index("--") + 1:] == ["python3", evil, f"--flag={evil}"]
-    assert (runs / "run1" / "hpcyolo-run").is_file()  # the literal directory was made
+    begin = next(c for c in calls if c[0] == "apptainer" and "begin" in c)
+    assert begin[begin.index("--run-dir") + 1] == f"{runs}/run1"
+    assert (runs / "run1" / "sbatch-4242.sh").is_file()  # the script's copy, in the literal directory
 
 
 def test_environment_values_arrive_verbatim(tmp_path, hostile_files):

@@ -87,7 +87,7 @@ def test_torchrun_launcher(tmp_path):
 
 def test_requeue_block_uses_site_limits(tmp_path):
     script = render(REPO / "site_configs" / "testbed.yaml", job_file(tmp_path), preemption={"max_requeues": 5})
-    assert 'if [ "$status" -eq 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then' in script and '-lt 5 ]; then' in script
+    assert 'hpcyolo job end --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 5' in script
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
 
 

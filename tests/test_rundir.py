@@ -18,6 +18,7 @@ from conftest import REPO
 from hpcyolo.login.config import load_job
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
+from hpcyolo_trainer import rundir
 from hpcyolo_trainer.settings import SETTINGS, TrainConfig
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
@@ -32,6 +33,13 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def train(run: Path, data: Path, *args: str):
     return subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(data), *TINY, *args],
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def begin(run: Path, *args: str):
+    """`hpcyolo job begin` at a job's first start."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run([HPCYOLO, "job", "begin", "--run-dir", str(run), *args], capture_output=True, text=True,
+                          env=env)
 
 
 def assert_refused(r, run: Path, before: dict[str, bytes], *names: str) -> None:
@@ -75,13 +83,20 @@ def test_train_refuses_another_run_and_resumes_the_same(tmp_path, datasets):
     other_seed = train(run, a, "--epochs", "1", "--seed", "1", "--imgsz", "96")
     assert_refused(other_seed, run, before, "seed (0 -> 1)", "imgsz (64 -> 96)")
 
-    # What a job's batch script asks before it records a start: the same rule,
-    # said in the job spec's keys, and nothing written either way.
-    check = train(run, a, "--epochs", "1", "--seed", "1", "--check-run")
+    # A job's first step (`hpcyolo job begin`, which the batch script runs
+    # with the training options after --): the same rule, said in the job
+    # spec's keys, and nothing written when refused; else the start recorded.
+    check = begin(run, "--resume", "--", "--run-dir", str(run), "--data", str(a), *TINY, "--epochs", "1", "--seed", "1")
     assert_refused(check, run, before, "train.seed (0 -> 1)", "(run.name, or another job name)")
-    assert train(run, a, "--epochs", "5", "--check-run").returncode == 0 and snapshot(run) == before
-    assert train(tmp_path / "runs" / "new", a, "--check-run").returncode == 0
-    assert not (tmp_path / "runs" / "new").exists()
+    unasked = begin(run)
+    assert unasked.returncode == 1 and "already holds a run; set run.resume: true" in unasked.stderr, unasked.stderr
+    assert snapshot(run) == before
+    same = begin(run, "--resume", "--", "--run-dir", str(run), "--data", str(a), *TINY, "--epochs", "5")
+    assert same.returncode == 0, same.stderr
+    assert {k for k, v in snapshot(run).items() if before.get(k) != v} == {rundir.RECORD}
+    assert [(s.job, s.restart) for s in rundir.starts(run)][-1] == ("local", "0")
+    assert begin(tmp_path / "runs" / "new").returncode == 0 and rundir.starts(tmp_path / "runs" / "new")
+    before = snapshot(run)
 
     # The same run, asked for more epochs from another folder (a relative --data): it resumes.
     same = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", os.path.relpath(a, tmp_path),

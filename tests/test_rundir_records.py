@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 from hpcyolo.login import runcheck
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.preemption import EXIT_CODE
-
-
-def test_the_batch_scripts_start_line_reads_back(tmp_path):
-    # the shell form, run by bash, is what starts() reads
-    env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2", "MASTER_ADDR": "node9", "LOG_FILE": "/l/my log.out",
-           "PATH": os.environ["PATH"]}
-    line = subprocess.run(["bash", "-c", f'echo "{rundir.SHELL_START}"'], env=env, capture_output=True,
-                          text=True, check=True).stdout
-    (tmp_path / rundir.RECORD).write_text(line)
-    assert rundir.starts(tmp_path) == [rundir.Start("77", "2", "node9", "/l/my log.out")]
 
 
 def test_the_job_journal_reads_back(tmp_path):

@@ -59,7 +59,8 @@ def test_submit_trains_is_requeued_by_submitit_and_resumes_exactly(uninterrupted
     info = slurm.wait(int(job_id), timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
     log = log0.read_text()
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
-    assert "stopping for preemption (SIGUSR2) at epoch 2, batch 3" in log and "requeueing through submitit" in log
+    assert "stopping for preemption (SIGUSR2) at epoch 2, batch 3" in log and \
+        f"requeueing job {job_id} (1 of 3) through submitit" in log
     assert "Requeued job" in log and f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
     assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
     assert_identical(uninterrupted[0] / "runs" / "train-a", run)

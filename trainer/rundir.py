@@ -69,6 +69,18 @@ def holds_run(run_dir: Path) -> bool:
     return any((run_dir / name).exists() for name in (RECORD, JOBS, CONFIG))
 
 
+def started_before(run_dir: Path, job: str, restart: str) -> bool:
+    """Whether a run was started in `run_dir` before this start of `job`:
+    its settings written, or a start recorded by another job or start (a
+    task of this start may find its own rank 0's line already there)."""
+    if (run_dir / CONFIG).exists():
+        return True
+    record = run_dir / RECORD
+    lines = record.read_text(errors="replace").splitlines() if record.exists() else []
+    own = start_line(job, restart, "")
+    return any(line.strip() and not line.startswith(own) for line in lines)
+
+
 def read_settings(run_dir: Path) -> dict | None:
     """The run's config.yaml, None when there is none."""
     import yaml
@@ -129,6 +141,29 @@ def check_continues(run_dir: Path, request: dict, saved: dict | None = None, for
         raise HpcyoloError(why)
 
 
+def job_verdict(run_dir: Path, holds: bool, request: dict | None, resume: bool,
+                resume_how: str = RESUME_HOW) -> tuple[bool, str] | None:
+    """What a job would do with the run in `run_dir`: None when there is
+    none; else (whether it goes ahead, one line saying what and why). A job
+    continues a run only when it asks to (`resume`) and only the same run
+    (`request`: the settings its training command would record; None for a
+    custom entrypoint, whose run directory is its own). `holds`: whether
+    there is a run, asked before a job is submitted (holds_run) and again at
+    its start (started_before)."""
+    if not holds:
+        return None
+    try:
+        saved = read_settings(run_dir) if request is not None else None
+    except HpcyoloError as e:  # an unreadable config.yaml: refused, and said so beforehand
+        return False, str(e)
+    why = refusal(run_dir, saved, request, JOB_NEW_RUN, job_keys=True) if saved is not None else None
+    if why:
+        return False, why
+    if not resume:
+        return False, already_holds(run_dir, resume_how)
+    return True, f"{run_dir} holds a run{' of ' + describe(saved) if saved else ''}: the job continues it"
+
+
 def already_holds(run_dir: Path | str, resume_how: str = RESUME_HOW) -> str:
     """The never-overwrite rule's refusal of a request that does not ask to
     continue the run (the batch script says it too, with "$RUN_DIR")."""
@@ -154,20 +189,14 @@ class Start:
     log: str | None  # the job's output file, as the batch script saw it
 
 
-def start_line(job: str, restart: str, host: str, via: str = "") -> str:
-    """The record of a job's start (the batch script adds its log's path)."""
-    return f"job {job} restart {restart} on {host}" + (f"{_VIA}{via}" if via else "")
+def start_line(job: str, restart: str, host: str, via: str = "", log: str | None = None) -> str:
+    """The record of a job's start (a batch script's with its log's path)."""
+    return f"job {job} restart {restart} on {host}" + (f"{_VIA}{via}" if via else "") + (f"{_LOG}{log}" if log else "")
 
 
 def local_start_line(host: str) -> str:
     """The record of `hpcyolo run`'s start: no job, no requeue."""
     return f"local run on {host}"
-
-
-# What the batch script appends to RECORD: its job, its restart, the master
-# host, and the log file's path when scontrol told it (shell words, in "").
-SHELL_START = start_line("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}", "$MASTER_ADDR") + \
-    "${LOG_FILE:+" + _LOG + "$LOG_FILE}"
 
 
 def record_start(run_dir: Path, line: str) -> None:
@@ -260,15 +289,11 @@ def preempt_markers(run: Path) -> list[Path]:
     return sorted(run.glob(f"{PREEMPTED}*"))
 
 
-# The batch script's marker: this job, this start (shell words, in "").
-SHELL_PREEMPT_MARKER = preempt_marker("$RUN_DIR", "$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")
-
-
 def checkpointed(code: int, marker: str | None = None) -> bool:
     """Whether a training step that ended with `code` stopped after a
     checkpoint to be continued (requeue the job, or resume the run), rather
     than ending in a way to pass on. The marker counts too: with srun
     --kill-on-bad-exit, the first rank to exit EXIT_CODE gets the others
-    killed, and srun may then report their signal instead. The batch script
-    decides the same in shell (templates/sbatch.sh.j2)."""
+    killed, and srun may then report their signal instead. Asked by the
+    job's last step (hpcyolo.node.job.end), on every path of a job."""
     return code == EXIT_CODE or (marker is not None and os.path.exists(marker))

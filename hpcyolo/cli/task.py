@@ -97,10 +97,7 @@ def _with_setting_options(fn):
 @main.command(short_help="Train the detector (one process per GPU).")
 @_with_run_options
 @_with_setting_options
-@click.option("--check-run", is_flag=True, help="Only check that --run-dir may take this run (it holds none, or "
-              "one with the same settings), writing nothing: the batch script of a job with run.resume: true asks "
-              "before it records a start.")
-def train(run_dir: str, data: str, signal: str, check_run: bool, **options) -> None:
+def train(run_dir: str, data: str, signal: str, **options) -> None:
     """Train the built-in detector: run once per GPU (the sbatch script does this).
 
     Reads the rank layout from Slurm or torchrun, resumes from the newest valid
@@ -111,14 +108,6 @@ def train(run_dir: str, data: str, signal: str, check_run: bool, **options) -> N
     Example:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
-    if check_run:
-        import pathlib
-
-        from hpcyolo_trainer import rundir
-
-        config = train_config(run_dir, data, signal, **options).to_dict()
-        rundir.check_continues(pathlib.Path(run_dir), rundir.settings(config), for_job=True)
-        return
     from hpcyolo.node.slurm_stop import sigterm_decision
     from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE, StopFlag
 
@@ -144,7 +133,7 @@ def train(run_dir: str, data: str, signal: str, check_run: bool, **options) -> N
     sys.exit(code)
 
 
-def train_config(run_dir: str, data: str, signal: str, check_run: bool = False, **options):
+def train_config(run_dir: str, data: str, signal: str, **options):
     """The trainer's config of a `hpcyolo train` command line (no torch)."""
     from hpcyolo_trainer.settings import TrainConfig
 
@@ -176,3 +165,86 @@ def exec_(run_dir: str, data: str, signal: str, dist_timeout: int, command: tupl
         raise HpcyoloError(f"command not found: {command[0]}") from None
     except PermissionError:
         raise HpcyoloError(f"not executable: {command[0]}") from None
+
+
+# == around the training command: the job's first and last steps ==============
+
+@main.group(short_help="A job's first and last step (the batch script runs them).")
+def job() -> None:
+    """A job's first and last step around its training command, as the
+    sbatch script runs them in its batch shell (a submitit task and
+    `hpcyolo run` take the same steps in Python: hpcyolo.node.job).
+
+    \b
+    Examples:
+        hpcyolo job begin --run-dir "$RUN_DIR" --log "$LOG_FILE"
+        hpcyolo job end --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3
+    """
+
+
+@job.command(name="begin", context_settings={"ignore_unknown_options": True})
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="The run directory.")
+@click.option("--via", type=click.Choice(["sbatch", "submitit", "local"]), default="sbatch", show_default=True,
+              help="What started the job (recorded with the start).")
+@click.option("--resume", is_flag=True, help="The job asks to continue the run in --run-dir (run.resume: true).")
+@click.option("--log", default=None, help="The job's output file, recorded for `hpcyolo logs`.")
+@click.argument("train_options", nargs=-1, type=click.UNPROCESSED)
+def job_begin(run_dir: str, via: str, resume: bool, log: str | None, train_options: tuple[str, ...]) -> None:
+    """Refuse a run directory this job may not use; else record the start.
+
+    At the job's first start (SLURM_RESTART_COUNT 0), a run directory that
+    holds a run started before is refused, exit 2 and nothing written,
+    unless --resume asks to continue it and TRAIN_OPTIONS (the job's `hpcyolo
+    train` options, after --) make the same run. A requeue continues its own
+    run. Then --run-dir is made and the start recorded in it.
+
+    \b
+    Example:
+        hpcyolo job begin --run-dir "$RUN_DIR" --resume -- --run-dir "$RUN_DIR" --data "$DATA" --epochs 30
+    """
+    from pathlib import Path
+
+    from hpcyolo.node.job import begin
+
+    request = None
+    if train_options:
+        from hpcyolo_trainer import rundir
+
+        params = train.make_context("hpcyolo train", list(train_options)).params
+        request = rundir.settings(train_config(**params).to_dict())
+    begin(Path(run_dir), via=via, resume=resume, request=request, log=log or None)
+
+
+@job.command(name="end")
+@click.option("--status", type=int, required=True, help="The training step's exit code.")
+@click.option("--marker", default=None, help="The preemption marker the trainer leaves after its checkpoint.")
+@click.option("--max-requeues", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Requeues after a checkpoint before the job stops asking.")
+@click.option("--srun-errors", type=click.Path(dir_okay=False), default=None,
+              help="srun's stderr of the training step: names the task that failed first.")
+@click.option("--torchrun", is_flag=True, help="srun's tasks are torchruns (one per node), not ranks.")
+def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str | None, torchrun: bool) -> None:
+    """Say what the training step's exit means; print `requeue` or the job's exit code.
+
+    A checkpoint (exit 75, or the marker) with requeues left prints
+    `requeue`: the script then requeues the job and keeps the node-local
+    scratch for it. Anything else prints the code the job ends with, after
+    one line on stderr saying why (the rank that failed first, where srun's
+    errors name it).
+    """
+    import os
+
+    from hpcyolo.node.job import end, failed_first, job_id, restarts
+
+    errors = ""
+    if srun_errors:
+        try:
+            with open(srun_errors, errors="replace") as f:
+                errors = f.read()
+        except OSError:
+            pass
+    ending = end(status, marker, job=job_id(os.environ), restart=restarts(os.environ), max_requeues=max_requeues,
+                 failed_first=failed_first(errors, torchrun))
+    if ending.message:
+        print(f"hpcyolo: {ending.message}", file=sys.stderr, flush=True)
+    print("requeue" if ending.requeue else ending.code)

@@ -104,12 +104,7 @@ RESERVED_ENV: dict[str, str] = {
     "srun_errors": "a variable of the script",
     "status": "a variable of the script",
     "terminated": "a variable of the script",
-    "restarts": "a variable of the script",
-    "reason": "a variable of the script",
-    "failed": "a variable of the script",
-    "task": "a variable of the script",
-    "node": "a variable of the script",
-    "how": "a variable of the script",
+    "ending": "a variable of the script",
 }
 
 

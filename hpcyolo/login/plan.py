@@ -15,11 +15,10 @@ from pathlib import Path
 from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig
 from hpcyolo.login.shell import Expand, Raw, Var
 from hpcyolo.node.distenv import PORT_BASE, PORT_SPAN
+from hpcyolo.node.job import STAGED, staged_yaml, task_env
 from hpcyolo.slurm import format_time, limit_seconds, parse_time
-from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
-from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE
 from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
 
 # torchrun's agent turns only these into a clean shutdown of its workers
@@ -77,28 +76,47 @@ class JobPlan:
     preempt_exit_code: int = PREEMPT_EXIT_CODE
     port_base: int = PORT_BASE  # MASTER_PORT = port_base + SLURM_JOB_ID % port_span (distenv.default_port)
     port_span: int = PORT_SPAN
-    peer_lost_exit_code: int = PEER_LOST_EXIT_CODE
-    # The run directory's files and words, from hpcyolo_trainer.rundir (shell forms).
-    record: Var = Var("RUN_DIR", f"/{rundir.RECORD}")  # the start record
-    start_line: Raw = Raw(f'"{rundir.SHELL_START}"')  # a line of it
-    preempt_marker: Raw = Raw(f'"{rundir.SHELL_PREEMPT_MARKER}"')  # the trainer's "checkpointed" file
-    already_holds: Raw = Raw(f'"hpcyolo: {rundir.already_holds("$RUN_DIR")}"')  # the never-overwrite refusal
+    # The steps around training (hpcyolo.node.job), in the batch shell's words.
+    staged_yaml: Raw = Raw(f'"{staged_yaml("$SCRATCH_DIR")}"')  # the staged copy's data YAML
 
     @property
-    def check_run_argv(self) -> tuple[str, ...] | None:
-        """The training command with --check-run: the batch script asks it,
-        before recording a start, whether RUN_DIR may take this run (None for
-        a custom entrypoint, whose run directory is its own). Where the
-        cache lives is left out: it may differ between starts, and the
-        script names SCRATCH_DIR only later."""
-        if self.job.entrypoint:
-            return None
-        words = list(self.train_argv)
-        words = words[words.index("hpcyolo"):]  # after torchrun's words, if any
-        if "--cache-dir" in words:
-            i = words.index("--cache-dir")
-            del words[i:i + 2]
-        return (*self.step_prefix, *words, "--check-run")
+    def task_env(self) -> tuple[tuple[str, Raw], ...]:
+        """What the training command reads besides its options (hpcyolo.node.job.task_env), as shell words."""
+        env = task_env("$RUN_DIR", "$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}",
+                       "$SCRATCH_DIR" if self.uses_scratch else None, self.sigterm)
+        return tuple((name, Raw(f'"{value}"')) for name, value in env.items())
+
+    def step_env(self, run_dir: str, job: str, restart: str, scratch: str) -> dict[str, str]:
+        """The variables the script exports for its steps, with values: what a
+        submitit task and `hpcyolo run` set (the site's environment.env and
+        modules belong to the cluster: the script's own)."""
+        env = {name: os.path.expandvars(str(value)) for name, value in self.network_env}
+        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.omp_threads))
+        env.update(task_env(run_dir, job, restart, scratch if self.uses_scratch else None, self.sigterm))
+        return env
+
+    @property
+    def begin_argv(self) -> tuple[str, ...]:
+        """`hpcyolo job begin`: refuse a run directory the job may not use, else
+        record the start. With run.resume the training options come along:
+        only the same run may be continued (a custom entrypoint's run
+        directory is its own)."""
+        words = [*self.step_prefix, "hpcyolo", "job", "begin", "--run-dir", Var("RUN_DIR"),
+                 "--log", Raw('"$LOG_FILE"')]
+        if self.resume:
+            words.append("--resume")
+            if not self.job.entrypoint:
+                train = list(self.train_argv)
+                words += ["--", *train[train.index("train") + 1:]]
+        return tuple(words)
+
+    @property
+    def end_argv(self) -> tuple[str, ...]:
+        """`hpcyolo job end`: what the training step's exit status means."""
+        words = [*self.step_prefix, "hpcyolo", "job", "end", "--status", Raw('"$status"'),
+                 "--marker", Raw('"$HPCYOLO_PREEMPT_MARKER"'), "--max-requeues", str(self.max_requeues),
+                 "--srun-errors", Raw('"$srun_errors"')]
+        return tuple(words + (["--torchrun"] if self.launcher == "torchrun" else []))
 
     @property
     def batch_per_rank(self) -> int:
@@ -174,7 +192,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         stage_srun=_stage_srun(site, job.resources.nodes, tasks, cpus_per_task),
         train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus, total),
         step_prefix=_step_prefix(site, gpus),
-        stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", "/data")),
+        stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", f"/{STAGED}")),
         unstage_argv=("hpcyolo", "stage", "--remove", Var("SCRATCH_DIR")),
         preflight_argv=_preflight_argv(site, job),
         train_settings=tuple(train.items()),

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from hpcyolo.login.shell import Var
+from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.rundir import (JOB_NEW_RUN, RESUME_HOW, already_holds, describe, holds_run, read_settings, refusal,
-                                    settings)
+from hpcyolo_trainer.rundir import RESUME_HOW, settings
 from hpcyolo_trainer.settings import TrainConfig
 
 LOCAL_RESUME_HOW = "add --resume (or set run.resume: true)"  # and `hpcyolo run`
@@ -31,21 +31,8 @@ def planned_settings(plan, run_dir: Path) -> dict | None:
 
 
 def job_verdict(plan, run_dir: Path, resume: bool, resume_how: str) -> tuple[bool, str] | None:
-    """What a job of `plan` would do with the run in `run_dir`: None when
-    there is none; else (whether it goes ahead, one line saying what and why)."""
-    if not holds_run(run_dir):
-        return None
-    request = planned_settings(plan, run_dir)
-    try:
-        saved = read_settings(run_dir) if request is not None else None
-    except HpcyoloError as e:  # an unreadable config.yaml: refused, and said so beforehand
-        return False, str(e)
-    why = refusal(run_dir, saved, request, JOB_NEW_RUN, job_keys=True) if saved is not None else None
-    if why:
-        return False, why
-    if not resume:
-        return False, already_holds(run_dir, resume_how)
-    return True, f"{run_dir} holds a run{' of ' + describe(saved) if saved else ''}: the job continues it"
+    """What a job of `plan` would do with the run in `run_dir` (hpcyolo_trainer.rundir.job_verdict)."""
+    return rundir.job_verdict(run_dir, rundir.holds_run(run_dir), planned_settings(plan, run_dir), resume, resume_how)
 
 
 def check_job(plan, run_dir: Path, resume: bool, resume_how: str = RESUME_HOW) -> None:

@@ -4,17 +4,17 @@ sweeps as one job array.
 The submitit parameters come from the plan's resource table (plan.sbatch, the
 same one the rendered script's #SBATCH lines come from): one mapping below
 turns each generic name into submitit's. Each task runs `TrainTask`, which
-does what the batch script does around the training step: the run-directory
-record, the site's network variables, staging into node-local scratch (every
-task asks; the node's first one copies, the others wait on its lock), then the
-very `hpcyolo train` (or `hpcyolo exec`) command line as a child process, so
-the environment mapping, the trainer and its preemption protocol are the same
-code. The site's signal reaches the child directly (Slurm signals the task's
-process group); the child checkpoints at the next step and exits 75, and then
-rank 0 hands over to submitit's own checkpoint path: `checkpoint()` returns
-this same task, submitit pickles it and requeues the job, and the task,
-started again, resumes from the newest valid checkpoint in the same run
-directory.
+takes the job's steps as the batch script does (hpcyolo.node.job: the run
+directory, the variables, preflight, staging into node-local scratch, where
+every task asks and the node's first one copies, the training command, the
+ending), running the very `hpcyolo train` (or `hpcyolo exec`) command line
+as a child process, so the environment mapping, the trainer and its
+preemption protocol are the same code. The site's signal reaches the child
+directly (Slurm signals the task's process group); the child checkpoints at
+the next step and exits 75, and then rank 0 hands over to submitit's own
+checkpoint path: `checkpoint()` returns this same task, submitit pickles it
+and requeues the job, and the task, started again, resumes from the newest
+valid checkpoint in the same run directory.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from pathlib import Path
 from hpcyolo.login.plan import JobPlan
 from hpcyolo.login.runcheck import check_job
 from hpcyolo.login.runcheck import expand as _expand
-from hpcyolo.login.runcheck import warn_job
+from hpcyolo.login.runcheck import planned_settings, warn_job
 from hpcyolo.login.shell import Raw, Var
-from hpcyolo.node.slurm_stop import SIGTERM_ENV
+from hpcyolo.node.job import begin, end, job_id, restarts, staged_data
 from hpcyolo.slurm import parse_time
 from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, SCRATCH_ENV
-from hpcyolo_trainer.rundir import checkpointed, preempt_marker, record_job, record_start, start_line
+from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV
+from hpcyolo_trainer.rundir import record_job
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
 SUBMITIT_PARAMETERS = {
@@ -106,56 +106,55 @@ class TrainTask:
     signal_name: str
 
     def __call__(self) -> int:
+        """The job's steps (hpcyolo.node.job), as every task of a submitit job takes them."""
         env = os.environ
-        rank = int(env.get("SLURM_PROCID", "0"))
-        run = Path(self.run_dir)
-        job = _job_id(env)
-        restart = env.get("SLURM_RESTART_COUNT", "0")
-        if rank == 0:
-            run.mkdir(parents=True, exist_ok=True)
-            record_start(run, start_line(job, restart, os.uname().nodename, via="submitit"))
-        for name, value in self.plan.network_env:
-            env[name] = os.path.expandvars(str(value))
-        env["PYTHONUNBUFFERED"] = "1"
-        env["OMP_NUM_THREADS"] = str(self.plan.omp_threads)
-        marker = preempt_marker(self.run_dir, job, restart)
-        env[MARKER_ENV] = marker
-        if self.plan.uses_scratch:  # the trainer removes it when the job is cancelled or timed out
-            env[SCRATCH_ENV] = self.scratch_dir
-        if self.plan.sigterm == "stop":
-            env[SIGTERM_ENV] = "stop"
-        data = self.plan.data
-        if self.plan.stage:
+        rank, first_on_node = int(env.get("SLURM_PROCID", "0")), env.get("SLURM_LOCALID", "0") == "0"
+        job, restart = job_id(env), restarts(env)
+        plan, run = self.plan, Path(self.run_dir)
+        # 1. begin: every task checks the run directory, rank 0 records the start.
+        begin(run, via="submitit", resume=plan.resume, request=planned_settings(plan, run), record=rank == 0)
+        # 2. the variables the batch script exports
+        env.update(plan.step_env(self.run_dir, job, str(restart), self.scratch_dir))
+        values = {"RUN_DIR": self.run_dir, "DATA": plan.data, "SCRATCH_DIR": self.scratch_dir}
+        # 3. preflight, on every task
+        if plan.preflight and subprocess.call(self._argv(plan.preflight_argv, values)) != 0:
+            raise HpcyoloError(f"preflight failed on rank {rank} ({os.uname().nodename})")
+        # 4. stage: every task asks; the node's first copies, the others wait on its lock.
+        if plan.stage:
             from hpcyolo.node.stage import stage
 
-            data = str(stage(data, Path(self.scratch_dir) / "data"))
-        values = {"RUN_DIR": self.run_dir, "DATA": data, "SCRATCH_DIR": self.scratch_dir}
-        argv = [_word(w, values) for w in self.plan.train_argv]
-        if argv[0] == "hpcyolo" and not self.plan.step_prefix:  # this very installation
-            argv[0] = str(Path(sys.executable).parent / "hpcyolo")
-        argv = [_word(w, values) for w in self.plan.step_prefix] + argv  # apptainer exec ... IMAGE
-        # submitit's handler for the signal would requeue at once, before the
-        # trainer's checkpoint: hold it until the child has stopped.
+            values["DATA"] = str(stage(plan.data, staged_data(self.scratch_dir)))
+        # 5. train. submitit's handler for the signal would requeue at once,
+        # before the trainer's checkpoint: hold it until the child has stopped.
         sig = getattr(signal, f"SIG{self.signal_name}")
         submitit_handler = signal.getsignal(sig)
         caught: list[int] = []
         for s in {sig, signal.SIGTERM}:
             signal.signal(s, lambda signum, frame: caught.append(signum))
-        code = subprocess.call(argv)
-        if checkpointed(code, marker):
+        code = subprocess.call(self._argv(plan.train_argv, values))
+        # 6. end: submitit requeues (rank 0 hands over to its checkpoint path);
+        # on every other ending the node's first task removes its scratch.
+        ending = end(code, env[MARKER_ENV], job=job, restart=restart, max_requeues=plan.max_requeues)
+        if ending.requeue:
             if rank == 0 and callable(submitit_handler):
-                reason = Path(marker).read_text().strip() if os.path.exists(marker) else f"exit {EXIT_CODE}"
-                print(f"hpcyolo: checkpointed ({reason}); requeueing through submitit", file=sys.stderr, flush=True)
+                print(f"hpcyolo: {ending.message} through submitit", file=sys.stderr, flush=True)
                 submitit_handler(sig, None)  # checkpoint() below, requeue, exit
             return EXIT_CODE
-        # Every ending but a requeue: the node's first task removes its scratch.
-        if env.get("SLURM_LOCALID", "0") == "0" and self.plan.uses_scratch:
+        if first_on_node and plan.uses_scratch:
             from hpcyolo_trainer.staged import remove
 
             remove(self.scratch_dir)
-        if code != 0:
-            raise HpcyoloError(f"training exited {code} on rank {rank} ({os.uname().nodename})")
+        if ending.code != 0:
+            raise HpcyoloError(f"{ending.message} (rank {rank}, {os.uname().nodename})")
         return 0
+
+    def _argv(self, words: tuple, values: dict[str, str]) -> list[str]:
+        """A step's command line: the plan's words with the script's variables
+        resolved, after the container's words; `hpcyolo` is this very installation."""
+        argv = [_word(w, values) for w in words]
+        if argv[0] == "hpcyolo" and not self.plan.step_prefix:
+            argv[0] = str(Path(sys.executable).parent / "hpcyolo")
+        return [_word(w, values) for w in self.plan.step_prefix] + argv
 
     def checkpoint(self, *args, **kwargs):
         """submitit's checkpoint path: run this same task again; the trainer
@@ -171,12 +170,6 @@ def _word(word: object, values: dict[str, str]) -> str:
     if isinstance(word, Raw):
         raise HpcyoloError("the torchrun launcher is not supported through submitit; use --via sbatch")
     return os.path.expandvars(str(word))
-
-
-def _job_id(env) -> str:
-    if env.get("SLURM_ARRAY_JOB_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '0')}"
-    return env.get("SLURM_JOB_ID", "local")
 
 
 # == sweeps ==================================================================
@@ -360,9 +353,7 @@ def submit_local(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
     executor = submitit.LocalExecutor(folder=str(folder))
     executor.update_parameters(timeout_min=math.ceil(parse_time(plan.job.resources.time) / 60))
     with _detached_stdio():
-        # Checked just above: the job's own start continues its run (as a
-        # requeue does), though its record in RUN/hpcyolo-jobs is there by then.
-        job = executor.submit(run_local, plan, True)
+        job = executor.submit(run_local, plan)
     record_job(run_dir, {"job": str(job.job_id), "via": "local", "name": plan.run_name,
                      "logs": str(folder / f"{job.job_id}_0_log.out")})
     return [(str(job.job_id), run_dir)]

@@ -32,23 +32,22 @@ export GLOO_SOCKET_IFNAME=lo
 # ---- run directory (shared storage): checkpoints, logs, results ----
 RUN_DIR="${HOME}/hpcyolo-runs/golden"
 DATA=/datasets/coco8/coco8.yaml
-# An existing run is never overwritten: only a requeue of this job (or
-# run.resume: true in the job spec) may continue it.
-if [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] && [ -e "$RUN_DIR/hpcyolo-run" ]; then
-    echo "hpcyolo: $RUN_DIR already holds a run; set run.resume: true to continue it, or choose another run.name" >&2
-    exit 2
-fi
-mkdir -p "$RUN_DIR"
-# A line per start, with the log's path: `hpcyolo logs` finds it after Slurm forgets the job.
-LOG_FILE=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p') || LOG_FILE=
-echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $MASTER_ADDR${LOG_FILE:+ log $LOG_FILE}" >> "$RUN_DIR/hpcyolo-run"
-# The script that ran, with the umask's mode (cp would keep the spooled copy's 0700).
-cat "$0" > "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
 # Node-local scratch of this run: staged data and image caches. Removed on
 # every ending but a requeue (which may land on the same nodes and reuse it):
 # by this script after the training step, and by each node's first rank when
 # the job is cancelled or timed out (no new step can start then).
 SCRATCH_DIR="/dev/shm/hpcyolo-${SLURM_JOB_USER}/golden"
+# A run directory that holds a run is continued only by a requeue of this job (or,
+# with run.resume: true in the job spec, by the same run): nothing is
+# written before. Then the start is recorded, with the log's path (`hpcyolo logs`).
+LOG_FILE=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p') || LOG_FILE=
+hpcyolo job begin --run-dir "$RUN_DIR" --log "$LOG_FILE" || exit 2
+# The script that ran, with the umask's mode (cp would keep the spooled copy's 0700).
+cat "$0" > "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
+# What the trainer reads besides its options: the marker it leaves once its
+# checkpoint is written (srun may report another rank's kill instead of exit 75),
+# the scratch to remove when no requeue follows.
+export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 export HPCYOLO_SCRATCH_DIR="$SCRATCH_DIR"
 
 # ---- stage the dataset into node-local scratch, once per node ----
@@ -57,10 +56,7 @@ srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 \
 DATA="$SCRATCH_DIR/data/data.yaml"
 
 # ---- train ----
-# The trainer leaves this file once its checkpoint is written, before it
-# exits 75: srun may report another rank's kill instead of that code.
-export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
-# srun's own errors also go to a file: they name the task that failed first.
+# srun's own errors also go to a file: `hpcyolo job end` names the task that died first.
 srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcyolo-srun-$SLURM_JOB_ID.XXXXXX")
 # Slurm sends this shell SIGTERM too at the time limit (and at the end of a
 # preemption's grace, or on scancel), KillWait seconds before SIGKILL: without
@@ -77,31 +73,16 @@ status=${PIPESTATUS[0]}
 exec 3>&-
 set -e
 
-# ---- exit: requeue after preemption or time-out, pass anything else through ----
-if [ "$status" -eq 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
-    status=75
-    restarts=${SLURM_RESTART_COUNT:-0}
-    reason=$(head -n 1 "$HPCYOLO_PREEMPT_MARKER" 2>/dev/null) || reason="exit 75"
-    if [ "$restarts" -lt 3 ]; then
-        echo "hpcyolo: checkpointed ($reason); requeueing job $SLURM_JOB_ID ($((restarts + 1)) of 3)" >&2
-        rm -f "$srun_errors"
-        scontrol requeue "$SLURM_JOB_ID"
-        exit 0
-    fi
-    echo "hpcyolo: checkpointed ($reason), but stopped after 3 requeues; resubmit with run.resume: true to go on" >&2
-elif [ "$status" -ne 0 ]; then
-    # srun names each task that ended badly ("srun: error: NODE: task N: Killed"):
-    # the first one that did not just lose its peers (exit 76) died first.
-    failed=$(sed -n -E 's/^srun: error: ([^:]+): tasks? ([0-9,-]+): (.*)$/\2|\1|\3/p' "$srun_errors" |
-        grep -v '|Exited with exit code 76$' | head -n 1) || failed=
-    if [ -n "$failed" ]; then
-        IFS='|' read -r task node how <<< "$failed"
-        echo "hpcyolo: rank $task on $node failed first ($how); the training step ended with exit $status" >&2
-    else
-        echo "hpcyolo: the training step ended with exit $status" >&2
-    fi
-fi
+# ---- the end: requeue after a checkpoint, or say how the step ended ----
+# It prints `requeue`, or the code to end with (nothing if it could not run: then the step's).
+ending=$(hpcyolo job end --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3 \
+    --srun-errors "$srun_errors") || ending=
 rm -f "$srun_errors"
+if [ "$ending" = requeue ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+status=${ending:-$status}
 # Every ending but a requeue: remove the node-local scratch on every node
 # (after SIGTERM no step can start: each node's first rank removed it).
 if [ -z "$terminated" ]; then

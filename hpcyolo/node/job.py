@@ -1,0 +1,161 @@
+"""What a job does around its training command, written once.
+
+Three paths start a job: the sbatch script (bash), a submitit task
+(hpcyolo.login.submit.TrainTask) and `hpcyolo run` on one machine
+(hpcyolo.login.run). Each takes these steps, in this order, and each step is
+decided here; the paths differ only in how a step reaches every node (srun,
+one call per task, one call):
+
+1. begin: the run directory. A first start that finds another run there,
+   or this run without run.resume, is refused before anything is written;
+   otherwise the directory is made and the start recorded (`hpcyolo job
+   begin` in the script).
+2. the trainer's variables: task_env (the script exports the same names).
+3. preflight, where the job asks for it: `hpcyolo doctor --in-job` on
+   every task.
+4. stage: the dataset into node-local scratch, once per node (`hpcyolo
+   stage`): staged_data is where the copy goes.
+5. train: the plan's training command, on every rank.
+6. end: what the training command's exit code means (`hpcyolo job end` in
+   the script): a checkpoint to requeue from, a checkpoint with no requeue
+   left, a failure (naming the rank that failed first, where srun said), or
+   success; and whether the node-local scratch stays: only for the start
+   that a requeue brings.
+
+Torch-free: the script runs `hpcyolo job begin` and `hpcyolo job end` in
+its batch shell.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcyolo.node.slurm_stop import SIGTERM_ENV
+from hpcyolo_trainer import rundir
+from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, SCRATCH_ENV
+
+STAGED = "data"  # the staged copy's folder in the run's node-local scratch
+
+
+def staged_data(scratch: str | os.PathLike) -> str:
+    """Where step 4 copies the dataset: SCRATCH/data (its data YAML is data.yaml inside)."""
+    return os.path.join(scratch, STAGED)
+
+
+def staged_yaml(scratch: str | os.PathLike) -> str:
+    """The staged copy's data YAML, which the training command reads."""
+    return os.path.join(staged_data(scratch), "data.yaml")
+
+
+def job_id(env) -> str:
+    """The job as `hpcyolo submit` records it: JOB, or ARRAY_TASK for an array task."""
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return env.get("SLURM_JOB_ID", "local")
+
+
+def restarts(env) -> int:
+    """How often Slurm requeued this job so far (0 at its first start)."""
+    value = env.get("SLURM_RESTART_COUNT", "0")
+    return int(value) if value.isdigit() else 0
+
+
+# == 1. begin ================================================================
+
+def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume_how: str = rundir.RESUME_HOW,
+          log: str | None = None, record: bool = True, env=os.environ) -> None:
+    """The run directory at a start of the job. A run started there before
+    this start is continued only by a requeue of this job, or where `resume`
+    asks to continue it and `request` (the training command's settings; None
+    for a custom entrypoint, whose run directory is its own) makes the same
+    run; anything else is refused (HpcyoloError), with nothing written. Then
+    the directory is made and, where `record`, this start recorded (`via`:
+    sbatch, submitit or local). Every task may ask: only one records."""
+    job, restart = ("local", "0") if via == "local" else (job_id(env), str(restarts(env)))
+    if restart == "0":
+        holds = rundir.started_before(run_dir, job, restart)
+        verdict = rundir.job_verdict(run_dir, holds, request, resume, resume_how)
+        if verdict is not None and not verdict[0]:
+            raise HpcyoloError(verdict[1])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not record:
+        return
+    host = socket.gethostname()
+    if via == "local":
+        line = rundir.local_start_line(host)
+    else:
+        line = rundir.start_line(job, restart, host, via="" if via == "sbatch" else via, log=log)
+    rundir.record_start(run_dir, line)
+
+
+# == 2. the trainer's variables ==============================================
+
+def task_env(run_dir: str, job: str, restart: str, scratch: str | None, sigterm: str) -> dict[str, str]:
+    """What the training command reads besides its options: where to leave
+    the preemption marker, the scratch to remove on a final ending, what
+    SIGTERM means at this site. The script passes shell words ("$RUN_DIR")."""
+    env = {MARKER_ENV: rundir.preempt_marker(run_dir, job, restart)}
+    if scratch is not None:
+        env[SCRATCH_ENV] = scratch
+    if sigterm == "stop":
+        env[SIGTERM_ENV] = "stop"
+    return env
+
+
+# == 6. end ==================================================================
+
+@dataclass(frozen=True)
+class Ending:
+    code: int  # the job's exit code
+    requeue: bool  # the job starts again (Slurm requeues it): the node-local scratch stays for it
+    message: str | None  # one line for the job's log, after the path's own "hpcyolo: "
+
+
+def end(code: int, marker: str | None, *, job: str, restart: int, max_requeues: int, failed_first: str | None = None,
+        how_to_continue: str = "resubmit with run.resume: true to go on") -> Ending:
+    """What the training command's exit `code` means for the job: requeue
+    after a checkpoint while requeues are left (`max_requeues` counts them;
+    0 where nothing requeues), else pass the code on, saying why."""
+    if rundir.checkpointed(code, marker):
+        reason = _first_line(marker) or f"exit {EXIT_CODE}"
+        if restart < max_requeues:
+            return Ending(0, True, f"checkpointed ({reason}); requeueing job {job} "
+                                   f"({restart + 1} of {max_requeues})")
+        limit = f", but stopped after {max_requeues} requeues" if max_requeues else ""
+        return Ending(EXIT_CODE, False, f"checkpointed ({reason}){limit}; {how_to_continue}")
+    if code == 0:
+        return Ending(0, False, None)
+    if failed_first:
+        return Ending(code, False, f"{failed_first}; the training step ended with exit {code}")
+    return Ending(code, False, f"the training step ended with exit {code}")
+
+
+def _first_line(path: str | None) -> str | None:
+    try:
+        with open(path or "", errors="replace") as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+# srun names each task that ended badly: "srun: error: NODE: task N: Killed"
+# (or "tasks 2-3: Exited with exit code 1").
+_SRUN_ERROR = re.compile(r"srun: error: ([^:]+): tasks? ([0-9,-]+): (.*)")
+
+
+def failed_first(srun_stderr: str, torchrun: bool = False) -> str | None:
+    """`rank N on NODE failed first (HOW)` from srun's stderr: the first task
+    that did not just lose its peers (exit PEER_LOST_EXIT_CODE) died first.
+    With torchrun a task is a node's torchrun, not a rank."""
+    peer_lost = f"Exited with exit code {PEER_LOST_EXIT_CODE}"
+    for line in srun_stderr.splitlines():
+        m = _SRUN_ERROR.fullmatch(line.strip())
+        if m and m[3] != peer_lost:
+            who = f"the torchrun (task {m[2]})" if torchrun else f"rank {m[2]}"
+            return f"{who} on {m[1]} failed first ({m[3]})"
+    return None
