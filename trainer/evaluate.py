@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .augment import PAD_VALUE, letterbox_to, rect_batches
 from .boxes import non_max_suppression, xywh2xyxy
-from .data import check_files, decode_resized, load_data_spec
+from .data import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache
 from .dataset import check_labels
 from .dist import Dist, gather_objects
 from .errors import HpcyoloError
@@ -54,7 +54,8 @@ class ValBatches(Dataset):
     """The rectangular batches of one split; item k is batch k, read from
     disk (a DataLoader with batch_size=None runs them in its workers)."""
 
-    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True):
+    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True,
+                 cache_dir: Path | None = None):
         items, self.problems, _ = check_files(list(files), nc)
         self.paths = [it.path for it in items]
         self.shapes = [it.shape for it in items]
@@ -64,6 +65,14 @@ class ValBatches(Dataset):
         self.batches = rect_batches(self.shapes, batch, imgsz) if items else []
         if not rect:  # the same batches, each on an imgsz x imgsz canvas
             self.batches = [(indices, (imgsz, imgsz)) for indices, _ in self.batches]
+        # The training's image cache (data.cache), for the split validated
+        # every epoch: its images resized as below, decoded once per run.
+        self.cache: ImageCache | None = None
+        if cache_dir is not None and items:
+            sizes = [resized(s, imgsz)[0] for s in self.shapes]
+            self.cache, _, why_not = open_cache(cache_dir, cache_digest(items, imgsz), self.paths, sizes)
+            if why_not:
+                self.problems.append(why_not)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -74,7 +83,10 @@ class ValBatches(Dataset):
         canvases, metas = [], []
         for i in indices:
             (h, w), r = resized(self.shapes[i], self.imgsz)
-            img = decode_resized(self.paths[i], (h, w))
+            if self.cache is not None:
+                img = self.cache.get(i) if self.cache.ok(i) else None
+            else:
+                img = decode_resized(self.paths[i], (h, w))
             if img is None:  # no longer decodes: a blank image, its labels still count as missed
                 img = np.full((h, w, 3), PAD_VALUE, np.uint8)
             canvas, gain, offset = letterbox_to(img, shape)

@@ -141,7 +141,8 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
                             seed=cfg.seed, cache=cfg.cache, cache_dir=cache_folder(cfg) / "train", names_count=nc,
                             rect_batch=cfg.batch if cfg.rect else 0, hsv_on_device=d.device.type == "cuda")
     # Validated as ultralytics' trainer does: rectangular batches of twice the training batch per rank.
-    val_batches = ValBatches(spec.val, nc, cfg.imgsz, 2 * batch_per_rank)
+    val_batches = ValBatches(spec.val, nc, cfg.imgsz, 2 * batch_per_rank,
+                             cache_dir=cache_folder(cfg) / "val" if cfg.cache != "none" else None)
     for problem in train_set.problems + val_batches.problems:
         warn0(d, problem)
     refuse_unlearnable(cfg.data, train_set, nc)

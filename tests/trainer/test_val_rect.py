@@ -100,3 +100,23 @@ def test_square_batches_are_imgsz_squares(tmp_path):
     assert [i for i, _ in rect.batches] == [i for i, _ in square.batches]
     x, _ = square[0]
     assert x.shape == (8, 3, 160, 160)
+
+
+def test_the_per_epoch_batches_come_from_the_image_cache(tmp_path):
+    """With data.cache the trainer's validation decodes each image once per
+    run: the batches from the cache equal the decoded ones, and once it is
+    built they no longer read the image files."""
+    if not (FIXTURE / "model.pt").is_file():
+        pytest.skip(f"no reference fixture {FIXTURE}")
+    images = stretched_copy(tmp_path / "data").parent / "images"
+    files = sorted(images.iterdir())
+    plain = ValBatches(files, 4, 160, 8)
+    cached = ValBatches(files, 4, 160, 8, cache_dir=tmp_path / "cache" / "val")
+    assert cached.cache is not None and not cached.problems and len(plain) == len(cached) == 5
+    decoded = [plain[k] for k in range(len(plain))]
+    for path in files:
+        path.write_bytes(b"")  # decoding now gives blank images
+    assert not torch.equal(plain[0][0], decoded[0][0])
+    for k, (x, metas) in enumerate(decoded):
+        xc, metas_c = cached[k]
+        assert torch.equal(xc, x) and repr(metas_c) == repr(metas), k
