@@ -10,7 +10,10 @@ ultralytics' layer indices (`model.N.…`) to this package's module names:
 - the Detect head's `cv2`/`cv3` are our `box`/`cls`; its DFL weights are the
   fixed bins 0..15, which ours computes rather than stores.
 
-Every tensor must find its place with the same shape, or nothing is loaded.
+Every tensor must find its place with the same shape, or nothing is loaded;
+and every module's options that its tensors do not show (activations, SPPF's
+pooling, residual adds, attention heads, the head's regression) must be, by
+the checkpoint's own records, what hpcyolo builds (check_records).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ def _read_ultralytics(path: str) -> Weights:
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names or []]
     tensors = dict(_module_tensors(model, ""))
     state = _rename(tensors, arch, path)
+    check_records(model, arch, path)
     args = info.get("args") if isinstance(info.get("args"), dict) else ckpt.get("train_args") or {}
     imgsz = args.get("imgsz") if isinstance(args, dict) else None
     return Weights(arch, names, _trained_size(imgsz), state, f"ultralytics {arch}", path)
@@ -157,20 +161,102 @@ def _rename(tensors: dict[str, torch.Tensor], arch: str, path: str) -> dict[str,
     layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
     ours: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
-        parts = name.split(".")
-        if len(parts) < 3 or parts[0] != "model" or not parts[1].isdigit() or int(parts[1]) >= len(layers) \
-                or layers[int(parts[1])] is None:
+        if len(name.split(".")) < 3:
             raise HpcyoloError(f"{path}: tensor {name} has no place in {arch}")
-        target, rest = layers[int(parts[1])], parts[2:]
-        if target == "head":
-            if rest[0] == "dfl":
-                _check_dfl(value, name, path)
-                continue
-            rest = [{"cv2": "box", "cv3": "cls"}.get(rest[0], rest[0]), *rest[1:]]
-        # Ultralytics' Conv names its layers conv, bn, act; ours is a Sequential.
-        rest = [{"conv": "0", "bn": "1"}.get(p, p) for p in rest]
-        ours[".".join([target, *rest])] = value
+        if name.split(".")[2:3] == ["dfl"] and _our_name(name, layers) == "head":
+            _check_dfl(value, name, path)
+            continue
+        target = _our_name(name, layers)
+        if target is None:
+            raise HpcyoloError(f"{path}: tensor {name} has no place in {arch}")
+        ours[target] = value
     return ours
+
+
+def _our_name(name: str, layers: tuple) -> str | None:
+    """Our name of an ultralytics tensor or module (`model.N.…`); None where it has no place.
+    A DFL's name ends at its layer: `head`."""
+    parts = name.split(".")
+    if len(parts) < 2 or parts[0] != "model" or not parts[1].isdigit() or int(parts[1]) >= len(layers) \
+            or layers[int(parts[1])] is None:
+        return None
+    target, rest = layers[int(parts[1])], parts[2:]
+    if target == "head" and rest:
+        if rest[0] == "dfl":
+            return target
+        rest = [{"cv2": "box", "cv3": "cls"}.get(rest[0], rest[0]), *rest[1:]]
+    # Ultralytics' Conv names its layers conv, bn, act; ours is a Sequential.
+    rest = [{"conv": "0", "bn": "1", "act": "2"}.get(p, p) for p in rest]
+    return ".".join([target, *rest])
+
+
+# == records, not shapes =======================================================
+# A module's options that change what it computes but not its tensors (an
+# activation, SPPF's pooling, a residual add, attention heads, the head's
+# regression): each is read from the checkpoint's records and must be what
+# hpcyolo builds for the architecture, or the file is refused. Ultralytics
+# writes them as attributes of the module objects; a record an older release
+# did not write takes that release's behaviour (the default below).
+
+def check_records(model: safe_pickle.Inert, arch: str, path: str) -> None:
+    """Refuse, in one line naming the layer, a checkpoint whose modules
+    compute something else than hpcyolo's `arch` with the same tensors."""
+    layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
+    with torch.device("meta"):  # the structure only: no memory, no initialisation cost
+        ours = build_model(arch, 1)
+    for name, module in _modules(model.state.get("_modules", {}).get("model"), "model"):
+        for what, theirs, mine in _options(module, name, ours, layers):
+            if theirs != mine:
+                raise HpcyoloError(f"{path}: layer {name.split('.')[1]} ({module.kind} at {name}) has {what} "
+                                   f"{shown(theirs)} where hpcyolo's {arch} has {shown(mine)}: a variant hpcyolo "
+                                   "does not build, refused rather than loaded to compute something else")
+
+
+def _modules(module, name: str):
+    """(ultralytics name, module record) for every module below `module`."""
+    if not isinstance(module, safe_pickle.Inert) or not isinstance(module.state, dict):
+        return
+    for child_name, child in (module.state.get("_modules") or {}).items():
+        if isinstance(child, safe_pickle.Inert) and isinstance(child.state, dict):
+            yield f"{name}.{child_name}", child
+            yield from _modules(child, f"{name}.{child_name}")
+
+
+def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers: tuple):
+    """(what, the record's value, ours) for each option of `module` that hpcyolo builds one way."""
+    state, children = module.state, module.state.get("_modules") or {}
+
+    def mine(suffix: str = ""):
+        target = _our_name(name + suffix, layers)
+        try:
+            return ours.get_submodule(target) if target else None
+        except AttributeError:
+            return None
+
+    if "act" in children:  # Conv, DWConv: conv, bn, act
+        act = mine(".act")
+        yield "activation", children["act"].kind, type(act).__name__ if act is not None else "none"
+    kind = module.kind
+    if kind == "SPPF":
+        pool = children.get("m")
+        yield "pooling repeats (n)", state.get("n", 3), 3
+        yield "a residual add (shortcut)", bool(state.get("add", False)), False
+        yield "a pooling kernel", pool.state.get("kernel_size") if pool else None, mine().pool.kernel_size
+    elif kind == "Bottleneck":
+        yield "a residual add (shortcut)", bool(state.get("add")), mine().add
+    elif kind == "PSABlock":
+        yield "a residual add (shortcut)", bool(state.get("add", True)), True
+    elif kind == "Attention":
+        ref = mine()
+        yield "attention heads", state.get("num_heads"), ref.heads
+        yield "a key width", state.get("key_dim"), ref.key_dim
+    elif kind == "Detect":
+        yield "box regression bins (reg_max)", state.get("reg_max"), REG_MAX
+        yield "an end-to-end head (end2end)", bool(state.get("end2end", False)), False
+    elif kind == "Upsample":
+        yield "upsampling", (float(state.get("scale_factor") or 0), state.get("mode")), (2.0, "nearest")
+    elif kind == "Concat":
+        yield "a concatenation dimension", state.get("d"), 1
 
 
 def _check_dfl(value: torch.Tensor, name: str, path: str) -> None:
