@@ -91,8 +91,12 @@ class C2f(nn.Module):
         return self.cv2(torch.cat(ys, dim=1))
 
 
-def c3k2(c_in: int, c_out: int, n: int, c3k: bool, e: float = 0.5) -> C2f:
-    """YOLO11's C3k2: a C2f of C3k blocks (c3k) or of half-width Bottlenecks, residual throughout."""
+def c3k2(c_in: int, c_out: int, n: int, c3k: bool, e: float = 0.5, attn: bool = False) -> C2f:
+    """YOLO11's C3k2: a C2f of C3k blocks (c3k) or of half-width Bottlenecks, residual throughout;
+    YOLO26's last one (attn): each block a half-width Bottleneck then a PSA block (64 channels a head)."""
+    if attn:
+        return C2f(c_in, c_out, n, e=e, block=lambda c: nn.Sequential(Bottleneck(c, c, shortcut=True, e=0.5),
+                                                                      PSABlock(c, heads=max(c // 64, 1))))
     if c3k:
         return C2f(c_in, c_out, n, e=e, block=lambda c: C3(c, c, 2))
     return C2f(c_in, c_out, n, e=e, block=lambda c: Bottleneck(c, c, shortcut=True, e=0.5))
@@ -115,20 +119,24 @@ class C3(nn.Module):
 
 
 class SPPF(nn.Module):
-    """Spatial pyramid pooling, fast: three chained k x k max-pools, concat, fuse."""
+    """Spatial pyramid pooling, fast: n chained k x k max-pools, concat, fuse.
+    YOLO26's has no activation on its first Conv and a residual add."""
 
-    def __init__(self, c_in: int, c_out: int, k: int = 5):
+    def __init__(self, c_in: int, c_out: int, k: int = 5, n: int = 3, shortcut: bool = False, act: bool = True):
         super().__init__()
         hidden = c_in // 2
-        self.cv1 = Conv(c_in, hidden, 1)
-        self.cv2 = Conv(4 * hidden, c_out, 1)
+        self.n = n
+        self.cv1 = Conv(c_in, hidden, 1, act=act)
+        self.cv2 = Conv((n + 1) * hidden, c_out, 1)
         self.pool = nn.MaxPool2d(k, stride=1, padding=k // 2)
+        self.add = shortcut and c_in == c_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ys = [self.cv1(x)]
-        for _ in range(3):
+        for _ in range(self.n):
             ys.append(self.pool(ys[-1]))
-        return self.cv2(torch.cat(ys, dim=1))
+        y = self.cv2(torch.cat(ys, dim=1))
+        return x + y if self.add else y
 
 
 class Attention(nn.Module):

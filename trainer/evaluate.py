@@ -32,12 +32,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .augment import PAD_VALUE, letterbox_to, rect_batches
-from .boxes import non_max_suppression, xywh2xyxy
+from .boxes import xywh2xyxy
 from .data import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache
 from .dataset import check_labels
 from .dist import Dist, gather_objects
 from .errors import HpcyoloError
 from .metrics import DetStats
+from .model import check_end2end, detections
 from .weights import build_from, read_weights
 
 
@@ -96,12 +97,12 @@ class ValBatches(Dataset):
         return x, metas
 
 
-def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float):
+def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
+                end2end: bool = False):
     """(DetStats, predictions): one batch predicted and matched against its
     labels in original image pixels; the predictions stay in canvas pixels."""
     stats = DetStats(method="ultralytics")
-    preds = non_max_suppression(model.predict(x.to(device).float() / 255), conf_thres=conf, iou_thres=iou,
-                                multi_label=True)
+    preds = detections(model, x.to(device).float() / 255, conf=conf, iou=iou, end2end=end2end, multi_label=True)
     for det, (gain, (left, top), (h0, w0), labels) in zip(preds, metas):
         det = det.float().cpu().clone()
         det[:, [0, 2]] = ((det[:, [0, 2]] - left) / gain).clamp(0, w0)
@@ -114,19 +115,20 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
 
 @torch.no_grad()
 def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
-             worker_init=None, on_batch=None) -> dict | None:
+             worker_init=None, on_batch=None, end2end: bool = False) -> dict | None:
     """The metrics of `model` on `batches` (rank 0; None elsewhere), as
     ultralytics' validator computes them: every rank predicts every
     world_size-th batch, rank 0 merges the states in batch order. The one
     validation of hpcyolo: the trainer's per-epoch row and `hpcyolo val`.
-    `on_batch(images, predictions)` sees each of this rank's batches."""
+    `on_batch(images, predictions)` sees each of this rank's batches.
+    `end2end`: the one-to-one head's detections, without NMS (YOLO26)."""
     model.eval()
     mine = range(d.rank, len(batches), d.world_size)
     loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
                         worker_init_fn=worker_init)
     states = []
     for k, (x, metas) in zip(mine, loader):
-        stats, preds = batch_stats(model, x, metas, d.device, conf, iou)
+        stats, preds = batch_stats(model, x, metas, d.device, conf, iou, end2end)
         states.append((k, stats.state()))
         if on_batch is not None:
             on_batch(x, preds)
@@ -139,7 +141,8 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
 
 @torch.no_grad()
 def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
-             conf: float = 0.001, iou: float = 0.7, rect: bool = True, warn=print) -> dict | None:
+             conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
+             warn=print) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
     row per class (name, images, instances, precision, recall, map50, map50_95).
@@ -152,6 +155,7 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
         raise HpcyoloError(f"{weights}: has {w.nc} classes, {data} names {len(spec.names)}")
     size = imgsz or w.imgsz or 640
     model = build_from(w).to(d.device)
+    check_end2end(model, end2end, weights)
     files = getattr(spec, split)
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
@@ -160,7 +164,7 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
-    s = validate(d, model, sets, conf=conf, iou=iou)
+    s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end)
     if s is None:
         return None
     images = np.zeros(w.nc, dtype=int)  # images holding the class

@@ -20,6 +20,7 @@ import torch
 
 from .errors import HpcyoloError
 from .fsutil import write_atomic
+from .model import check_end2end
 from .weights import build_from, read_weights
 
 OPSET = 17
@@ -30,12 +31,12 @@ HINT = "hpcyolo export needs onnx and onnxruntime: pip install 'hpcyolo[export]'
 class Predict(torch.nn.Module):
     """The exported graph: raw maps decoded to boxes and class scores."""
 
-    def __init__(self, model):
+    def __init__(self, model, end2end: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.end2end = model, end2end
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model.predict(images)
+        return self.model.predict(images, end2end=self.end2end)
 
 
 def _need_onnx():
@@ -59,7 +60,7 @@ def run_onnx(data: bytes | str, images: np.ndarray) -> np.ndarray:
 
 
 def export_onnx(weights: str, output: str | None = None, *, imgsz: int | None = None, batch: int = 1,
-                dynamic: bool = False, opset: int = OPSET) -> dict:
+                dynamic: bool = False, opset: int = OPSET, end2end: bool = False) -> dict:
     """Write the ONNX file; returns {path, imgsz, batch, dynamic, bytes, parity}."""
     onnx, _ = _need_onnx()
     w = read_weights(weights)
@@ -67,9 +68,12 @@ def export_onnx(weights: str, output: str | None = None, *, imgsz: int | None = 
     path = Path(output) if output else Path(weights).with_suffix(".onnx")
     if not path.parent.is_dir():
         raise HpcyoloError(f"{path}: no such folder {path.parent}")
-    graph = Predict(build_from(w)).eval()
+    model = build_from(w)
+    check_end2end(model, end2end, weights)
+    graph = Predict(model, end2end).eval()
     example = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
-    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 2: "anchors"}} if dynamic else None
+    output_axes = {0: "batch"} if end2end else {0: "batch", 2: "anchors"}  # end2end: [B, 300, 6]
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": output_axes} if dynamic else None
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
@@ -78,7 +82,7 @@ def export_onnx(weights: str, output: str | None = None, *, imgsz: int | None = 
     proto = onnx.load_from_string(buffer.getvalue())
     meta = {"names": json.dumps(dict(enumerate(w.names))), "imgsz": json.dumps([size, size]),
             "batch": str(batch), "stride": "32", "arch": w.arch, "source": Path(weights).name,
-            "producer": "hpcyolo"}
+            "end2end": json.dumps(end2end), "producer": "hpcyolo"}
     for key, value in meta.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value

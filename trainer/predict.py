@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from .augment import PAD_VALUE
-from .boxes import non_max_suppression
 from .data import IMG_EXTS, decode_resized, probe_image
 from .errors import HpcyoloError
 from .fsutil import write_atomic
+from .model import check_end2end, detections
 from .plots import draw_detections, save_image
 from .registry import MAX_STRIDE as STRIDE
 from .weights import build_from, read_weights
@@ -79,12 +79,13 @@ def read_image(path: Path) -> np.ndarray:
 
 
 @torch.no_grad()
-def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device) -> np.ndarray:
+def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device,
+           end2end: bool = False) -> np.ndarray:
     """Detections [n, 6] in `original`'s pixels: x1 y1 x2 y2 conf cls."""
     h, w = original.shape[:2]
     canvas, gain, (left, top) = rect_letterbox(original, imgsz)
     x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
-    det = non_max_suppression(model.predict(x), conf_thres=conf, iou_thres=iou)[0].cpu().numpy()
+    det = detections(model, x, conf=conf, iou=iou, end2end=end2end)[0].cpu().numpy()
     det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / gain
     det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
     det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
@@ -92,13 +93,15 @@ def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, dev
 
 
 def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
-            iou: float = 0.7, fmt: str = "txt", device: str = "cpu", warn=print) -> list[dict]:
+            iou: float = 0.7, fmt: str = "txt", device: str = "cpu", end2end: bool = False,
+            warn=print) -> list[dict]:
     """Predict every image of `inputs`; one that cannot be read is skipped
     with one `warn` line, as training skips it, and the others are predicted.
     Nothing is written when the inputs hold no image or the weights do not load."""
     files = image_files(inputs)
     dev = torch.device(device)
     model, names, train_size = load_weights(weights, dev)
+    check_end2end(model, end2end, weights)
     size = imgsz or train_size
     out_dir = Path(out)
     (out_dir / "labels").mkdir(parents=True, exist_ok=True)
@@ -109,7 +112,7 @@ def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = No
         except ValueError as e:
             warn(f"warning: {path}: corrupt image skipped ({e})")
             continue
-        det = detect(model, img, size, conf, iou, dev)
+        det = detect(model, img, size, conf, iou, dev, end2end)
         h, w = img.shape[:2]
         boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),
                   "box_xyxy": [round(float(v), 1) for v in b]} for *b, s, c in det]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from .errors import HpcyoloError, shown
-from .registry import ALIASES, CHOICES, FAMILIES, MODELS, SCALES, check_imgsz
+from .registry import ALIASES, CHOICES, SCALES, TRAINED, TRAINED_FAMILIES, check_imgsz
 
 REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
 
@@ -152,7 +152,7 @@ def _path(config: dict, key: str) -> str | None:
     return os.path.abspath(config[key]) if config.get(key) else None
 
 
-_FAMILIES = " or ".join(f"{family}{SCALES[0]}-{SCALES[-1]}" for family in FAMILIES)  # yolov8n-x or yolo11n-x
+_FAMILIES = " or ".join(f"{family}{SCALES[0]}-{SCALES[-1]}" for family in TRAINED_FAMILIES)  # yolov8n-x or yolo11n-x
 _ALIASES = ", ".join(ALIASES)
 _SCHEDULE = "the learning-rate schedule: a resumed run is the run it continues, exactly"
 _AUGMENT = "the augmentation of each epoch"
@@ -166,7 +166,7 @@ SETTINGS: tuple[Setting, ...] = (
       "the images and classes the weights learnt; the results would mix two datasets (compared as the dataset: a "
       "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML.",
       compare=_dataset),
-    S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
+    S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(TRAINED)} ({_ALIASES}: the YOLOv8 sizes); "
       "empty: n, or the architecture of train.weights.", True, "the checkpoints hold this architecture's weights",
       key="train.model", flag="--model", compare=_model,
       help=f"Detector: {_FAMILIES} ({_ALIASES}: the YOLOv8 sizes).  [default: n, or the architecture of --weights]"),

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from . import checkpoint as ckpt
-from . import rundir
+from . import registry, rundir
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dataset import DataSpec, check_labels
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
@@ -65,8 +65,9 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
     data = load_data(cfg, d)  # what cannot be trained on stops here, before a run directory exists
-    state = checkpoint_to_resume(cfg, d, run, settings, data.nc)  # this run's newest valid checkpoint, or None
-    parts = build(cfg, d, data, state)
+    # This run's newest valid checkpoint, or the weights to start from (or neither).
+    state, weights = checkpoint_to_resume(cfg, d, run, settings, data.nc)
+    parts = build(cfg, d, data, state, weights)
     pos = resume(parts, state, d)
     parts.net = data_parallel(parts.model, d)
     if d.distributed:
@@ -153,32 +154,34 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     return Data(spec, nc, train_set, val_batches, sampler, batches, batch_per_rank)
 
 
-def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict, nc: int) -> dict | None:
-    """The run's newest valid checkpoint, or None. It must be this run's (its
-    settings, its architecture and classes) before rank 0 writes a file:
-    then rank 0 removes unfinished checkpoint writes and records the
-    settings in RUN/config.yaml."""
+def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict,
+                         nc: int) -> tuple[dict | None, Weights | None]:
+    """(the run's newest valid checkpoint, None), or (None, the --weights to
+    start from, or None). Either must do for this run (the checkpoint its
+    settings, architecture and classes; the weights an architecture hpcyolo
+    trains) before rank 0 writes a file: then rank 0 removes unfinished
+    checkpoint writes and records the settings in RUN/config.yaml."""
     state = ckpt.load_latest(run / rundir.CHECKPOINTS, lambda m: warn0(d, m))
+    weights = None
     if state is not None:
         rundir.check_continues(run, settings, saved=state["config"])
         state["arch"] = resumed_arch(state, cfg, nc)
+    elif cfg.weights:
+        weights = read_weights(cfg.weights)
+        choose_arch(cfg, weights)
     if d.is_main:
         for partial in ckpt.remove_partials(run / rundir.CHECKPOINTS):
             warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
         (run / rundir.WEIGHTS).mkdir(parents=True, exist_ok=True)
         write_atomic(run / rundir.CONFIG, yaml.safe_dump(settings, sort_keys=False).encode())
-    return state
+    return state, weights
 
 
-def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None) -> Parts:
+def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: Weights | None) -> Parts:
     """The model (the checkpoint's architecture, else --model or --weights'),
     placed on the device, with its EMA, optimizer, schedule, mixed precision
     and loss. A checkpoint wins over --weights: its tensors are loaded by resume()."""
-    if state is not None:
-        arch, weights = state["arch"], None
-    else:
-        weights = read_weights(cfg.weights) if cfg.weights else None
-        arch = choose_arch(cfg, weights)
+    arch = state["arch"] if state is not None else choose_arch(cfg, weights)
     model, report = initial_model(arch, data.nc, cfg.seed, weights)
     if report:
         print0(d, report)
@@ -368,6 +371,9 @@ def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
     if cfg.model and resolve_name(cfg.model) != weights.arch:
         raise HpcyoloError(f"{weights.path}: holds {weights.arch}, but --model asks for {resolve_name(cfg.model)} "
                            "(leave --model out to train the weights' own architecture)")
+    if weights.arch[:-1] in registry.NOT_TRAINED:
+        raise HpcyoloError(f"{weights.path}: holds {weights.arch}, which hpcyolo validates, predicts with and "
+                           "exports, but does not train yet (its one-to-one head's loss is still to come)")
     return weights.arch
 
 

@@ -173,6 +173,10 @@ def _rename(tensors: dict[str, torch.Tensor], arch: str, path: str) -> dict[str,
     return ours
 
 
+# The Detect head's branches: ultralytics' names -> ours.
+_HEAD_BRANCHES = {"cv2": "box", "cv3": "cls", "one2one_cv2": "one2one_box", "one2one_cv3": "one2one_cls"}
+
+
 def _our_name(name: str, layers: tuple) -> str | None:
     """Our name of an ultralytics tensor or module (`model.N.…`); None where it has no place.
     A DFL's name ends at its layer: `head`."""
@@ -184,7 +188,7 @@ def _our_name(name: str, layers: tuple) -> str | None:
     if target == "head" and rest:
         if rest[0] == "dfl":
             return target
-        rest = [{"cv2": "box", "cv3": "cls"}.get(rest[0], rest[0]), *rest[1:]]
+        rest = [_HEAD_BRANCHES.get(rest[0], rest[0]), *rest[1:]]
     # Ultralytics' Conv names its layers conv, bn, act; ours is a Sequential.
     rest = [{"conv": "0", "bn": "1", "act": "2"}.get(p, p) for p in rest]
     return ".".join([target, *rest])
@@ -238,10 +242,10 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
         yield "activation", children["act"].kind, type(act).__name__ if act is not None else "none"
     kind = module.kind
     if kind == "SPPF":
-        pool = children.get("m")
-        yield "pooling repeats (n)", state.get("n", 3), 3
-        yield "a residual add (shortcut)", bool(state.get("add", False)), False
-        yield "a pooling kernel", pool.state.get("kernel_size") if pool else None, mine().pool.kernel_size
+        pool, ref = children.get("m"), mine()
+        yield "pooling repeats (n)", state.get("n", 3), ref.n
+        yield "a residual add (shortcut)", bool(state.get("add", False)), ref.add
+        yield "a pooling kernel", pool.state.get("kernel_size") if pool else None, ref.pool.kernel_size
     elif kind == "Bottleneck":
         yield "a residual add (shortcut)", bool(state.get("add")), mine().add
     elif kind == "PSABlock":
@@ -251,8 +255,8 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
         yield "attention heads", state.get("num_heads"), ref.heads
         yield "a key width", state.get("key_dim"), ref.key_dim
     elif kind == "Detect":
-        yield "box regression bins (reg_max)", state.get("reg_max"), REG_MAX
-        yield "an end-to-end head (end2end)", bool(state.get("end2end", False)), False
+        yield "box regression bins (reg_max)", state.get("reg_max"), ours.reg_max
+        yield "an end-to-end head (end2end)", "one2one_cv2" in children, hasattr(ours.head, "one2one_box")
     elif kind == "Upsample":
         yield "upsampling", (float(state.get("scale_factor") or 0), state.get("mode")), (2.0, "nearest")
     elif kind == "Concat":
@@ -277,7 +281,9 @@ def build_from(weights: Weights) -> DetectionModel:
 def class_convs(model: DetectionModel) -> list[str]:
     """The tensors whose shape follows the class count: the last conv (weight
     and bias) of each level's class branch."""
-    return [f"head.cls.{i}.{len(b) - 1}.{p}" for i, b in enumerate(model.head.cls) for p in ("weight", "bias")]
+    heads = [name for name in ("cls", "one2one_cls") if hasattr(model.head, name)]
+    return [f"head.{head}.{i}.{len(b) - 1}.{p}" for head in heads for i, b in enumerate(getattr(model.head, head))
+            for p in ("weight", "bias")]
 
 
 def load_into(model: DetectionModel, weights: Weights) -> str:

@@ -21,8 +21,10 @@ from hpcyolo.cli.group import _check_imgsz, main, this_process_vars
 @click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Inference size, a multiple of 32 "
               "(default: the training size).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("--end2end", is_flag=True, help="YOLO26: the NMS-free one-to-one head, its 300 best boxes "
+              "(ultralytics' nms=False); without it the one-to-many head and NMS, as ultralytics does by default.")
 def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: float, iou: float, imgsz: int | None,
-            device: str) -> None:
+            device: str, end2end: bool) -> None:
     """Detect objects in IMAGES (files or folders) with trained WEIGHTS.
 
     An image that cannot be read is skipped with one warning line, as in
@@ -35,7 +37,7 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     from hpcyolo_trainer.predict import predict as run_predict
 
     results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
-                          warn=lambda m: click.echo(m, err=True))
+                          end2end=end2end, warn=lambda m: click.echo(m, err=True))
     total = sum(len(r["detections"]) for r in results)
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
 
@@ -53,8 +55,10 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
 @click.option("--rect/--no-rect", default=True, show_default=True,
               help="Rectangular batches (images sorted by aspect ratio); off: every image on an imgsz square.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--end2end", is_flag=True, help="YOLO26: the NMS-free one-to-one head, its 300 best boxes "
+              "(ultralytics' nms=False); without it the one-to-many head and NMS, as ultralytics does by default.")
 def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf: float, iou: float,
-        rect: bool, as_json: bool) -> None:
+        rect: bool, as_json: bool, end2end: bool) -> None:
     """Measure WEIGHTS (hpcyolo's or an ultralytics checkpoint) on a dataset split.
 
     mAP50, mAP50-95, precision and recall, overall and per class, computed as
@@ -78,7 +82,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     d = setup()
     try:
         result = evaluate(d, weights, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,
-                          rect=rect, warn=lambda m: click.echo(m, err=True))
+                          rect=rect, end2end=end2end, warn=lambda m: click.echo(m, err=True))
     finally:
         cleanup()
     if result is None:  # not rank 0
@@ -111,13 +115,16 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
               "input shape.")
 @click.option("--dynamic", is_flag=True, help="Batch size, height and width free at run time.")
 @click.option("--opset", default=17, show_default=True, type=click.IntRange(min=11), help="ONNX opset version.")
+@click.option("--end2end", is_flag=True, help="YOLO26: the NMS-free one-to-one head, output [B, 300, 6] "
+              "(x1, y1, x2, y2, score, class; ultralytics' nms=False); without it the one-to-many head's "
+              "output before NMS.")
 def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch: int, dynamic: bool,
-           opset: int) -> None:
+           opset: int, end2end: bool) -> None:
     """Write WEIGHTS (hpcyolo's or an ultralytics checkpoint) as an ONNX model.
 
     Input `images` [B, 3, H, W] float in [0, 1]; output `output0` [B, 4 + nc,
     anchors]: boxes (cx, cy, w, h) in input pixels and class scores, before
-    NMS. Checked with onnxruntime against torch before it is written. Needs
+    NMS (with --end2end, YOLO26's [B, 300, 6]). Checked with onnxruntime against torch before it is written. Needs
     the extra `pip install 'hpcyolo[export]'`.
 
     \b
@@ -126,7 +133,7 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
     """
     from hpcyolo_trainer.export import export_onnx
 
-    r = export_onnx(weights, output, imgsz=imgsz, batch=batch, dynamic=dynamic, opset=opset)
+    r = export_onnx(weights, output, imgsz=imgsz, batch=batch, dynamic=dynamic, opset=opset, end2end=end2end)
     shape = "dynamic batch and size" if dynamic else f"input {r['batch']}x3x{r['imgsz']}x{r['imgsz']}"
     click.echo(f"wrote {r['path']} ({r['arch']}, {r['nc']} classes, {shape}, opset {opset}, "
                f"{r['bytes'] / 1e6:.1f} MB); onnxruntime matches torch within {r['parity']:.1e} (relative)", err=True)

@@ -23,7 +23,7 @@ from hpcyolo_trainer.weights import build_from, read_weights  # noqa: E402
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FIXTURES = SHARED / "fixtures" / "ultralytics"
-NAMES = ["yolov8n-shapes", "yolo11n-shapes"]
+NAMES = ["yolov8n-shapes", "yolo11n-shapes", "yolo26n-shapes"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

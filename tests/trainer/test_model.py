@@ -1,4 +1,4 @@
-"""The YOLOv8 and YOLO11 detectors: sizes against published counts, shapes, decoding, gradients."""
+"""The YOLOv8, YOLO11 and YOLO26 detectors: sizes against published counts, shapes, decoding, gradients."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from hpcyolo_trainer import families, registry
 from hpcyolo_trainer.model import ALIASES, MODELS, DetectionModel, build_model, count_parameters
 
 # Published sizes at nc=80, as ultralytics prints them: each family module's
-# PUBLISHED_PARAMETERS. Ultralytics counts 16 extra frozen weights (its DFL
-# projection is a Conv2d); ours is a constant, so we land 16 below.
+# PUBLISHED_PARAMETERS. Ultralytics counts 16 extra frozen weights where the
+# head has a DFL (its projection is a Conv2d); ours is a constant, so we land
+# 16 below. YOLO26 regresses the distances directly: no DFL, no offset.
 PUBLISHED = {f"{family}{scale}": n for family in registry.FAMILIES
              for scale, n in families.load(family).PUBLISHED_PARAMETERS.items()}
 
@@ -42,15 +43,33 @@ def test_a_family_module_has_what_a_family_needs(family):
     sizes, a body, the head's variant and ultralytics' layer map."""
     spec = families.load(family)
     assert tuple(spec.SCALES) == tuple(spec.PUBLISHED_PARAMETERS) == registry.SCALES
-    assert callable(spec.body) and isinstance(spec.DEPTHWISE_CLS, bool)
+    assert callable(spec.body) and isinstance(spec.DEPTHWISE_CLS, bool) and isinstance(spec.END2END, bool)
+    assert spec.REG_MAX in (1, 16)
     assert spec.ULTRALYTICS_LAYERS[-1] == "head"
+
+
+def dfl_weights(name: str) -> int:
+    reg_max = families.load(name[:-1]).REG_MAX
+    return reg_max if reg_max > 1 else 0
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_parameter_count_matches_published(name):
     n = count_parameters(build_model(name, 80))
     print(f"{name} nc=80: {n:,} parameters (published {PUBLISHED[name]:,})")
-    assert n == PUBLISHED[name] - 16  # the architecture is exact, not merely close
+    assert n == PUBLISHED[name] - dfl_weights(name)  # the architecture is exact, not merely close
+
+
+# YOLO26's one-to-one head at nc=80 (ultralytics 8.4.190's own count, in the
+# fixtures' README): a copy of the box and class branches, counted above too.
+YOLO26_ONE2ONE = {"n": 154_828, "s": 496_892, "m": 1_460_988, "l": 1_460_988, "x": 3_220_476}
+
+
+@pytest.mark.parametrize("scale", registry.SCALES)
+def test_yolo26_has_a_one_to_one_copy_of_its_head(scale):
+    model = build_model(f"yolo26{scale}", 80)
+    assert sum(p.numel() for name, p in model.named_parameters() if ".one2one_" in name) == YOLO26_ONE2ONE[scale]
+    assert model.reg_max == 1 and model.no == 4 + 80
 
 
 @pytest.mark.parametrize("alias", sorted(ALIASES))

@@ -51,7 +51,7 @@ def test_the_bare_sppf_checkpoint_is_refused_in_one_line():
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "layer 9" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("arch", ["yolov8n", "yolo11n"])
+@pytest.mark.parametrize("arch", ["yolov8n", "yolo11n", "yolo26n"])
 def test_ultralytics_own_checkpoints_pass(arch):
     check_records(records(arch), arch, "model.pt")
 
@@ -64,8 +64,9 @@ FLIPS = {
     "a bottleneck's add": ("model.2.m.0", lambda m: m.state.__setitem__("add", False),
                            "layer 2 (Bottleneck at model.2.m.0) has a residual add (shortcut) False"),
     "attention heads": ("model.10.m.0.attn", lambda m: m.state.__setitem__("num_heads", 4), "has attention heads 4"),
-    "the head's regression": ("model.23", lambda m: m.state.__setitem__("end2end", True),
-                              "layer 23 (Detect at model.23) has an end-to-end head (end2end) True"),
+    "the head's regression": ("model.23", lambda m: m.state.__setitem__("reg_max", 1),
+                              "layer 23 (Detect at model.23) has box regression bins (reg_max) 1 where hpcyolo's "
+                              "yolo11n has 16"),
     "upsampling": ("model.11", lambda m: m.state.__setitem__("mode", "bilinear"), "has upsampling (2.0, 'bilinear')"),
 }
 

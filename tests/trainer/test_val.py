@@ -22,7 +22,7 @@ from hpcyolo_trainer.metrics import ap_per_class, match_predictions
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FIXTURES = SHARED / "fixtures" / "ultralytics"
-NAMES = ["yolov8n-shapes", "yolo11n-shapes"]
+NAMES = ["yolov8n-shapes", "yolo11n-shapes", "yolo26n-shapes"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

@@ -25,7 +25,7 @@ from hpcyolo_trainer.model import build_model
 from hpcyolo_trainer.weights import Weights, build_from, load_into, read_weights
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
-FAMILIES = ["yolov8n", "yolo11n"]
+FAMILIES = ["yolov8n", "yolo11n", "yolo26n"]
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no reference fixtures in {FIXTURES}")
 
 
@@ -47,8 +47,8 @@ def test_ultralytics_checkpoint_gives_ultralytics_output(arch, one_thread):
     line = load_into(model, weights)
     n = len(model.state_dict())
     assert line == f"weights: {n}/{n} tensors from model.pt (ultralytics {arch}, 4 classes)"
-    # Ultralytics' count includes the DFL's 16 fixed weights, which we compute.
-    assert sum(p.numel() for p in model.parameters()) == reference["parameters"] - 16
+    # Ultralytics' count includes a DFL's 16 fixed weights, which we compute (YOLO26 has no DFL).
+    assert sum(p.numel() for p in model.parameters()) == reference["parameters"] - (16 if model.reg_max > 1 else 0)
     x = torch.load(fixture(arch) / "input.pt", weights_only=True)
     expected = torch.load(fixture(arch) / "output.pt", weights_only=True)
     with torch.no_grad():
@@ -269,18 +269,21 @@ def iou(a, b) -> float:
 
 
 @needs_fixtures
-@pytest.mark.parametrize("arch", FAMILIES)
-def test_predict_finds_ultralytics_boxes(arch, tmp_path):
+@pytest.mark.parametrize("arch, end2end", [(arch, False) for arch in FAMILIES] + [("yolo26n", True)])
+def test_predict_finds_ultralytics_boxes(arch, end2end, tmp_path):
     """`hpcyolo predict` on ultralytics' checkpoint finds the boxes ultralytics'
     own predict found (conf 0.25, iou 0.7): every box of confidence >= 0.3
-    matched one to one by a box of the same class with IoU >= 0.9."""
+    matched one to one by a box of the same class with IoU >= 0.9. YOLO26
+    both ways: NMS over the one-to-many head (ultralytics' default) and
+    --end2end (its one-to-one head, ultralytics' nms=False)."""
     folder = fixture(arch)
     r = subprocess.run(["nice", "-n", "19", str(Path(sys.executable).parent / "hpcyolo"), "predict",
                         str(folder / "model.pt"), str(folder / "images"), "--out", str(tmp_path), "--format", "json",
-                        "--conf", "0.25", "--iou", "0.7"], capture_output=True, text=True)
+                        "--conf", "0.25", "--iou", "0.7", *(["--end2end"] if end2end else [])],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     ours = {Path(p["image"]).name: p["detections"] for p in json.loads((tmp_path / "predictions.json").read_text())}
-    theirs = json.loads((folder / "predictions.json").read_text())
+    theirs = json.loads((folder / ("predictions_e2e.json" if end2end else "predictions.json")).read_text())
     assert sorted(ours) == sorted(theirs)
     checked, worst = 0, 1.0
     for image, ref in theirs.items():
@@ -295,7 +298,7 @@ def test_predict_finds_ultralytics_boxes(arch, tmp_path):
             assert overlap >= 0.9, f"{image}: best match of {box} has IoU {overlap:.3f}"
             free.remove(best)
             checked, worst = checked + 1, min(worst, overlap)
-    print(f"{arch}: {checked} boxes matched, worst IoU {worst:.4f}")
+    print(f"{arch}{' end2end' if end2end else ''}: {checked} boxes matched, worst IoU {worst:.4f}")
     assert checked >= 40
     assert sum(len(d) for d in ours.values()) == sum(len(p["conf"]) for p in theirs.values())
 
@@ -315,7 +318,7 @@ def test_predict_letterbox_is_ultralytics_rectangle(shape, canvas, gain, offset)
     assert (out[:top] == 114).all() and (out[top + round(shape[0] * g):] == 114).all()
 
 
-@pytest.mark.parametrize("arch", ["yolov8n", "yolo11n"])
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_weights_of_other_classes_give_all_but_the_class_convs(tmp_path, arch):
     """Fine-tuning to other classes: every tensor but the last conv of each
     class branch comes from the file; those keep the fresh model's init."""
@@ -331,9 +334,11 @@ def test_weights_of_other_classes_give_all_but_the_class_convs(tmp_path, arch):
     model = build_model(arch, 3)
     line = load_into(model, weights)
     total = len(model.state_dict())
-    assert line == (f"weights: {total - 6}/{total} tensors from w.pt (hpcyolo weights, 4 classes); "
+    # The last conv of each level's class branch, in both heads where there are two (YOLO26).
+    new = {f"head.{head}.{i}.2.{p}" for head in ("cls", "one2one_cls")[:2 if arch == "yolo26n" else 1]
+           for i in range(3) for p in ("weight", "bias")}
+    assert line == (f"weights: {total - len(new)}/{total} tensors from w.pt (hpcyolo weights, 4 classes); "
                     "class convs new for 3 classes")
-    new = {f"head.cls.{i}.2.{p}" for i in range(3) for p in ("weight", "bias")}
     for k, v in model.state_dict().items():
         if k in new:
             assert torch.equal(v, fresh.state_dict()[k]), k  # the model's own init, bias prior included

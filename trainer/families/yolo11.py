@@ -13,6 +13,8 @@ from ..blocks import C2PSA, SPPF, Backbone, Conv, Neck, Scaler, c3k2
 SCALES = {"n": (0.50, 0.25, 1024), "s": (0.50, 0.50, 1024), "m": (0.50, 1.00, 512), "l": (1.00, 1.00, 512),
           "x": (1.00, 1.50, 512)}
 DEPTHWISE_CLS = True  # the head's class branches: depthwise then pointwise
+REG_MAX = 16  # box regression: a distribution over 16 bins per side (DFL)
+END2END = False  # one head, NMS after it
 # Our module for each layer index of ultralytics' published table (None:
 # upsample and concat layers, which hold no tensors): how its checkpoints load.
 # yolo11.yaml: as YOLOv8 with C3k2 for C2f, plus 10 C2PSA at the end of the backbone.

@@ -13,6 +13,8 @@ from ..blocks import SPPF, Backbone, C2f, Conv, Neck, Scaler
 SCALES = {"n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 768), "l": (1.00, 1.00, 512),
           "x": (1.00, 1.25, 512)}
 DEPTHWISE_CLS = False  # the head's class branches: plain 3x3 convolutions
+REG_MAX = 16  # box regression: a distribution over 16 bins per side (DFL)
+END2END = False  # one head, NMS after it
 # Our module for each layer index of ultralytics' published table (None:
 # upsample and concat layers, which hold no tensors): how its checkpoints load.
 # yolov8.yaml: 0-9 backbone, 10 upsample, 11 concat, 12 C2f, 13 upsample,
