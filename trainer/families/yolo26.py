@@ -12,20 +12,18 @@ from __future__ import annotations
 from torch import nn
 
 from ..blocks import C2PSA, SPPF, Backbone, Conv, Neck, Scaler, c3k2
+from . import yolo11
 
-# Scale -> (depth multiple, width multiple, max channels), as published (yolo11's).
-SCALES = {"n": (0.50, 0.25, 1024), "s": (0.50, 0.50, 1024), "m": (0.50, 1.00, 512), "l": (1.00, 1.00, 512),
-          "x": (1.00, 1.50, 512)}
+# YOLO11's sizes (depth multiple, width multiple, max channels) and its 24
+# layers in the same places: the same table by which checkpoints load.
+SCALES = yolo11.SCALES
+ULTRALYTICS_LAYERS = yolo11.ULTRALYTICS_LAYERS
 DEPTHWISE_CLS = True  # the head's class branches: depthwise then pointwise
 REG_MAX = 1  # box regression: the four distances themselves
 END2END = True  # a one-to-one copy of the head's branches beside the one-to-many ones
-# yolo26.yaml has YOLO11's 24 layers, in the same places.
-ULTRALYTICS_LAYERS = ("backbone.stem.0", "backbone.stem.1", "backbone.stem.2", "backbone.stage3.0",
-                      "backbone.stage3.1", "backbone.stage4.0", "backbone.stage4.1", "backbone.stage5.0",
-                      "backbone.stage5.1", "backbone.stage5.2", "backbone.stage5.3", None, None, "neck.td4", None,
-                      None, "neck.td3", "neck.down3", None, "neck.bu4", "neck.down4", None, "neck.bu5", "head")
 # Parameters at nc=80, both heads, as ultralytics 8.4.190 builds yolo26X.yaml
-# for training (the count the summary in yolo26.yaml's comments prints).
+# for training (sum(p.numel()) of its DetectionModel; the reference fixtures'
+# README, ../shared/fixtures/ultralytics, lists them).
 PUBLISHED_PARAMETERS = {"n": 2_572_280, "s": 10_009_784, "m": 21_896_248, "l": 26_299_704, "x": 58_993_368}
 
 
