@@ -161,14 +161,13 @@ def _rename(tensors: dict[str, torch.Tensor], arch: str, path: str) -> dict[str,
     layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
     ours: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
-        if len(name.split(".")) < 3:
-            raise HpcyoloError(f"{path}: tensor {name} has no place in {arch}")
-        if name.split(".")[2:3] == ["dfl"] and _our_name(name, layers) == "head":
-            _check_dfl(value, name, path)
-            continue
-        target = _our_name(name, layers)
+        parts = name.split(".")
+        target = _our_name(name, layers) if len(parts) >= 3 else None
         if target is None:
             raise HpcyoloError(f"{path}: tensor {name} has no place in {arch}")
+        if target == "head" and parts[2] == "dfl":
+            _check_dfl(value, name, path)
+            continue
         ours[target] = value
     return ours
 
@@ -256,7 +255,7 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
         yield "a key width", state.get("key_dim"), ref.key_dim
     elif kind == "Detect":
         yield "box regression bins (reg_max)", state.get("reg_max"), ours.reg_max
-        yield "an end-to-end head (end2end)", "one2one_cv2" in children, hasattr(ours.head, "one2one_box")
+        yield "an end-to-end head (end2end)", "one2one_cv2" in children, ours.end2end
     elif kind == "Upsample":
         yield "upsampling", (float(state.get("scale_factor") or 0), state.get("mode")), (2.0, "nearest")
     elif kind == "Concat":
@@ -281,7 +280,7 @@ def build_from(weights: Weights) -> DetectionModel:
 def class_convs(model: DetectionModel) -> list[str]:
     """The tensors whose shape follows the class count: the last conv (weight
     and bias) of each level's class branch."""
-    heads = [name for name in ("cls", "one2one_cls") if hasattr(model.head, name)]
+    heads = ("cls", "one2one_cls") if model.end2end else ("cls",)
     return [f"head.{head}.{i}.{len(b) - 1}.{p}" for head in heads for i, b in enumerate(getattr(model.head, head))
             for p in ("weight", "bias")]
 
