@@ -191,7 +191,8 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
     gives the trainer each value, and the same-run check reads the same."""
     weights = write(tmp_path / "w.pt", "")
     values = {"model": "s", "weights": str(weights), "epochs": 7, "batch": 16, "imgsz": 320, "workers": 2, "seed": 5,
-              "optimizer": "adamw", "lr0": 0.003, "nbs": 32, "close_mosaic": 3, "multi_scale": 0.25, "rect": True}
+              "optimizer": "adamw", "lr0": 0.003, "nbs": 32, "close_mosaic": 3, "multi_scale": 0.25, "rect": True,
+              "end2end": True}
     job = (f"name: j\nresources: {{nodes: 1, time: '04:00:00'}}\ndata: {{yaml: {COCO8}, cache: ram}}\n"
            f"train: {{{', '.join(f'{k}: {v}' for k, v in values.items())}}}\n"
            "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900}\n")

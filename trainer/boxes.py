@@ -110,14 +110,16 @@ def dist2bbox(distance: Tensor, points: Tensor, xywh: bool = True, dim: int = -1
     return torch.cat((x1y1, x2y2), dim)
 
 
-def bbox2dist(points: Tensor, bbox: Tensor, reg_max: int | float) -> Tensor:
-    """xyxy boxes -> ltrb distances from points, clamped to [0, reg_max - 0.01].
+def bbox2dist(points: Tensor, bbox: Tensor, reg_max: int | float | None = None) -> Tensor:
+    """xyxy boxes -> ltrb distances from points, clamped to [0, reg_max - 0.01]
+    where reg_max is given (None: as they are).
 
     ``reg_max`` here is the largest bin *value*: a head with 16 bins (values
     0..15) passes 15, so the two-bin DFL target floor(t), floor(t)+1 stays in range.
     """
     x1y1, x2y2 = bbox.chunk(2, -1)
-    return torch.cat((points - x1y1, x2y2 - points), -1).clamp(0, reg_max - 0.01)
+    ltrb = torch.cat((points - x1y1, x2y2 - points), -1)
+    return ltrb if reg_max is None else ltrb.clamp(0, reg_max - 0.01)
 
 
 def nms(boxes: Tensor, scores: Tensor, iou_thres: float) -> Tensor:

@@ -1,4 +1,5 @@
-"""YOLOv8-style detection loss: task-aligned assignment, CIoU, DFL and BCE.
+"""Detection losses: YOLOv8-style (task-aligned assignment, CIoU, DFL and
+BCE) and YOLO26's two-head end-to-end loss built on it.
 
 Written from the published methods, not from any YOLO codebase:
 - TOOD (Feng et al., ICCV 2021): anchors are ranked per ground truth by the
@@ -10,6 +11,13 @@ Written from the published methods, not from any YOLO codebase:
 - Distribution Focal Loss (Li et al., GFL, NeurIPS 2020): each box side is a
   distribution over reg_max integer bins; the target t is split over the two
   nearest bins floor(t), floor(t)+1 with weights that interpolate to t.
+
+YOLO26's differences, as ultralytics 8.4 defines them (the numbers are
+theirs): a head without bins (reg_max 1) regresses the four distances
+directly, so an L1 term on them, as fractions of the image, takes DFL's place;
+gt sides shorter than the middle stride are widened to it when anchors are
+chosen (STAL: small objects keep candidates); and EndToEndLoss adds the
+one-to-one head.
 
 Units: the head predicts ltrb distances in *grid units* of its level
 (pixels / stride); assignment compares boxes in pixels; the box and DFL losses
@@ -30,9 +38,15 @@ from .boxes import bbox2dist, bbox_iou, dist2bbox, make_anchors, xywh2xyxy
 class TaskAlignedAssigner(nn.Module):
     """TOOD's task-aligned label assignment (no learnable state)."""
 
-    def __init__(self, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, eps: float = 1e-9):
+    def __init__(self, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, eps: float = 1e-9,
+                 topk2: int | None = None, min_side: float = 0.0):
+        """topk2: after the topk and the one-gt-per-anchor rule, each gt keeps
+        only its topk2 best anchors (1: one prediction per object, YOLO26's
+        one-to-one head). min_side: STAL, gt sides shorter than this (pixels)
+        count as this long when candidates are chosen (0: off)."""
         super().__init__()
         self.topk, self.alpha, self.beta, self.eps = topk, alpha, beta, eps
+        self.topk2, self.min_side = topk2 or topk, min_side
 
     @torch.no_grad()
     def forward(
@@ -52,10 +66,12 @@ class TaskAlignedAssigner(nn.Module):
         """
         if gt_bboxes.shape[1] == 0:
             return self._empty(pd_scores, gt_bboxes)
-        candidates = self._inside_gts(anc_points, gt_bboxes) & mask_gt.bool()  # [B,M,A]
+        candidates = self._inside_gts(anc_points, self._widened(gt_bboxes)) & mask_gt.bool()  # [B,M,A]
         align, overlaps = self._alignment(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates)
         mask_pos = self._topk(align, candidates)
         mask_pos = self._one_gt_per_anchor(mask_pos, overlaps)
+        if self.topk2 < self.topk:
+            mask_pos = self._best_only(mask_pos, align)
         return self._targets(pd_scores, gt_labels, gt_bboxes, mask_pos, align, overlaps)
 
     def _empty(self, pd_scores: Tensor, gt_bboxes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -63,6 +79,15 @@ class TaskAlignedAssigner(nn.Module):
         b, a, _ = pd_scores.shape
         fg_mask = torch.zeros(b, a, dtype=torch.bool, device=pd_scores.device)
         return gt_bboxes.new_zeros(b, a, 4), torch.zeros_like(pd_scores), fg_mask
+
+    def _widened(self, gt_bboxes: Tensor) -> Tensor:
+        """gt boxes whose sides shorter than min_side are widened to it about their centre (STAL)."""
+        if not self.min_side:
+            return gt_bboxes
+        centre, size = (gt_bboxes[..., :2] + gt_bboxes[..., 2:]) / 2, gt_bboxes[..., 2:] - gt_bboxes[..., :2]
+        small = (size < self.min_side).repeat(1, 1, 2)  # x1, y1, x2, y2 follow w, h, w, h
+        half = size.clamp(min=self.min_side) / 2
+        return torch.where(small, torch.cat([centre - half, centre + half], -1), gt_bboxes)
 
     def _inside_gts(self, points: Tensor, gt_bboxes: Tensor) -> Tensor:
         """[B,M,A]: anchor point strictly inside the gt box."""
@@ -103,6 +128,11 @@ class TaskAlignedAssigner(nn.Module):
         only_best = torch.zeros_like(mask_pos).scatter_(1, best, True)
         return torch.where(multi, only_best, mask_pos)
 
+    def _best_only(self, mask_pos: Tensor, align: Tensor) -> Tensor:
+        """[B,M,A]: each gt's topk2 best positives by alignment, the rest dropped."""
+        best = (align * mask_pos).topk(self.topk2, dim=-1).indices
+        return mask_pos & torch.zeros_like(mask_pos).scatter_(-1, best, True)
+
     def _targets(
         self, pd_scores: Tensor, gt_labels: Tensor, gt_bboxes: Tensor, mask_pos: Tensor, align: Tensor, overlaps: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -134,10 +164,13 @@ class DetectionLoss:
         dfl: float = 1.5,
         topk: int = 10,
         world_size: int = 1,
+        topk2: int | None = None,
+        min_side: float = 0.0,
     ):
         self.nc, self.reg_max, self.strides = nc, reg_max, tuple(strides)
-        self.gains = (box, cls, dfl)
-        self.assigner = TaskAlignedAssigner(topk=topk)
+        self.gains = (box, cls, dfl)  # dfl: the gain of the L1 term where reg_max is 1
+        self.names = ("box_loss", "cls_loss", "dfl_loss" if reg_max > 1 else "l1_loss")  # the items, as logged
+        self.assigner = TaskAlignedAssigner(topk=topk, topk2=topk2, min_side=min_side)
         self.world_size = world_size
 
     def __call__(self, feats: list[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,7 +210,8 @@ class DetectionLoss:
         score_sum = self._global_mass(target_scores) / self.world_size
         cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="sum") / score_sum
         target_bboxes = target_bboxes / strides  # back to grid units, like the predictions
-        box, dfl = self._box_losses(pred_dist, pred_bboxes, points, target_bboxes, target_scores, fg, score_sum)
+        box, dfl = self._box_losses(pred_dist, pred_bboxes, points, target_bboxes, target_scores, fg, score_sum,
+                                    strides, self._input_hw(feats))
         parts = torch.stack((box, cls, dfl)) * torch.tensor(self.gains, dtype=cls.dtype, device=cls.device)
         return parts.sum() * (batch * self.world_size), parts.detach()
 
@@ -204,7 +238,10 @@ class DetectionLoss:
         return h * self.strides[0], w * self.strides[0]
 
     def _decode(self, points: Tensor, pred_dist: Tensor) -> Tensor:
-        """Distribution logits [B,A,4*reg_max] -> xyxy boxes [B,A,4] around points, grid units."""
+        """Distribution logits [B,A,4*reg_max] (reg_max 1: the distances) -> xyxy boxes [B,A,4] around points,
+        grid units."""
+        if self.reg_max == 1:
+            return dist2bbox(pred_dist, points, xywh=False)
         b, a, _ = pred_dist.shape
         bins = torch.arange(self.reg_max, dtype=pred_dist.dtype, device=pred_dist.device)
         ltrb = pred_dist.view(b, a, 4, self.reg_max).softmax(-1) @ bins  # expectation over bins
@@ -219,8 +256,10 @@ class DetectionLoss:
         target_scores: Tensor,
         fg: Tensor,
         score_sum: Tensor,
+        strides: Tensor,
+        input_hw: tuple[float, float],
     ) -> tuple[Tensor, Tensor]:
-        """CIoU and DFL losses over foreground anchors, weighted by their target scores."""
+        """CIoU and DFL (reg_max 1: L1) losses over foreground anchors, weighted by their target scores."""
         if not bool(fg.any()):
             # Zero, yet attached to the regression outputs: DDP expects every
             # parameter to get a gradient each step, even on a rank whose batch
@@ -230,11 +269,58 @@ class DetectionLoss:
         weight = target_scores.sum(-1)[fg].unsqueeze(-1)  # [n,1]
         iou = bbox_iou(pred_bboxes[fg], target_bboxes[fg], ciou=True)
         box = ((1.0 - iou) * weight).sum() / score_sum
+        if self.reg_max == 1:
+            # The four distances in pixels over the image's width or height.
+            h, w = input_hw
+            scale = strides.expand(fg.shape[0], -1, -1)[fg] / pred_dist.new_tensor([w, h, w, h])  # [n,4]
+            ltrb = bbox2dist(points, target_bboxes)[fg]
+            l1 = F.l1_loss(pred_dist[fg] * scale, ltrb * scale, reduction="none").mean(-1, keepdim=True)
+            return box, (l1 * weight).sum() / score_sum
         # reg_max - 1 is the largest bin value: targets stay below it so both
         # DFL bins exist.
         ltrb = bbox2dist(points, target_bboxes, self.reg_max - 1)[fg]  # [n,4]
         dfl = (_dfl(pred_dist[fg].view(-1, self.reg_max), ltrb) * weight).sum() / score_sum
         return box, dfl
+
+
+class EndToEndLoss:
+    """YOLO26's loss over both heads: loss, items = EndToEndLoss(...)((maps, one2one_maps), targets).
+
+    The one-to-many head learns as YOLOv8's does (top 10 anchors per gt);
+    the one-to-one head, on the same targets, learns one prediction per
+    object (the top 7 candidates, then the single best), which is what lets
+    it skip NMS. ProgLoss: the one-to-many share of the sum falls linearly
+    from 0.8 in the first epoch to 0.1 in the last, the one-to-one head gets
+    the rest; call set_epoch at the start of each epoch (a pure function of
+    the epoch: a resumed run weighs as the uninterrupted one). The items are
+    the one-to-one head's (box, cls, l1), as ultralytics logs them.
+    """
+
+    start, end = 0.8, 0.1  # the one-to-many share in the first and the last epoch
+
+    def __init__(self, nc: int, epochs: int, strides: Sequence[float] = (8, 16, 32), world_size: int = 1,
+                 **gains: float):
+        # STAL: widened to the middle stride, 16 px.
+        common = dict(nc=nc, reg_max=1, strides=strides, world_size=world_size, min_side=strides[1], **gains)
+        self.one2many = DetectionLoss(topk=10, **common)
+        self.one2one = DetectionLoss(topk=7, topk2=1, **common)
+        self.epochs, self.epoch = epochs, 0
+        self.names = self.one2one.names
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def one2many_share(self) -> float:
+        left = max(1 - self.epoch / max(self.epochs - 1, 1), 0.0)  # 1 in the first epoch, 0 in the last
+        return self.end + (self.start - self.end) * left
+
+    def __call__(self, feats: tuple[list[Tensor], list[Tensor]], targets: Tensor) -> tuple[Tensor, Tensor]:
+        maps, one2one_maps = feats
+        share = self.one2many_share
+        many, _ = self.one2many(maps, targets)
+        one, items = self.one2one(one2one_maps, targets)
+        return many * share + one * (1 - share), items
 
 
 def _dfl(logits: Tensor, target: Tensor) -> Tensor:

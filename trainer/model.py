@@ -57,7 +57,9 @@ class Detect(nn.Module):
     def init_biases(self, nc: int, strides: tuple[int, ...]) -> None:
         """Prior biases so that training from scratch starts stable."""
         for box, cls, s in zip(self.box, self.cls, strides):
-            box[-1].bias.fill_(1.0)
+            # Distances of 2 grid units to start from (reg_max 1, as ultralytics);
+            # DFL's bins: any constant, a softmax does not see it.
+            box[-1].bias.fill_(2.0 if box[-1].out_channels == 4 else 1.0)
             # Prior of ~5 objects per 640x640 image spread over nc classes and the
             # (640/s)^2 cells of this level: keeps early class loss from exploding.
             cls[-1].bias.fill_(math.log(5 / nc / (640 / s) ** 2))
@@ -109,8 +111,14 @@ class DetectionModel(nn.Module):
         # so that it follows the model across .to(device).
         self.register_buffer("stride", torch.tensor(STRIDES, dtype=torch.float32), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return self.head(self.neck(self.backbone(x)))
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The head's raw maps, what the loss trains on; an end2end model's
+        come with its one-to-one maps, computed on detached features: the
+        one-to-one loss trains its own branches only, never the body."""
+        feats = self.neck(self.backbone(x))
+        if self.end2end:
+            return self.head(feats), self.head.one2one([f.detach() for f in feats])
+        return self.head(feats)
 
     def decode(self, feats: list[torch.Tensor]) -> torch.Tensor:
         """Raw maps -> [B, 4 + nc, A]: (cx, cy, w, h) in input pixels, then sigmoid class scores."""

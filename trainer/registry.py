@@ -6,15 +6,9 @@ counts); adding a family is that module and its name here."""
 FAMILIES = ("yolov8", "yolo11", "yolo26")
 SCALES = ("n", "s", "m", "l", "x")  # every family's sizes (a test holds each family module to them)
 MODELS = tuple(f"{family}{scale}" for family in FAMILIES for scale in SCALES)
-# Families whose checkpoints load, validate, predict and export, but which
-# hpcyolo does not train yet: YOLO26 trains both heads (one-to-many and
-# one-to-one losses), which the trainer does not have.
-NOT_TRAINED = ("yolo26",)
-TRAINED_FAMILIES = tuple(f for f in FAMILIES if f not in NOT_TRAINED)
-TRAINED = tuple(m for m in MODELS if m[:-1] in TRAINED_FAMILIES)
 # The sizes hpcyolo offered first, YOLOv8's: weights and runs that say "n" stay YOLOv8n.
 ALIASES = {"n": "yolov8n", "s": "yolov8s", "m": "yolov8m"}
-CHOICES = TRAINED + tuple(ALIASES)  # what train.model and --model take
+CHOICES = MODELS + tuple(ALIASES)  # what train.model and --model take
 DEFAULT = "n"
 
 # Every detector here downsamples by 32 at its coarsest level: a side that is

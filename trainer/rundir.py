@@ -54,6 +54,12 @@ RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss"
                    "metrics/recall", "metrics/mAP50", "metrics/mAP50-95", "lr", *TIMING_COLUMNS)
 
 
+def results_columns(losses: tuple[str, ...]) -> tuple[str, ...]:
+    """results.csv's header for a loss with these items: RESULTS_COLUMNS, or
+    YOLO26's, whose third is l1_loss as ultralytics names it."""
+    return ("epoch", *(f"train/{name}" for name in losses), *RESULTS_COLUMNS[4:])
+
+
 JOB_NEW_RUN = "run.name, or another job name"  # how a job spec names another run directory
 RESUME_HOW = "set run.resume: true"  # how a job spec asks to continue its run
 
@@ -255,17 +261,17 @@ def read_results(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def write_result(run: Path, values: tuple) -> None:
-    """Add an epoch's row (RESULTS_COLUMNS' values, epoch first, counted
+def write_result(run: Path, values: tuple, columns: tuple[str, ...] = RESULTS_COLUMNS) -> None:
+    """Add an epoch's row (the values of `columns`, epoch first, counted
     from 1) to results.csv, atomically: a resumed epoch replaces its old row."""
     import io
 
     from .fsutil import write_atomic
 
-    row = dict(zip(RESULTS_COLUMNS, values, strict=True))
+    row = dict(zip(columns, values, strict=True))
     rows = [r for r in read_results(run) if int(r["epoch"]) < int(row["epoch"])]
     text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=list(RESULTS_COLUMNS))
+    writer = csv.DictWriter(text, fieldnames=list(columns))
     writer.writeheader()
     writer.writerows([*rows, row])
     write_atomic(run / RESULTS, text.getvalue().encode())

@@ -33,10 +33,10 @@ class Schedule:
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         """Set LR (and SGD momentum) of every group for optimizer step `step`.
-        During warm-up biases start high and come down, the rest start at 0."""
-        target = self.lr0 * self.factor(step)
+        During warm-up biases start high and come down, the rest start at 0.
+        A group's `lr_scale` multiplies its LR (MuSGD's class branches: 3)."""
         for group in optimizer.param_groups:
-            lr = target
+            lr = target = self.lr0 * self.factor(step) * group.get("lr_scale", 1.0)
             if step < self.warmup_steps:
                 w = step / self.warmup_steps
                 start = self.warmup_bias_lr if group["name"] == "bias" else 0.0
@@ -49,25 +49,40 @@ class Schedule:
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float):
-    """Three groups: weights with decay, norm weights and biases without."""
-    decay, no_decay, bias = [], [], []
+    """Three groups: weights with decay, norm weights and biases without.
+    MuSGD (ultralytics' groups for it): the matrices and conv filters in a
+    fourth, Muon's, with decay; and the class branches' parameters of every
+    group in groups of their own at 3 x the learning rate."""
+    muon = name == "musgd"
+    groups = {"decay": [], "norm": [], "bias": [], "muon": []}
+    boosted = {id(p) for n, p in model.named_parameters() if ".cls." in n or ".one2one_cls." in n} if muon else set()
     for module in model.modules():
         for pname, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
-            if pname == "bias":
-                bias.append(p)
+            if muon and p.ndim in (2, 4):
+                groups["muon"].append(p)
+            elif pname == "bias":
+                groups["bias"].append(p)
             elif isinstance(module, nn.modules.batchnorm._BatchNorm):
-                no_decay.append(p)
+                groups["norm"].append(p)
             else:
-                decay.append(p)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
-        {"params": no_decay, "weight_decay": 0.0, "name": "norm"},
-        {"params": bias, "weight_decay": 0.0, "name": "bias"},
-    ]
+                groups["decay"].append(p)
+    decays = {"decay": weight_decay, "norm": 0.0, "bias": 0.0, "muon": weight_decay}
+    order = ("muon", "norm", "bias", "decay") if muon else ("decay", "norm", "bias")
+    param_groups = []
+    for scale in (1.0, 3.0) if muon else (1.0,):
+        for group in order:
+            params = [p for p in groups[group] if (id(p) in boosted) == (scale != 1.0)]
+            if params or not muon:
+                extra = {"lr_scale": scale, "use_muon": group == "muon"} if muon else {}
+                param_groups.append({"params": params, "weight_decay": decays[group], "name": group, **extra})
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+        return torch.optim.SGD(param_groups, lr=lr, momentum=momentum, nesterov=True)
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+        return torch.optim.AdamW(param_groups, lr=lr, betas=(momentum, 0.999))
+    if muon:
+        from .musgd import MuSGD
+
+        return MuSGD(param_groups, lr=lr, momentum=momentum, nesterov=True)
     raise ValueError(f"unknown optimizer {name!r}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from .errors import HpcyoloError, shown
-from .registry import ALIASES, CHOICES, SCALES, TRAINED, TRAINED_FAMILIES, check_imgsz
+from .registry import ALIASES, CHOICES, FAMILIES, MODELS, SCALES, check_imgsz
 
 REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
 
@@ -152,7 +152,7 @@ def _path(config: dict, key: str) -> str | None:
     return os.path.abspath(config[key]) if config.get(key) else None
 
 
-_FAMILIES = " or ".join(f"{family}{SCALES[0]}-{SCALES[-1]}" for family in TRAINED_FAMILIES)  # yolov8n-x or yolo11n-x
+_FAMILIES = ", ".join(f"{family}{SCALES[0]}-{SCALES[-1]}" for family in FAMILIES)  # yolov8n-x, yolo11n-x, ...
 _ALIASES = ", ".join(ALIASES)
 _SCHEDULE = "the learning-rate schedule: a resumed run is the run it continues, exactly"
 _AUGMENT = "the augmentation of each epoch"
@@ -166,7 +166,7 @@ SETTINGS: tuple[Setting, ...] = (
       "the images and classes the weights learnt; the results would mix two datasets (compared as the dataset: a "
       "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML.",
       compare=_dataset),
-    S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(TRAINED)} ({_ALIASES}: the YOLOv8 sizes); "
+    S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
       "empty: n, or the architecture of train.weights.", True, "the checkpoints hold this architecture's weights",
       key="train.model", flag="--model", compare=_model,
       help=f"Detector: {_FAMILIES} ({_ALIASES}: the YOLOv8 sizes).  [default: n, or the architecture of --weights]"),
@@ -188,11 +188,13 @@ SETTINGS: tuple[Setting, ...] = (
       "hardware's", check_non_negative, key="train.workers", flag="--workers"),
     S("seed", 0, int, "Random seed (each rank derives its own from it).", True, "the order of the images and the "
       "augmentation drawn in every epoch", check_non_negative, key="train.seed", flag="--seed"),
-    S("optimizer", "sgd", Literal["sgd", "adamw"], "Optimizer: sgd or adamw.", True, "the checkpoint holds this "
+    S("optimizer", "sgd", Literal["sgd", "adamw", "musgd"], "Optimizer: sgd, adamw or musgd (ultralytics' MuSGD, "
+      "YOLO26's: Muon-orthogonalised plus SGD updates for matrices and conv filters, SGD for the rest).", True,
+      "the checkpoint holds this "
       "optimizer's state", key="train.optimizer", flag="--optimizer"),
-    S("lr0", None, float | None, "Initial learning rate; empty: 0.01 for sgd, 0.001 for adamw.", True, _SCHEDULE,
-      check_non_negative, key="train.lr0", flag="--lr0",
-      help="Initial learning rate.  [default: 0.01 for sgd, 0.001 for adamw]"),
+    S("lr0", None, float | None, "Initial learning rate; empty: 0.01 for sgd and musgd, 0.001 for adamw.", True,
+      _SCHEDULE, check_non_negative, key="train.lr0", flag="--lr0",
+      help="Initial learning rate.  [default: 0.01 for sgd and musgd, 0.001 for adamw]"),
     S("lrf", 0.01, float, "Final learning rate, as a fraction of lr0 (learning-rate schedule).", True, _SCHEDULE,
       check_non_negative),
     S("momentum", 0.937, float, "SGD momentum, or AdamW's beta1.", True, _SCHEDULE, check_non_negative),
@@ -231,6 +233,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("dist_timeout", 600, int, "Seconds a collective may wait before the job gives up (hang protection).", False,
       "how long a collective may wait", check_positive, key="run.dist_timeout", flag="--dist-timeout"),
     S("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
+    S("end2end", False, bool, "Validate each epoch with YOLO26's one-to-one head, NMS-free (ultralytics' "
+      "nms=False); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
+      "best.pt is the best epoch by this measure", key="train.end2end", flag="--end2end/--nms"),
     S("val_images", 4, int, "Validation images drawn with predictions each epoch.", False,
       "how many validation images are drawn", check_non_negative),
     S("log_every", 30.0, float, "Seconds between progress lines in batch logs.", False,
@@ -266,7 +271,7 @@ def check_train(options: dict[str, Any], world: int) -> None:
 
 def _train_config_methods() -> dict:
     def learning_rate(self) -> float:
-        return self.lr0 if self.lr0 is not None else (0.01 if self.optimizer == "sgd" else 0.001)
+        return self.lr0 if self.lr0 is not None else (0.001 if self.optimizer == "adamw" else 0.01)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

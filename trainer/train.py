@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from . import checkpoint as ckpt
-from . import registry, rundir
+from . import families, rundir
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dataset import DataSpec, check_labels
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
@@ -34,7 +34,7 @@ from .ema import ModelEMA
 from .errors import HpcyoloError
 from .evaluate import ValBatches, validate
 from .fsutil import write_atomic
-from .loss import DetectionLoss
+from .loss import DetectionLoss, EndToEndLoss
 from .model import ALIASES, build_model
 from .photometric import gains_of, hsv_jitter_batch
 from .preemption import CHECKPOINT
@@ -111,7 +111,7 @@ class Parts:
     amp: bool
     amp_dtype: torch.dtype
     scaler: torch.amp.GradScaler
-    loss_fn: DetectionLoss
+    loss_fn: DetectionLoss | EndToEndLoss
     writer: ckpt.Writer
     net: torch.nn.Module | None = None  # the model under DDP, once placed
 
@@ -168,7 +168,9 @@ def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict,
         state["arch"] = resumed_arch(state, cfg, nc)
     elif cfg.weights:
         weights = read_weights(cfg.weights)
-        choose_arch(cfg, weights)
+    arch = state["arch"] if state is not None else choose_arch(cfg, weights)
+    if cfg.end2end and not families.load(arch[:-1]).END2END:
+        raise HpcyoloError(f"end2end: {arch} has no one-to-one head; NMS-free validation is for YOLO26")
     if d.is_main:
         for partial in ckpt.remove_partials(run / rundir.CHECKPOINTS):
             warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
@@ -189,7 +191,7 @@ def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: We
     optimizer, schedule, accumulate = build_optimization(cfg, model, data.batches)
     amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
     return Parts(model, ModelEMA(model), optimizer, schedule, accumulate, amp, amp_dtype, scaler,
-                 detection_loss(model, data.nc, d), ckpt.Writer())
+                 detection_loss(model, data.nc, d, cfg.epochs), ckpt.Writer())
 
 
 def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
@@ -226,6 +228,8 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
     checkpoint cadence and the ranks' agreed answer to a stop request.
     Returns the exit code when the run stops inside the epoch, else None."""
     parts.net.train()
+    if isinstance(parts.loss_fn, EndToEndLoss):
+        parts.loss_fn.set_epoch(pos.epoch)
     progress = Progress(d, f"epoch {pos.epoch + 1}/{cfg.epochs}", data.batches, pos.batch, cfg.log_every)
     t0 = time.time() - pos.epoch_seconds  # a resumed epoch counts the time before the stop too
     meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
@@ -301,12 +305,13 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
     save_state(d, cfg, parts, pos)
     if d.is_main:
-        write_results(run, pos.epoch - 1, train_loss, metrics, parts.optimizer.param_groups[0]["lr"],
-                      train_seconds, speed)
+        write_results(run, pos.epoch - 1, train_loss, parts.loss_fn.names, metrics,
+                      parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
         for name in ("last.pt", "best.pt") if improved else ("last.pt",):
             save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.spec.names)
+        box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
         print(f"epoch {pos.epoch}/{cfg.epochs}: loss {train_loss.sum():.3f} "
-              f"(box {train_loss[0]:.3f} cls {train_loss[1]:.3f} dfl {train_loss[2]:.3f}) "
+              f"({box} {train_loss[0]:.3f} {cls} {train_loss[1]:.3f} {third} {train_loss[2]:.3f}) "
               f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
               f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
 
@@ -371,9 +376,6 @@ def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
     if cfg.model and resolve_name(cfg.model) != weights.arch:
         raise HpcyoloError(f"{weights.path}: holds {weights.arch}, but --model asks for {resolve_name(cfg.model)} "
                            "(leave --model out to train the weights' own architecture)")
-    if weights.arch[:-1] in registry.NOT_TRAINED:
-        raise HpcyoloError(f"{weights.path}: holds {weights.arch}, which hpcyolo validates, predicts with and "
-                           "exports, but does not train yet (its one-to-one head's loss is still to come)")
     return weights.arch
 
 
@@ -411,9 +413,13 @@ def place_model(model, d: Dist):
     return normalise_across_ranks(model, d.device) if d.distributed else model
 
 
-def detection_loss(model, nc: int, d: Dist) -> DetectionLoss:
-    """The loss of `model`'s head, scaled for d's world size (DetectionLoss)."""
-    return DetectionLoss(nc, reg_max=model.reg_max, strides=tuple(model.stride.tolist()), world_size=d.world_size)
+def detection_loss(model, nc: int, d: Dist, epochs: int) -> DetectionLoss | EndToEndLoss:
+    """The loss of `model`'s head (both heads of an end2end one: its weights
+    change over the `epochs`), scaled for d's world size (DetectionLoss)."""
+    strides = tuple(model.stride.tolist())
+    if model.end2end:
+        return EndToEndLoss(nc, epochs, strides=strides, world_size=d.world_size)
+    return DetectionLoss(nc, reg_max=model.reg_max, strides=strides, world_size=d.world_size)
 
 
 def data_parallel(model, d: Dist):
@@ -631,7 +637,7 @@ def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: 
             drawn += draw_predictions(imgs, preds, names, run, drawn, cfg.val_images - drawn)
 
     metrics = validate(d, model, batches, workers=cfg.workers, on_batch=draw if d.is_main else None,
-                       worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")))
+                       worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")), end2end=cfg.end2end)
     return metrics or {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
 
 
@@ -647,14 +653,15 @@ def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> 
     return count
 
 
-def write_results(run: Path, epoch: int, loss: torch.Tensor, metrics: dict, lr: float, seconds: float,
-                  speed: tuple[float, float, float | None]) -> None:
-    """The epoch's row of results.csv, in rundir.RESULTS_COLUMNS' order."""
+def write_results(run: Path, epoch: int, loss: torch.Tensor, losses: tuple[str, ...], metrics: dict, lr: float,
+                  seconds: float, speed: tuple[float, float, float | None]) -> None:
+    """The epoch's row of results.csv (rundir.results_columns; `losses`: the loss items' names)."""
     rate, wait, memory = speed
     rundir.write_result(run, (epoch + 1, f"{loss[0]:.5f}", f"{loss[1]:.5f}", f"{loss[2]:.5f}",
                               f"{metrics['precision']:.5f}", f"{metrics['recall']:.5f}", f"{metrics['map50']:.5f}",
                               f"{metrics['map50_95']:.5f}", f"{lr:.6g}", f"{seconds:.1f}", f"{rate:.1f}",
-                              f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}"))
+                              f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}"),
+                        rundir.results_columns(losses))
 
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:

@@ -147,16 +147,3 @@ def test_model_that_contradicts_the_weights_is_one_line(tmp_path, shapes4):
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [f"hpcyolo: error: {V8}: holds yolov8n, but --model asks for yolo11n "
                                              "(leave --model out to train the weights' own architecture)"]
-
-
-def test_yolo26_weights_are_refused_for_training_before_anything_is_written(tmp_path, shapes4):
-    """YOLO26 loads, validates, predicts and exports; its training (both
-    heads' losses) is not there yet: one line, and no run directory."""
-    y26 = SHARED / "fixtures" / "ultralytics" / "yolo26n-shapes" / "model.pt"
-    r = run1(argv(tmp_path / "run", shapes4, "--weights", str(y26)))
-    assert r.returncode != 0 and not (tmp_path / "run").exists()
-    assert r.stderr.strip().splitlines() == [f"hpcyolo: error: {y26}: holds yolo26n, which hpcyolo validates, "
-                                             "predicts with and exports, but does not train yet (its one-to-one "
-                                             "head's loss is still to come)"]
-    model = run1(argv(tmp_path / "run", shapes4, "--model", "yolo26n"))
-    assert model.returncode == 2 and "'yolo26n' is not one of" in model.stderr

@@ -8,7 +8,8 @@ as the trainer places it, the loss, DDP's reduction, accumulation to nbs,
 the weight-decay scaling, the warm-up and schedule, clipping and the SGD
 step. Twice: with BatchNorm frozen (eval mode), where the split cannot
 change the maths, and in training mode, where the ranks normalise over the
-global batch together (syncbn.py: torch's SyncBatchNorm is GPU-only).
+global batch together (syncbn.py: torch's SyncBatchNorm is GPU-only). And
+once for ultralytics' YOLO26n checkpoint: both heads' losses (EndToEndLoss).
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from conftest import SHARED
 
 from hpcyolo.node.local import free_port
 
-FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
+FIXTURES = SHARED / "fixtures" / "ultralytics"
+# (fixture, BatchNorm, clip_norm) of each step compared
+CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in (10.0, 0.0)] + \
+        [("yolo26n-shapes", "train", 10.0)]
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
 STEP = 20  # an optimizer step inside the warm-up (50 steps here): warm-up LR and momentum apply
-CLIPS = (10.0, 0.0)  # clip_norm: the trainer's default, and no clipping
-BATCHNORM = ("frozen", "train")
 
 
 def _steps(rank: int, world: int, port: int, out: str) -> None:
-    """Rank `rank` of `world`: for each of CLIPS, one optimizer step from the
+    """Rank `rank` of `world`: for each of CASES, one optimizer step from the
     same weights on its share of two global batches."""
     from hpcyolo_trainer.dist import cleanup, setup
     from hpcyolo_trainer.rendezvous import JOB_ENV
@@ -40,13 +42,13 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})
     torch.set_num_threads(1)
     d = setup(60)
-    results = {(bn, clip): _one_step(d, clip, bn) for bn in BATCHNORM for clip in CLIPS}
+    results = {case: _one_step(d, *case) for case in CASES}
     if rank == 0:
         torch.save(results, out)
     cleanup()
 
 
-def _one_step(d, clip: float, batchnorm: str) -> dict:
+def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     from hpcyolo_trainer.data import AugmentHyp, YoloDataset, collate, load_data_spec
     from hpcyolo_trainer.ema import ModelEMA
     from hpcyolo_trainer.settings import TrainConfig
@@ -54,18 +56,18 @@ def _one_step(d, clip: float, batchnorm: str) -> dict:
                                        initial_model, optimizer_step, place_model)
     from hpcyolo_trainer.weights import read_weights
 
-    cfg = TrainConfig(run_dir="unused", data=str(FIXTURE / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS, imgsz=IMGSZ,
-                      clip_norm=clip, epochs=10)
+    cfg = TrainConfig(run_dir="unused", data=str(FIXTURES / fixture / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS,
+                      imgsz=IMGSZ, clip_norm=clip, epochs=10)
     spec = load_data_spec(cfg.data)
     dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names))
-    weights = read_weights(FIXTURE / "model.pt")
+    weights = read_weights(FIXTURES / fixture / "model.pt")
     model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights)
     model = place_model(model, d)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     net = data_parallel(model, d)
     optimizer, schedule, accumulate = build_optimization(cfg, model, len(dataset) // GLOBAL_BATCH)
     assert accumulate == 2
-    loss_fn = detection_loss(model, len(spec.names), d)
+    loss_fn = detection_loss(model, len(spec.names), d, cfg.epochs)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     net.train()
     for m in model.modules():
@@ -91,7 +93,7 @@ def _one_step(d, clip: float, batchnorm: str) -> dict:
 
 
 def steps_of(world: int, tmp_path: Path) -> dict:
-    """{(batchnorm, clip): the step's record} of rank 0 of `world` ranks."""
+    """{case: the step's record} of rank 0 of `world` ranks."""
     out = str(tmp_path / f"steps-{world}.pt")
     mp.spawn(_steps, args=(world, free_port(), out), nprocs=world, join=True)
     return torch.load(out)
@@ -107,19 +109,19 @@ def relative(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory) -> dict:
-    """{world size: {(batchnorm, clip): rank 0's record}} for 1, 2 and 4 ranks."""
+    """{world size: {case: rank 0's record}} for 1, 2 and 4 ranks."""
     tmp = tmp_path_factory.mktemp("steps")
     return {world: steps_of(world, tmp) for world in (1, 2, 4)}
 
 
-@pytest.mark.parametrize("batchnorm", BATCHNORM)
-@pytest.mark.parametrize("clip", CLIPS, ids=["clipped", "not-clipped"])
-def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(steps, batchnorm, clip):
-    one = steps[1][batchnorm, clip]
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0][:-7]}-{c[1]}-{'clipped' if c[2] else 'not-clipped'}")
+def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(steps, case):
+    clip = case[2]
+    one = steps[1][case]
     if clip:
         assert one["norm"] > clip  # the clip acts on this step
     for world in (2, 4):
-        many = steps[world][batchnorm, clip]
+        many = steps[world][case]
         rel = relative(many["delta"], one["delta"])
         length = float(torch.cat([v.flatten() for v in many["delta"].values()]).norm()
                        / torch.cat([v.flatten() for v in one["delta"].values()]).norm())

@@ -1,0 +1,121 @@
+"""Training against ultralytics: the same model, data and settings trained
+by `hpcyolo train` and by ultralytics' own trainer, both measured by one
+validator.
+
+    bash benchmarks/ultralytics_venv.sh            # once: builds /work/bench-ul-venv
+    .venv/bin/python benchmarks/bench_ultralytics_train.py [--model yolo26n] [--epochs 12] [--optimizer SGD]
+
+The demo's settings on both sides: a shapes set from `hpcyolo make-dataset
+shapes` (800 train / 200 val images at 160 px, 4 classes), the model from
+scratch (ultralytics: its `yolo26n.yaml`), imgsz 160, batch 32, nbs 32, lr0
+0.01, close_mosaic 3, seed 0, one process on the CPU, amp off, one loader
+worker. Ultralytics runs in its benchmark venv (--ul-python), never in ours.
+Each side's last epoch is read from its own results.csv, and both sides'
+final weights (last.pt: the EMA) are then measured by `hpcyolo val` on the
+200 val images, so the two figures come from one validator. Prints what
+each side ran with. Goal (issue 26): ours at least ultralytics' minus 0.02
+mAP50-95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+UL_PYTHON = "/work/bench-ul-venv/bin/python"
+MAP_COLUMNS = {"ultralytics": ("metrics/mAP50(B)", "metrics/mAP50-95(B)"),
+               "hpcyolo": ("metrics/mAP50", "metrics/mAP50-95")}  # in each side's results.csv
+OPTIMIZERS = {"SGD": "sgd", "AdamW": "adamw", "MuSGD": "musgd"}  # ultralytics' name: ours
+
+UL_TRAIN = """
+import json, sys
+from ultralytics import YOLO
+args = json.loads(sys.argv[1])
+YOLO(args.pop("model")).train(**args)
+"""
+
+
+def settings(args, data: Path, project: Path) -> dict:
+    """Ultralytics' train() arguments: the settings both sides run with."""
+    return {"model": f"{args.model}.yaml", "data": str(data), "epochs": args.epochs, "imgsz": 160, "batch": 32,
+            "nbs": 32, "optimizer": args.optimizer, "lr0": args.lr0, "close_mosaic": 3, "seed": 0,
+            "deterministic": True, "workers": 1, "device": "cpu", "amp": False, "plots": False, "val": True,
+            "project": str(project), "name": "ultralytics", "exist_ok": True, "pretrained": False, "verbose": False}
+
+
+def last_row(results: Path) -> dict:
+    with results.open(newline="") as f:
+        rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(f)]
+    return rows[-1]
+
+
+def measured(weights: Path, data: Path) -> dict:
+    """mAP of `weights` by `hpcyolo val` (ultralytics' checkpoints are read without running their pickle)."""
+    out = subprocess.run([str(BIN / "hpcyolo"), "val", str(weights), "--data", str(data), "--imgsz", "160",
+                          "--batch", "16", "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="yolo26n")
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--optimizer", default="SGD", choices=OPTIMIZERS)
+    parser.add_argument("--lr0", type=float, default=0.01)
+    parser.add_argument("--ul-python", default=UL_PYTHON)
+    parser.add_argument("--keep", type=Path, help="Keep the data and runs here instead of a temporary folder.")
+    args = parser.parse_args()
+    if not Path(args.ul_python).is_file():
+        sys.exit(f"no ultralytics venv at {args.ul_python}: run bash benchmarks/ultralytics_venv.sh")
+    from hpcyolo.login.shapes import make_shapes
+
+    threads = str(os.cpu_count())
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        data = root / "shapes" / "data.yaml"
+        if not data.is_file():
+            make_shapes(root / "shapes", n_train=800, n_val=200, imgsz=160)
+        absolute = root / "shapes" / "data.abs.yaml"  # ultralytics resolves a relative path: against its own folders
+        absolute.write_text(data.read_text().replace("path: .", f"path: {data.parent}"))
+        ul = settings(args, absolute, root)
+        ours = ["--model", args.model, "--epochs", str(args.epochs), "--imgsz", "160", "--batch", "32", "--nbs", "32",
+                "--optimizer", OPTIMIZERS[args.optimizer], "--lr0", str(args.lr0), "--close-mosaic", "3",
+                "--seed", "0", "--workers", "1"]
+        print(f"data: {data.parent} (800 train / 200 val, 160 px, 4 classes); {threads} CPU threads each side")
+        print(f"ultralytics: YOLO({ul['model']!r}).train(" + ", ".join(f"{k}={v!r}" for k, v in ul.items()
+                                                                     if k != "model") + ")")
+        print(f"hpcyolo:     hpcyolo train --run-dir {root / 'hpcyolo'} --data {data} " + " ".join(ours), flush=True)
+        env = {**os.environ, "OMP_NUM_THREADS": threads}
+        walls = {}
+        start = time.perf_counter()
+        subprocess.run([args.ul_python, "-c", UL_TRAIN, json.dumps(ul)], check=True, stdout=subprocess.DEVNULL,
+                       env={**env, "YOLO_CONFIG_DIR": str(root / "ul-config"), "YOLO_OFFLINE": "1"})
+        walls["ultralytics"] = time.perf_counter() - start
+        start = time.perf_counter()
+        subprocess.run([str(BIN / "hpcyolo"), "train", "--run-dir", str(root / "hpcyolo"), "--data", str(data), *ours],
+                       check=True, stdout=subprocess.DEVNULL, env=env)
+        walls["hpcyolo"] = time.perf_counter() - start
+        figures = {}
+        for side in ("ultralytics", "hpcyolo"):
+            own = last_row(root / side / "results.csv")
+            val = measured(root / side / "weights" / "last.pt", data)
+            figures[side] = val["map50_95"]
+            own_map50, own_map = (float(own[c]) for c in MAP_COLUMNS[side])
+            print(f"{side:12s} epoch {own['epoch']}: own validator mAP50 {own_map50:.3f} mAP50-95 {own_map:.3f}; "
+                  f"last.pt by hpcyolo val: mAP50 {val['map50']:.3f} mAP50-95 {val['map50_95']:.3f}; "
+                  f"training {walls[side]:.0f} s")
+        gap = figures["hpcyolo"] - figures["ultralytics"]
+        print(f"hpcyolo - ultralytics: {gap:+.3f} mAP50-95 ({'within' if gap >= -0.02 else 'OUTSIDE'} the goal: "
+              ">= -0.02)")
+
+
+if __name__ == "__main__":
+    main()
