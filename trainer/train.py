@@ -170,7 +170,8 @@ def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict,
         weights = read_weights(cfg.weights)
     arch = state["arch"] if state is not None else choose_arch(cfg, weights)
     if cfg.end2end and not families.load(arch[:-1]).END2END:
-        raise HpcyoloError(f"end2end: {arch} has no one-to-one head; NMS-free validation is for YOLO26")
+        raise HpcyoloError(f"end2end (--end2end, train.end2end): {arch} has no one-to-one head; NMS-free "
+                           "validation is for YOLO26")
     if d.is_main:
         for partial in ckpt.remove_partials(run / rundir.CHECKPOINTS):
             warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")

@@ -63,6 +63,38 @@ def test_ultralytics_yolo26n_fine_tunes_to_other_classes_with_both_class_branche
     assert kept and max((saved[k] - source[k].float()).abs().max().item() for k in kept) < 1e-5
 
 
+def test_end2end_validates_each_epoch_as_hpcyolo_val_end2end_measures(tmp_path):
+    """train.end2end: each epoch's row is the one-to-one head's NMS-free
+    measure, the figure `hpcyolo val --end2end` gives for last.pt, not the default one."""
+    data = make_shapes(tmp_path / "shapes", n_train=8, n_val=8, imgsz=160, classes=4, seed=3)
+    common = ["--weights", str(Y26), "--lr0", "0", "--epochs", "1", "--workers", "0", "--batch", "4", "--imgsz",
+              "160", "--close-mosaic", "1"]
+    r = subprocess.run([*argv(tmp_path / "run", data), *common, "--end2end"], capture_output=True, text=True,
+                       env=env())
+    assert r.returncode == 0, r.stderr
+    row = (tmp_path / "run" / "results.csv").read_text().splitlines()[1].split(",")
+
+    def val(*extra: str) -> dict:
+        out = subprocess.run([HPCYOLO, "val", str(tmp_path / "run" / "weights" / "last.pt"), "--data", str(data),
+                              "--imgsz", "160", "--batch", "8", "--json", *extra], capture_output=True, text=True,
+                             env=env())
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    e2e, default = val("--end2end"), val()
+    assert float(row[7]) == pytest.approx(e2e["map50_95"], abs=1e-5) and float(row[6]) == pytest.approx(
+        e2e["map50"], abs=1e-5)
+    assert e2e["map50_95"] > 0.1 and abs(e2e["map50_95"] - default["map50_95"]) > 1e-3
+
+
+def test_end2end_for_a_model_without_a_one_to_one_head_is_one_line_before_anything_is_written(tmp_path, shapes3):
+    r = subprocess.run([*argv(tmp_path / "run", shapes3), "--model", "yolov8n", "--end2end"], capture_output=True,
+                       text=True, env=env())
+    assert r.returncode == 1 and not (tmp_path / "run").exists()
+    assert r.stderr.strip().splitlines() == ["hpcyolo: error: end2end (--end2end, train.end2end): yolov8n has no "
+                                             "one-to-one head; NMS-free validation is for YOLO26"]
+
+
 def hold_then_signal(args: list[str], step: int) -> tuple[int, str]:
     """Two ranks that hold after optimizer step `step` until a signal comes;
     then SIGUSR2 (the site's preemption signal) to the launcher, which passes
