@@ -192,7 +192,11 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
     weights = write(tmp_path / "w.pt", "")
     values = {"model": "s", "weights": str(weights), "epochs": 7, "batch": 16, "imgsz": 320, "workers": 2, "seed": 5,
               "optimizer": "adamw", "lr0": 0.003, "nbs": 32, "close_mosaic": 3, "multi_scale": 0.25, "rect": True,
-              "end2end": True}
+              "end2end": True, "lrf": 0.02, "momentum": 0.9, "weight_decay": 0.001, "warmup_epochs": 1.0,
+              "warmup_momentum": 0.7, "warmup_bias_lr": 0.05, "cos_lr": True, "box": 5.0, "cls": 1.0, "dfl": 2.0,
+              "mosaic": 0.5, "hsv_h": 0.01, "hsv_s": 0.5, "hsv_v": 0.3, "degrees": 10.0, "translate": 0.2,
+              "scale": 0.3, "shear": 2.0, "flipud": 0.5, "fliplr": 0.3, "bgr": 0.1, "amp": False, "patience": 5,
+              "save_period": 2}
     job = (f"name: j\nresources: {{nodes: 1, time: '04:00:00'}}\ndata: {{yaml: {COCO8}, cache: ram}}\n"
            f"train: {{{', '.join(f'{k}: {v}' for k, v in values.items())}}}\n"
            "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900}\n")

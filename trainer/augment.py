@@ -49,13 +49,17 @@ class AugmentHyp:
     """Saturation gain range (fraction)."""
     hsv_v: float = 0.4
     """Value gain range (fraction)."""
+    flipud: float = 0.0
+    """Probability of a vertical flip."""
     fliplr: float = 0.5
     """Probability of a horizontal flip."""
+    bgr: float = 0.0
+    """Probability of swapping the colour channels (RGB -> BGR)."""
     close_mosaic: int = 10
     """Last epochs trained without mosaic; the trainer sets `dataset.mosaic = False` for them."""
 
     def __post_init__(self) -> None:
-        for name in ("mosaic", "fliplr"):
+        for name in ("mosaic", "flipud", "fliplr", "bgr"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AugmentHyp.{name}: a probability must be in [0, 1], got {getattr(self, name)}")
         for f in fields(self):
@@ -337,6 +341,13 @@ def apply_hsv(img: np.ndarray, gains: np.ndarray) -> np.ndarray:
     lut_v = np.clip(x * gains[2], 0, 255).astype(np.uint8)
     hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+def flip_ud(img: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    h = img.shape[0]
+    out = boxes.copy()
+    out[:, 2], out[:, 4] = h - boxes[:, 4], h - boxes[:, 2]
+    return cv2.flip(img, 0), out
 
 
 def flip_lr(img: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

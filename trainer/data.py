@@ -47,7 +47,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, flip_lr, hsv_gains, letterbox,
+from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, flip_lr, flip_ud, hsv_gains, letterbox,
                       letterbox_pad, letterbox_to, mosaic_affine, random_affine, rect_batches, resized_shape,
                       to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
@@ -412,7 +412,8 @@ class YoloDataset(Dataset):
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
             raise ValueError(f"cache must be none, ram or disk (ram and disk need a cache_dir), got {cache!r}")
         self.imgsz, self.augment, self.hyp, self.seed = imgsz, augment, hyp, seed
-        self.hsv_on_device = hsv_on_device
+        # The channel swap comes after the colour jitter: where it may swap, the jitter stays here.
+        self.hsv_on_device = hsv_on_device and not hyp.bgr
         self.epoch = 0
         items, self.problems, self.counts = check_files(list(files), names_count)
         self.paths = [it.path for it in items]
@@ -573,8 +574,14 @@ class YoloDataset(Dataset):
         gains = hsv_gains(self.hyp, rng)
         if gains is not None and not self.hsv_on_device:
             img, gains = apply_hsv(img, gains), None
+        # As ultralytics: up-down, then left-right, then the channel swap. A
+        # strength of 0 draws nothing, so that a run without it draws as before.
+        if self.hyp.flipud and rng.random() < self.hyp.flipud:
+            img, boxes = flip_ud(img, boxes)
         if rng.random() < self.hyp.fliplr:
             img, boxes = flip_lr(img, boxes)
+        if self.hyp.bgr and rng.random() < self.hyp.bgr:
+            img = cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
         return img, boxes, gains
 
     def _mosaic(self, indices: list[int], load, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

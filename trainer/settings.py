@@ -62,6 +62,16 @@ def check_multi_scale(value: float) -> None:
         raise ValueError(f"must be a fraction in [0, 1) (0.5: sizes from half to 1.5 times imgsz), got {value}")
 
 
+def check_degrees(value: float) -> None:
+    if not 0 <= value <= 180:
+        raise ValueError(f"must be in [0, 180] degrees, got {value}")
+
+
+def check_scale(value: float) -> None:
+    if not 0 <= value < 1:
+        raise ValueError(f"must be in [0, 1) (the gain is 1 +/- scale), got {value}")
+
+
 def check_signal(value: str) -> None:
     if value not in SIGNALS:
         raise ValueError(f"{shown(value)} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
@@ -79,10 +89,11 @@ class Setting:
     why: str  # why it does, or why it may differ from one start of a run to the next
     check: Callable[[Any], None] | None = None
     key: str | None = None  # the job spec's key ("site:" for the site config's), where it has one
-    flag: str | None = None  # the option of `hpcyolo train` ("--cosine/--linear" for a switch)
+    flag: str | None = None  # the option of `hpcyolo train` ("--cos-lr/--no-cos-lr" for a switch)
     help: str | None = None  # the option's help, where the doc speaks of the job spec's words
     path: str | None = None  # "file": an existing file; "file-name": a file's path; "folder": a folder's
     compare: Callable[[dict], object] | None = None  # the value compared by the same-run rule, where not the raw one
+    alias: str | None = None  # an older spelling of the option that still works ("--cosine/--linear")
 
     @property
     def value_type(self) -> Any:
@@ -97,7 +108,7 @@ class Setting:
 
     @property
     def option(self) -> str | None:
-        """The option's name as it appears in an error: --cosine for --cosine/--linear."""
+        """The option's name as it appears in an error: --cos-lr for --cos-lr/--no-cos-lr."""
         return self.flag.split("/")[0] if self.flag else None
 
     @property
@@ -157,7 +168,19 @@ _ALIASES = ", ".join(ALIASES)
 _SCHEDULE = "the learning-rate schedule: a resumed run is the run it continues, exactly"
 _AUGMENT = "the augmentation of each epoch"
 _CACHE = "where decoded images are kept: the node's"
+_LOSS = "the loss every step minimises"
 S = Setting
+
+
+def U(name: str, default: Any, type_: Any, doc: str, same_run: bool, why: str, check=None, **more) -> Setting:
+    """A setting of ultralytics' trainer, by its name: the job spec's
+    train.NAME and `hpcyolo train --NAME` (underscores as dashes; a switch
+    --NAME/--no-NAME), with ultralytics' default and meaning."""
+    dashed = "--" + name.replace("_", "-")
+    flag = f"{dashed}/--no-{name.replace('_', '-')}" if type_ is bool else dashed
+    return Setting(name, default, type_, doc, same_run, why, check, key=f"train.{name}", flag=flag, **more)
+
+
 # In TrainConfig's order.
 SETTINGS: tuple[Setting, ...] = (
     S("run_dir", REQUIRED, str, "Run directory (shared).", False, "the same directory, however it is spelled",
@@ -195,21 +218,39 @@ SETTINGS: tuple[Setting, ...] = (
     S("lr0", None, float | None, "Initial learning rate; empty: 0.01 for sgd and musgd, 0.001 for adamw.", True,
       _SCHEDULE, check_non_negative, key="train.lr0", flag="--lr0",
       help="Initial learning rate.  [default: 0.01 for sgd and musgd, 0.001 for adamw]"),
-    S("lrf", 0.01, float, "Final learning rate, as a fraction of lr0 (learning-rate schedule).", True, _SCHEDULE,
+    U("lrf", 0.01, float, "Final learning rate, as a fraction of lr0.", True, _SCHEDULE, check_fraction),
+    U("momentum", 0.937, float, "SGD (and MuSGD) momentum, or AdamW's beta1.", True, _SCHEDULE, check_fraction),
+    U("weight_decay", 5e-4, float, "Weight decay, scaled by the batch over nbs.", True, _SCHEDULE, check_fraction),
+    U("warmup_epochs", 3.0, float, "Epochs of LR warm-up (at least 100 batches unless 0).", True, _SCHEDULE,
       check_non_negative),
-    S("momentum", 0.937, float, "SGD momentum, or AdamW's beta1.", True, _SCHEDULE, check_non_negative),
-    S("weight_decay", 5e-4, float, "Weight decay, scaled by the batch over nbs.", True, _SCHEDULE, check_non_negative),
-    S("warmup_epochs", 3.0, float, "Epochs of LR warm-up (at least 100 batches unless 0).", True, _SCHEDULE,
-      check_non_negative, flag="--warmup-epochs"),
-    S("cosine", False, bool, "LR decay shape after warm-up.", True, _SCHEDULE, flag="--cosine/--linear"),
+    U("warmup_momentum", 0.8, float, "Momentum at the start of the warm-up, rising to momentum.", True, _SCHEDULE,
+      check_fraction),
+    U("warmup_bias_lr", 0.1, float, "Learning rate of the biases at the start of the warm-up, falling to lr0.", True,
+      _SCHEDULE, check_fraction),
+    U("cos_lr", False, bool, "Cosine learning-rate decay after the warm-up; off: linear.", True, _SCHEDULE,
+      alias="--cosine/--linear", compare=lambda c: c.get("cos_lr", c.get("cosine", False))),
+    U("box", 7.5, float, "Gain of the box (CIoU) loss.", True, _LOSS, check_non_negative),
+    U("cls", 0.5, float, "Gain of the classification (BCE) loss.", True, _LOSS, check_non_negative),
+    U("dfl", 1.5, float, "Gain of the distribution focal loss (YOLO26: of its L1 box loss).", True, _LOSS,
+      check_non_negative),
     S("nbs", 64, int, "Nominal batch: gradients accumulate until about this many images per step.", True,
       "gradient accumulation, and the scale of the weight decay", check_positive, key="train.nbs", flag="--nbs"),
     S("clip_norm", 10.0, float, "Gradients are clipped to this norm (0: not clipped).", True, "the size of every step",
       check_non_negative),
     S("close_mosaic", 10, int, "Train the last N epochs without mosaic.", True, _AUGMENT, check_non_negative,
       key="train.close_mosaic", flag="--close-mosaic"),
-    S("mosaic", 1.0, float, "Probability of a mosaic of four images in training (until the last close_mosaic "
+    U("mosaic", 1.0, float, "Probability of a mosaic of four images in training (until the last close_mosaic "
       "epochs).", True, _AUGMENT, check_fraction),
+    U("hsv_h", 0.015, float, "Hue jitter: a fraction of the hue circle, +/-.", True, _AUGMENT, check_fraction),
+    U("hsv_s", 0.7, float, "Saturation jitter: gain 1 +/- this.", True, _AUGMENT, check_fraction),
+    U("hsv_v", 0.4, float, "Value (brightness) jitter: gain 1 +/- this.", True, _AUGMENT, check_fraction),
+    U("degrees", 0.0, float, "Rotation, +/- degrees.", True, _AUGMENT, check_degrees),
+    U("translate", 0.1, float, "Translation, +/- this fraction of the image size.", True, _AUGMENT, check_fraction),
+    U("scale", 0.5, float, "Scale gain 1 +/- this.", True, _AUGMENT, check_scale),
+    U("shear", 0.0, float, "Shear, +/- degrees.", True, _AUGMENT, check_degrees),
+    U("flipud", 0.0, float, "Probability of an upside-down flip.", True, _AUGMENT, check_fraction),
+    U("fliplr", 0.5, float, "Probability of a left-right flip.", True, _AUGMENT, check_fraction),
+    U("bgr", 0.0, float, "Probability of swapping the colour channels (RGB to BGR).", True, _AUGMENT, check_fraction),
     S("multi_scale", 0.0, float, "Multi-scale training: each step's image size drawn from imgsz x [1 - f, 1 + f], a "
       "multiple of 32, the same on every rank; 0: off.", True, "the image size of every step", check_multi_scale,
       key="train.multi_scale", flag="--multi-scale"),
@@ -232,7 +273,11 @@ SETTINGS: tuple[Setting, ...] = (
       help="Signal that asks for a checkpoint and a requeue (the site's preemption.signal)."),
     S("dist_timeout", 600, int, "Seconds a collective may wait before the job gives up (hang protection).", False,
       "how long a collective may wait", check_positive, key="run.dist_timeout", flag="--dist-timeout"),
-    S("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
+    U("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
+    U("patience", 100, int, "Stop early after this many epochs without a better fitness (0.1 mAP50 + 0.9 "
+      "mAP50-95), decided on every rank at once; 0: never.", False, "when the run stops early", check_non_negative),
+    U("save_period", -1, int, "Also keep the weights of every Nth epoch as weights/epochE.pt (E counted from 0, as "
+      "ultralytics names them); below 1: off.", False, "which epochs' weights are kept"),
     S("end2end", False, bool, "Validate each epoch with YOLO26's one-to-one head, NMS-free (ultralytics' "
       "nms=False); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
       "best.pt is the best epoch by this measure", key="train.end2end", flag="--end2end/--nms"),

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -78,6 +78,10 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     train_batches = iter(train_loader(cfg, d, data, pos))
     try:
         for epoch in range(pos.epoch, cfg.epochs):
+            if patience_spent(cfg, pos):
+                print0(d, f"stopping early: no better fitness in the {pos.epoch - pos.best_epoch} epochs after epoch "
+                          f"{pos.best_epoch} (patience {cfg.patience}); weights/best.pt holds epoch {pos.best_epoch}")
+                break
             pos.epoch = epoch
             stopped = train_epoch(cfg, d, data, parts, pos, train_batches, stop)
             if stopped is not None:
@@ -123,6 +127,7 @@ class Position:
     batch: int = 0  # global batches of it done
     global_step: int = 0  # optimizer steps done
     best_fitness: float = -1.0
+    best_epoch: int = 0  # the epoch (from 1) of best_fitness, as patience counts; 0: none yet
     epoch_seconds: float = 0.0  # training time of this epoch so far (before a stop too)
     loss_sum: torch.Tensor | None = None  # this rank's loss items summed over the epoch's batches
     speed: tuple | None = None  # the epoch's throughput figures, once it is trained (not checkpointed)
@@ -138,7 +143,7 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
-    train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=AugmentHyp(mosaic=cfg.mosaic),
+    train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=augment_hyp(cfg),
                             seed=cfg.seed, cache=cfg.cache, cache_dir=cache_folder(cfg) / "train", names_count=nc,
                             rect_batch=cfg.batch if cfg.rect else 0, hsv_on_device=d.device.type == "cuda")
     # Validated as ultralytics' trainer does: rectangular batches of twice the training batch per rank.
@@ -152,6 +157,12 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
     assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
     return Data(spec, nc, train_set, val_batches, sampler, batches, batch_per_rank)
+
+
+def augment_hyp(cfg: TrainConfig) -> AugmentHyp:
+    """The augmentation strengths of `cfg` (every AugmentHyp field is a setting of the same name)."""
+    return AugmentHyp(**{f.name: getattr(cfg, f.name) for f in fields(AugmentHyp)
+                         if f.name != "close_mosaic"})
 
 
 def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict,
@@ -192,7 +203,7 @@ def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: We
     optimizer, schedule, accumulate = build_optimization(cfg, model, data.batches)
     amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
     return Parts(model, ModelEMA(model), optimizer, schedule, accumulate, amp, amp_dtype, scaler,
-                 detection_loss(model, data.nc, d, cfg.epochs), ckpt.Writer())
+                 detection_loss(model, data.nc, d, cfg), ckpt.Writer())
 
 
 def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
@@ -205,7 +216,8 @@ def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
     parts.optimizer.load_state_dict(state["optimizer"])
     parts.scaler.load_state_dict(state["scaler"])
     pos = Position(state["epoch"], state["batch"], state["global_step"], state["best_fitness"],
-                   state.get("epoch_seconds", 0.0), restore_rank_state(state, d).to(d.device))
+                   state.get("best_epoch", 0), state.get("epoch_seconds", 0.0),
+                   restore_rank_state(state, d).to(d.device))
     print0(d, f"resumed from {Path(state['path']).name}: epoch {pos.epoch + 1}, batch {pos.batch}, "
               f"step {pos.global_step}")
     return pos
@@ -300,15 +312,21 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     broadcast_module(d, parts.ema.module)
     parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
     metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.spec.names, run)
-    fitness = 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"]
+    # Rank 0's, on every rank: the ranks decide patience's early stop alike.
+    fitness = gather_objects(d, 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"])[0]
     improved = fitness > pos.best_fitness
     pos.epoch, pos.batch, pos.epoch_seconds = pos.epoch + 1, 0, 0.0
+    if improved or pos.best_fitness == 0:  # ultralytics' rule: an early stretch of zero fitness counts as improving
+        pos.best_epoch = pos.epoch
     pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
     save_state(d, cfg, parts, pos)
     if d.is_main:
         write_results(run, pos.epoch - 1, train_loss, parts.loss_fn.names, metrics,
                       parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
-        for name in ("last.pt", "best.pt") if improved else ("last.pt",):
+        names = ["last.pt", *(["best.pt"] if improved else [])]
+        if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
+            names.append(f"epoch{pos.epoch - 1}.pt")  # ultralytics' name: the epoch counted from 0
+        for name in names:
             save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.spec.names)
         box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
         print(f"epoch {pos.epoch}/{cfg.epochs}: loss {train_loss.sum():.3f} "
@@ -336,6 +354,13 @@ def complete(d: Dist, parts: Parts, run: Path) -> int:
         # tore down meanwhile was seen to abort at exit).
         torch.distributed.barrier()
     return finish(d, 0, keep_scratch=True)  # the batch script removes scratch after a success
+
+
+def patience_spent(cfg: TrainConfig, pos: Position) -> bool:
+    """Whether cfg.patience epochs passed since the best one (ultralytics'
+    EarlyStopping); a pure function of the checkpointed position, so a
+    resumed run decides as the uninterrupted one."""
+    return cfg.patience > 0 and pos.epoch - pos.best_epoch >= cfg.patience
 
 
 def resolve_name(name: str | None) -> str:
@@ -399,7 +424,8 @@ def build_optimization(cfg: TrainConfig, model, batches: int):
     weight_decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
     optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.momentum, weight_decay)
     steps_per_ep = math.ceil(batches / accumulate)
-    schedule = Schedule(lr0=cfg.learning_rate, lrf=cfg.lrf, momentum=cfg.momentum, cosine=cfg.cosine,
+    schedule = Schedule(lr0=cfg.learning_rate, lrf=cfg.lrf, momentum=cfg.momentum, cosine=cfg.cos_lr,
+                        warmup_momentum=cfg.warmup_momentum, warmup_bias_lr=cfg.warmup_bias_lr,
                         total_steps=steps_per_ep * cfg.epochs,
                         # At least 100 batches of warm-up, counted in optimizer steps.
                         warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),
@@ -414,13 +440,13 @@ def place_model(model, d: Dist):
     return normalise_across_ranks(model, d.device) if d.distributed else model
 
 
-def detection_loss(model, nc: int, d: Dist, epochs: int) -> DetectionLoss | EndToEndLoss:
-    """The loss of `model`'s head (both heads of an end2end one: its weights
-    change over the `epochs`), scaled for d's world size (DetectionLoss)."""
-    strides = tuple(model.stride.tolist())
+def detection_loss(model, nc: int, d: Dist, cfg: TrainConfig) -> DetectionLoss | EndToEndLoss:
+    """The loss of `model`'s head with cfg's gains (both heads of an end2end
+    one: their weights change over cfg.epochs), scaled for d's world size (DetectionLoss)."""
+    strides, gains = tuple(model.stride.tolist()), dict(box=cfg.box, cls=cfg.cls, dfl=cfg.dfl)
     if model.end2end:
-        return EndToEndLoss(nc, epochs, strides=strides, world_size=d.world_size)
-    return DetectionLoss(nc, reg_max=model.reg_max, strides=strides, world_size=d.world_size)
+        return EndToEndLoss(nc, cfg.epochs, strides=strides, world_size=d.world_size, **gains)
+    return DetectionLoss(nc, reg_max=model.reg_max, strides=strides, world_size=d.world_size, **gains)
 
 
 def data_parallel(model, d: Dist):
@@ -589,6 +615,7 @@ def save_state(d: Dist, cfg: TrainConfig, parts: Parts, pos: Position, preempted
                  "rng": [r for r, _ in ranks], "loss_sums": [s for _, s in ranks],
                  "config": rundir.settings(cfg.to_dict()), "arch": parts.model.arch, "epoch": pos.epoch,
                  "batch": pos.batch, "global_step": pos.global_step, "best_fitness": pos.best_fitness,
+                 "best_epoch": pos.best_epoch,
                  "epoch_seconds": pos.epoch_seconds}
         parts.writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted))
         if preempted:

@@ -69,9 +69,10 @@ def _setting_option(name: str):
         s.validate(value)
         return value
 
+    names = (s.flag, *([s.alias] if s.alias else []), s.name)
     if s.default is REQUIRED:
-        return click.option(s.flag, s.name, type=kind, required=True, help=s.option_help, callback=check)
-    return click.option(s.flag, s.name, type=kind, default=s.default, show_default=s.default is not None,
+        return click.option(*names, type=kind, required=True, help=s.option_help, callback=check)
+    return click.option(*names, type=kind, default=s.default, show_default=s.default is not None,
                         help=s.option_help, callback=check)
 
 

@@ -548,3 +548,25 @@ def test_disk_cache_is_rebuilt_when_a_file_changes(rects, tmp_path):
     touched = YoloDataset(files, 96, augment=True, hyp=AugmentHyp(), seed=0, cache="disk", cache_dir=tmp_path / "c",
                           names_count=12)
     assert touched.cache_built and len(list((tmp_path / "c").glob("imgcache-*"))) == 2
+
+
+def test_flipud_mirrors_every_image_upside_down_and_its_boxes(rects):
+    val = rect_dataset(rects, augment=False)
+    flip = rect_dataset(rects, mosaic=0.0, translate=0.0, scale=0.0, fliplr=0.0, flipud=1.0, **NO_COLOUR)
+    for i in range(len(val)):
+        (img, labels, _, _), (vimg, vlabels, _, _) = flip[i], val[i]
+        assert torch.equal(img, vimg.flip(-2))
+        expected = vlabels.clone()
+        expected[:, 2] = 1 - vlabels[:, 2]
+        assert torch.allclose(labels, expected, atol=1e-6)
+        assert check_boxes_follow_pixels(img, labels) == 3
+
+
+def test_fliplr_0_flips_nothing_and_bgr_1_swaps_every_images_channels(rects):
+    val = rect_dataset(rects, augment=False)
+    plain = rect_dataset(rects, mosaic=0.0, translate=0.0, scale=0.0, fliplr=0.0, **NO_COLOUR)
+    swapped = rect_dataset(rects, mosaic=0.0, translate=0.0, scale=0.0, fliplr=0.0, bgr=1.0, **NO_COLOUR)
+    for i in range(len(val)):
+        assert torch.equal(plain[i][0], val[i][0]) and torch.equal(plain[i][1], val[i][1])
+        assert torch.equal(swapped[i][0], val[i][0].flip(0)) and torch.equal(swapped[i][1], val[i][1])
+

@@ -67,7 +67,7 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     net = data_parallel(model, d)
     optimizer, schedule, accumulate = build_optimization(cfg, model, len(dataset) // GLOBAL_BATCH)
     assert accumulate == 2
-    loss_fn = detection_loss(model, len(spec.names), d, cfg.epochs)
+    loss_fn = detection_loss(model, len(spec.names), d, cfg)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     net.train()
     for m in model.modules():
