@@ -39,14 +39,15 @@ class TaskAlignedAssigner(nn.Module):
     """TOOD's task-aligned label assignment (no learnable state)."""
 
     def __init__(self, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, eps: float = 1e-9,
-                 topk2: int | None = None, min_side: float = 0.0):
+                 topk2: int | None = None, min_side: float = 0.0, ciou: bool = False):
         """topk2: after the topk and the one-gt-per-anchor rule, each gt keeps
         only its topk2 best anchors (1: one prediction per object, YOLO26's
         one-to-one head). min_side: STAL, gt sides shorter than this (pixels)
-        count as this long when candidates are chosen (0: off)."""
+        count as this long when candidates are chosen (0: off). ciou: the
+        alignment's overlap is the CIoU (ultralytics'), not the IoU (TOOD's)."""
         super().__init__()
         self.topk, self.alpha, self.beta, self.eps = topk, alpha, beta, eps
-        self.topk2, self.min_side = topk2 or topk, min_side
+        self.topk2, self.min_side, self.ciou = topk2 or topk, min_side, ciou
 
     @torch.no_grad()
     def forward(
@@ -106,7 +107,7 @@ class TaskAlignedAssigner(nn.Module):
         # cost gigabytes at 8400 anchors and a crowded image.
         bi, mi, ai = candidates.nonzero(as_tuple=True)
         scores[bi, mi, ai] = pd_scores[bi, ai, gt_labels[bi, mi, 0].long()]
-        iou = bbox_iou(gt_bboxes[bi, mi], pd_bboxes[bi, ai], ciou=False).squeeze(-1)
+        iou = bbox_iou(gt_bboxes[bi, mi], pd_bboxes[bi, ai], ciou=self.ciou).squeeze(-1)
         overlaps[bi, mi, ai] = iou.clamp(min=0).to(overlaps.dtype)
         return scores.pow(self.alpha) * overlaps.pow(self.beta), overlaps
 
@@ -166,11 +167,12 @@ class DetectionLoss:
         world_size: int = 1,
         topk2: int | None = None,
         min_side: float = 0.0,
+        assign_ciou: bool = False,
     ):
         self.nc, self.reg_max, self.strides = nc, reg_max, tuple(strides)
         self.gains = (box, cls, dfl)  # dfl: the gain of the L1 term where reg_max is 1
         self.names = ("box_loss", "cls_loss", "dfl_loss" if reg_max > 1 else "l1_loss")  # the items, as logged
-        self.assigner = TaskAlignedAssigner(topk=topk, topk2=topk2, min_side=min_side)
+        self.assigner = TaskAlignedAssigner(topk=topk, topk2=topk2, min_side=min_side, ciou=assign_ciou)
         self.world_size = world_size
 
     def __call__(self, feats: list[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -301,7 +303,8 @@ class EndToEndLoss:
     def __init__(self, nc: int, epochs: int, strides: Sequence[float] = (8, 16, 32), world_size: int = 1,
                  **gains: float):
         # STAL: widened to the middle stride, 16 px.
-        common = dict(nc=nc, reg_max=1, strides=strides, world_size=world_size, min_side=strides[1], **gains)
+        common = dict(nc=nc, reg_max=1, strides=strides, world_size=world_size, min_side=strides[1],
+                      assign_ciou=True, **gains)
         self.one2many = DetectionLoss(topk=10, **common)
         self.one2one = DetectionLoss(topk=7, topk2=1, **common)
         self.epochs, self.epoch = epochs, 0

@@ -211,10 +211,11 @@ SETTINGS: tuple[Setting, ...] = (
       "hardware's", check_non_negative, key="train.workers", flag="--workers"),
     S("seed", 0, int, "Random seed (each rank derives its own from it).", True, "the order of the images and the "
       "augmentation drawn in every epoch", check_non_negative, key="train.seed", flag="--seed"),
-    S("optimizer", "sgd", Literal["sgd", "adamw", "musgd"], "Optimizer: sgd, adamw or musgd (ultralytics' MuSGD, "
-      "YOLO26's: Muon-orthogonalised plus SGD updates for matrices and conv filters, SGD for the rest).", True,
-      "the checkpoint holds this "
-      "optimizer's state", key="train.optimizer", flag="--optimizer"),
+    S("optimizer", "sgd", Literal["sgd", "adamw", "musgd", "auto"], "Optimizer: sgd, adamw, musgd (ultralytics' "
+      "MuSGD, YOLO26's: Muon-orthogonalised plus SGD updates for matrices and conv filters, SGD for the rest) or "
+      "auto (ultralytics' rule: musgd at lr0 0.01 beyond 10,000 steps of max(batch, nbs) images, else adamw at lr0 "
+      "0.002 x 5 / (4 + classes); momentum 0.9, warmup_bias_lr 0, lr0 ignored).", True,
+      "the checkpoint holds this optimizer's state", key="train.optimizer", flag="--optimizer"),
     S("lr0", None, float | None, "Initial learning rate; empty: 0.01 for sgd and musgd, 0.001 for adamw.", True,
       _SCHEDULE, check_non_negative, key="train.lr0", flag="--lr0",
       help="Initial learning rate.  [default: 0.01 for sgd and musgd, 0.001 for adamw]"),
@@ -281,6 +282,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("end2end", False, bool, "Validate each epoch with YOLO26's one-to-one head, NMS-free (ultralytics' "
       "nms=False); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
       "best.pt is the best epoch by this measure", key="train.end2end", flag="--end2end/--nms"),
+    S("cfg", None, str | None, "An ultralytics recipe: an args.yaml or hyperparameter YAML; its settings are "
+      "taken where the job spec (or the command line) does not give them, keys with no meaning here are listed, "
+      "training settings hpcyolo lacks are refused; relative to this file.", False, "where the recipe came from (its "
+      "values are compared, as the settings they set)", key="train.cfg", flag="--cfg", path="file"),
     S("val_images", 4, int, "Validation images drawn with predictions each epoch.", False,
       "how many validation images are drawn", check_non_negative),
     S("log_every", 30.0, float, "Seconds between progress lines in batch logs.", False,

@@ -200,7 +200,11 @@ def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: We
     if report:
         print0(d, report)
     model = place_model(model, d)
-    optimizer, schedule, accumulate = build_optimization(cfg, model, data.batches)
+    if cfg.optimizer == "auto":
+        name, lr0, momentum, _ = choose_optimizer(cfg, data.nc, len(data.train_set))
+        print0(d, f"optimizer auto: {name}, lr0 {lr0:g}, momentum {momentum:g}, warmup_bias_lr 0 (ultralytics' rule; "
+                  f"lr0 {cfg.learning_rate:g} is not used)")
+    optimizer, schedule, accumulate = build_optimization(cfg, model, data.batches, len(data.train_set))
     amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
     return Parts(model, ModelEMA(model), optimizer, schedule, accumulate, amp, amp_dtype, scaler,
                  detection_loss(model, data.nc, d, cfg), ckpt.Writer())
@@ -414,18 +418,29 @@ def mixed_precision(device: torch.device, wanted: bool):
     return amp, dtype, torch.amp.GradScaler("cuda", enabled=amp and dtype == torch.float16)
 
 
-def build_optimization(cfg: TrainConfig, model, batches: int):
+def choose_optimizer(cfg: TrainConfig, nc: int, images: int) -> tuple[str, float, float, float]:
+    """(optimizer, lr0, momentum, warmup_bias_lr): cfg's, or with optimizer
+    auto, ultralytics' choice for `images` training images of `nc` classes."""
+    if cfg.optimizer != "auto":
+        return cfg.optimizer, cfg.learning_rate, cfg.momentum, cfg.warmup_bias_lr
+    if math.ceil(images / max(cfg.batch, cfg.nbs)) * cfg.epochs > 10_000:
+        return "musgd", 0.01, 0.9, 0.0
+    return "adamw", round(0.002 * 5 / (4 + nc), 6), 0.9, 0.0
+
+
+def build_optimization(cfg: TrainConfig, model, batches: int, images: int | None = None):
     """(optimizer, schedule, accumulate) for `batches` global batches per
-    epoch, as ultralytics sets them up, from the global batch alone (never
-    the per-rank one): gradients of `accumulate` batches (about nbs images)
-    make one optimizer step, and the weight decay is scaled to the images a
-    step sees."""
+    epoch (of `images` images; optimizer auto chooses by them), as
+    ultralytics sets them up, from the global batch alone (never the
+    per-rank one): gradients of `accumulate` batches (about nbs images) make
+    one optimizer step, and the weight decay is scaled to the images a step sees."""
+    name, lr0, momentum, warmup_bias_lr = choose_optimizer(cfg, model.nc, images or batches * cfg.batch)
     accumulate = max(round(cfg.nbs / cfg.batch), 1)
     weight_decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.momentum, weight_decay)
+    optimizer = build_optimizer(model, name, lr0, momentum, weight_decay)
     steps_per_ep = math.ceil(batches / accumulate)
-    schedule = Schedule(lr0=cfg.learning_rate, lrf=cfg.lrf, momentum=cfg.momentum, cosine=cfg.cos_lr,
-                        warmup_momentum=cfg.warmup_momentum, warmup_bias_lr=cfg.warmup_bias_lr,
+    schedule = Schedule(lr0=lr0, lrf=cfg.lrf, momentum=momentum, cosine=cfg.cos_lr,
+                        warmup_momentum=cfg.warmup_momentum, warmup_bias_lr=warmup_bias_lr,
                         total_steps=steps_per_ep * cfg.epochs,
                         # At least 100 batches of warm-up, counted in optimizer steps.
                         warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),

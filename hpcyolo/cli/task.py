@@ -116,6 +116,8 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     # seconds, and the signal's default action would kill the process.
     stop = StopFlag(signal, on_sigterm=sigterm_decision)
     os.environ.update(this_process_vars(os.environ))
+    if options.get("cfg"):
+        options.update(_recipe(options))
     # What the job spec checks, with its words, before torch loads.
     from hpcyolo_trainer.settings import check_train
 
@@ -132,6 +134,21 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
         print(line, file=sys.stderr, flush=True)
         code = PEER_LOST_EXIT_CODE
     sys.exit(code)
+
+
+def _recipe(options: dict) -> dict:
+    """The settings of --cfg's recipe that the command line does not give
+    itself; rank 0 says what it took, kept and ignored."""
+    from hpcyolo_trainer.recipe import merge
+
+    ctx = click.get_current_context()
+    given = {name: value for name, value in options.items()
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    taken, lines = merge(options["cfg"], given)
+    if os.environ.get("RANK", "0") == "0":
+        for line in lines:
+            click.echo(line)
+    return taken
 
 
 def train_config(run_dir: str, data: str, signal: str, **options):

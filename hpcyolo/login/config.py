@@ -9,6 +9,7 @@ site_configs/example.yaml is the annotated version of the same schema.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -396,10 +397,29 @@ def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSp
                 raise ConfigError(file, key, f"cannot set it: {part} is not a section")
             node = node[part]
         node[last] = value
+    _take_recipe(raw, file)
     job = build(JobSpec, raw, file)
     if job.entrypoint is not None and not job.entrypoint:
         raise ConfigError(file, "entrypoint", "must name a command")
     return job
+
+
+def _take_recipe(raw: Any, file: str) -> None:
+    """train.cfg: the recipe's settings (hpcyolo_trainer.recipe) into the
+    job's train section where it does not set them itself; what was taken,
+    kept and ignored on stderr. The plan then carries the settings, not the file."""
+    train = raw.get("train") if isinstance(raw, dict) else None
+    if not isinstance(train, dict) or not isinstance(train.get("cfg"), str):
+        return
+    from hpcyolo_trainer.recipe import merge
+
+    path = Path(file).parent / train["cfg"]
+    if not path.is_file():
+        raise ConfigError(file, "train.cfg", f"no such file: {path}")
+    taken, lines = merge(path, {k: v for k, v in train.items() if k != "cfg"})
+    train.update(taken)
+    for line in lines:
+        print(f"hpcyolo: {line}", file=sys.stderr)
 
 
 def _check_site(site: SiteConfig, file: str) -> None:

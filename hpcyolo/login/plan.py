@@ -492,7 +492,8 @@ def _train_settings(site: SiteConfig, job: JobSpec, signal: str, weights: str | 
     says; the plan's own paths for the run directory, the data (both
     variables of the script), the weights and the node-local image cache."""
     values = {s.name: _key_value(site, job, s.key) for s in SETTINGS if s.key}
-    values.update(run_dir=Var("RUN_DIR"), data=Var("DATA"), signal=signal, weights=weights)
+    # cfg=None: load_job took the recipe's settings into the job spec already.
+    values.update(run_dir=Var("RUN_DIR"), data=Var("DATA"), signal=signal, weights=weights, cfg=None)
     if job.data.cache != "none":  # one copy per node, in node-local scratch
         values["cache_dir"] = Var("SCRATCH_DIR", "/cache")
     return values

@@ -109,8 +109,8 @@ def test_patience_stops_all_ranks_where_ultralytics_rule_says_and_save_period_ke
     ultralytics names them."""
     run = tmp_path / "run"
     argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "20", "--batch", "4",
-            "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--lr0", "0.0005", "--patience", "2",
-            "--save-period", "3", "--close-mosaic", "0"]
+            "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--lr0", "0.0005",
+            "--patience", "2", "--save-period", "3", "--close-mosaic", "0"]
     assert launch(argv, 2, env={**os.environ, "OMP_NUM_THREADS": "1"}) == 0
     out = capfd.readouterr().out
     rows = [line.split(",") for line in (run / "results.csv").read_text().splitlines()[1:]]
