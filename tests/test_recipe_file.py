@@ -92,11 +92,12 @@ def test_hpcyolo_train_cfg_starts_the_recipes_run_and_says_what_it_took_kept_and
 
 
 def test_the_job_specs_own_keys_win_even_at_the_default_and_the_plan_carries_the_settings(tmp_path, capsys):
-    write(tmp_path / "r" / "args.yaml", "epochs: 15\nnbs: 32\nflipud: 0.5\nproject: /x\n")
+    write(tmp_path / "r" / "args.yaml", "epochs: 15\nnbs: 32\nflipud: 0.5\nproject: /x\ncache: disk\n")
     job = write(tmp_path / "job.yaml", "name: j\nresources: {nodes: 1}\ndata: {yaml: d.yaml}\n"
                                        "train: {cfg: r/args.yaml, epochs: 100}\n")
     spec = load_job(job)
     assert (spec.train.epochs, spec.train.nbs, spec.train.flipud) == (100, 32, 0.5)
+    assert spec.data.cache == "disk"  # each setting goes to its own key: data.cache
     err = capsys.readouterr().err
     assert "hpcyolo: recipe: the job's own value wins for epochs (100; the recipe says 15)" in err
     assert "hpcyolo: recipe: ignored, no meaning for training on a cluster: project" in err

@@ -416,8 +416,16 @@ def _take_recipe(raw: Any, file: str) -> None:
     path = Path(file).parent / train["cfg"]
     if not path.is_file():
         raise ConfigError(file, "train.cfg", f"no such file: {path}")
-    taken, lines = merge(path, {k: v for k, v in train.items() if k != "cfg"})
-    train.update(taken)
+    where = {name: key.split(".") for key, name in ((s.key, s.name) for s in BY_KEY.values())
+             if not key.startswith("site:") and name != "cfg"}  # train.epochs, data.cache, ...
+    sections = {section: raw.get(section) if isinstance(raw.get(section), dict) else {} for section, _ in
+                where.values()}
+    given = {name: sections[section][field] for name, (section, field) in where.items()
+             if field in sections[section]}
+    taken, lines = merge(path, given)
+    for name, value in taken.items():
+        section, field = where[name]
+        raw.setdefault(section, {})[field] = value
     for line in lines:
         print(f"hpcyolo: {line}", file=sys.stderr)
 
