@@ -62,6 +62,11 @@ def check_multi_scale(value: float) -> None:
         raise ValueError(f"must be a fraction in [0, 1) (0.5: sizes from half to 1.5 times imgsz), got {value}")
 
 
+def check_share(value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"must be in (0, 1], got {value}")
+
+
 def check_degrees(value: float) -> None:
     if not 0 <= value <= 180:
         raise ValueError(f"must be in [0, 180] degrees, got {value}")
@@ -275,6 +280,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("dist_timeout", 600, int, "Seconds a collective may wait before the job gives up (hang protection).", False,
       "how long a collective may wait", check_positive, key="run.dist_timeout", flag="--dist-timeout"),
     U("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
+    U("fraction", 1.0, float, "Train on this fraction of the training images: the first of them in file-name "
+      "order, the same on every rank and after a resume.", True, "the images trained on", check_share),
+    U("freeze", None, int | None, "Freeze the first N layers (ultralytics' layer numbers: 10 is YOLOv8's or YOLO11's "
+      "backbone): their weights stay as they are (BatchNorm statistics still follow the data, as in ultralytics).",
+      True, "which weights train", check_non_negative),
     U("patience", 100, int, "Stop early after this many epochs without a better fitness (0.1 mAP50 + 0.9 "
       "mAP50-95), decided on every rank at once; 0: never.", False, "when the run stops early", check_non_negative),
     U("save_period", -1, int, "Also keep the weights of every Nth epoch as weights/epochE.pt (E counted from 0, as "

@@ -143,8 +143,9 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
-    train_set = YoloDataset(spec.train, cfg.imgsz, augment=cfg.augment, hyp=augment_hyp(cfg),
-                            seed=cfg.seed, cache=cfg.cache, cache_dir=cache_folder(cfg) / "train", names_count=nc,
+    train_set = YoloDataset(training_files(spec.train, cfg.fraction), cfg.imgsz, augment=cfg.augment,
+                            hyp=augment_hyp(cfg), seed=cfg.seed, cache=cfg.cache,
+                            cache_dir=cache_folder(cfg) / "train", names_count=nc,
                             rect_batch=cfg.batch if cfg.rect else 0, hsv_on_device=d.device.type == "cuda")
     # Validated as ultralytics' trainer does: rectangular batches of twice the training batch per rank.
     val_batches = ValBatches(spec.val, nc, cfg.imgsz, 2 * batch_per_rank,
@@ -157,6 +158,14 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
     assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
     return Data(spec, nc, train_set, val_batches, sampler, batches, batch_per_rank)
+
+
+def training_files(files: list, fraction: float) -> list:
+    """The training images: all of them, or (fraction < 1) the first share
+    in file-name order, as ultralytics takes them; the same on every rank."""
+    if fraction >= 1:
+        return files
+    return sorted(files)[:max(1, round(len(files) * fraction))]
 
 
 def augment_hyp(cfg: TrainConfig) -> AugmentHyp:
@@ -200,6 +209,8 @@ def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: We
     if report:
         print0(d, report)
     model = place_model(model, d)
+    if cfg.freeze:  # after place_model: its BatchNorm layers for several ranks are new modules
+        print0(d, freeze(model, cfg.freeze))
     if cfg.optimizer == "auto":
         name, lr0, momentum, _ = choose_optimizer(cfg, data.nc, len(data.train_set))
         print0(d, f"optimizer auto: {name}, lr0 {lr0:g}, momentum {momentum:g}, warmup_bias_lr 0 (ultralytics' rule; "
@@ -365,6 +376,18 @@ def patience_spent(cfg: TrainConfig, pos: Position) -> bool:
     EarlyStopping); a pure function of the checkpointed position, so a
     resumed run decides as the uninterrupted one."""
     return cfg.patience > 0 and pos.epoch - pos.best_epoch >= cfg.patience
+
+
+def freeze(model, layers: int) -> str:
+    """Stop the weights of ultralytics' layers 0..layers-1 from training
+    (no gradient, so neither the optimizer nor DDP holds them); the line that says so."""
+    prefixes = tuple(f"{name}." for name in families.load(model.family).ULTRALYTICS_LAYERS[:layers] if name)
+    frozen = [p for name, p in model.named_parameters() if name.startswith(prefixes)]
+    if len(frozen) == len(list(model.parameters())):
+        raise HpcyoloError(f"freeze: {layers} layers are the whole {model.arch}; nothing would train")
+    for p in frozen:
+        p.requires_grad_(False)
+    return f"freeze: layers 0-{layers - 1} ({len(frozen)} tensors) stay as they are"
 
 
 def resolve_name(name: str | None) -> str:

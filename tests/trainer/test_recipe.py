@@ -133,3 +133,34 @@ def test_patience_stops_all_ranks_where_ultralytics_rule_says_and_save_period_ke
     assert launch(argv, 2, env={**os.environ, "OMP_NUM_THREADS": "1"}) == 0
     again = capfd.readouterr().out
     assert "stopping early" in again and len((run / "results.csv").read_text().splitlines()) == len(rows) + 1
+
+
+def test_fraction_trains_on_the_first_share_of_the_images_in_name_order():
+    from hpcyolo_trainer.train import training_files
+
+    files = [Path(f"img{k:02d}.jpg") for k in (5, 3, 9, 1, 7, 2, 8, 4)]
+    assert training_files(files, 1.0) == files  # all, in the order given
+    assert training_files(files, 0.25) == [Path("img01.jpg"), Path("img02.jpg")]
+    assert training_files(files, 0.01) == [Path("img01.jpg")]  # at least one
+
+
+def test_freeze_keeps_those_layers_weights_bit_identical_on_two_ranks_and_trains_the_rest(tmp_path, shapes, capfd):
+    from hpcyolo_trainer import checkpoint as ckpt
+    from hpcyolo_trainer.train import initial_model
+    from hpcyolo_trainer.weights import read_weights
+
+    run = tmp_path / "run"
+    argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "1", "--batch", "4",
+            "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "2", "--freeze", "10",
+            "--fraction", "0.5", "--warmup-epochs", "0"]
+    assert launch(argv, 2, env={**os.environ, "OMP_NUM_THREADS": "1"}) == 0
+    out = capfd.readouterr().out
+    assert "freeze: layers 0-9 (" in out and "training yolov8n on 4 images" in out  # fraction 0.5 of 8
+    start, _ = initial_model("yolov8n", 4, 0, read_weights(V8))
+    trained = ckpt.load_latest(run / "checkpoints", warn=print)["model"]
+    frozen = [n for n, _ in start.named_parameters() if n.startswith("backbone.")]  # YOLOv8's layers 0-9
+    moved = [n for n, _ in start.named_parameters() if not n.startswith("backbone.")]
+    assert frozen and moved
+    params = dict(start.named_parameters())
+    assert all(torch.equal(trained[n], params[n].detach()) for n in frozen)
+    assert sum(not torch.equal(trained[n], params[n].detach()) for n in moved) > len(moved) // 2
