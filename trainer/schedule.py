@@ -1,7 +1,11 @@
 """Optimizer and learning-rate schedule.
 
 The schedule is a pure function of the optimizer step, so resuming needs only
-the step count (no scheduler object to save).
+the step count (no scheduler object to save). It is ultralytics 8.4's: the
+learning rate holds through an epoch at lr0 x lf(epoch), linear or cosine from
+1 towards lrf, and a warm-up over the first warmup_epochs (at most all but
+the last epoch) brings it there from 0 (biases: from warmup_bias_lr) and the
+momentum from warmup_momentum.
 """
 
 from __future__ import annotations
@@ -18,15 +22,17 @@ class Schedule:
     lr0: float
     lrf: float  # final LR = lr0 * lrf
     momentum: float
-    total_steps: int
+    epochs: int
+    steps_per_epoch: int  # optimizer steps
     warmup_steps: int
     warmup_momentum: float = 0.8
     warmup_bias_lr: float = 0.1
     cosine: bool = False
 
     def factor(self, step: int) -> float:
-        """The LR multiplier after warm-up: linear or cosine from 1 to lrf."""
-        t = min(step / max(1, self.total_steps), 1.0)
+        """lr0's multiplier in the epoch of optimizer step `step` (ultralytics'
+        lf): linear or cosine from 1 in the first epoch towards lrf."""
+        t = min(step // max(1, self.steps_per_epoch) / max(1, self.epochs), 1.0)
         if self.cosine:
             return self.lrf + (1 - self.lrf) * 0.5 * (1 + math.cos(math.pi * t))
         return (1 - t) * (1 - self.lrf) + self.lrf

@@ -227,7 +227,7 @@ SETTINGS: tuple[Setting, ...] = (
     U("lrf", 0.01, float, "Final learning rate, as a fraction of lr0.", True, _SCHEDULE, check_fraction),
     U("momentum", 0.937, float, "SGD (and MuSGD) momentum, or AdamW's beta1.", True, _SCHEDULE, check_fraction),
     U("weight_decay", 5e-4, float, "Weight decay, scaled by the batch over nbs.", True, _SCHEDULE, check_fraction),
-    U("warmup_epochs", 3.0, float, "Epochs of LR warm-up (at least 100 batches unless 0).", True, _SCHEDULE,
+    U("warmup_epochs", 3.0, float, "Epochs of LR warm-up (at most all but the last epoch).", True, _SCHEDULE,
       check_non_negative),
     U("warmup_momentum", 0.8, float, "Momentum at the start of the warm-up, rising to momentum.", True, _SCHEDULE,
       check_fraction),

@@ -464,10 +464,9 @@ def build_optimization(cfg: TrainConfig, model, batches: int, images: int | None
     steps_per_ep = math.ceil(batches / accumulate)
     schedule = Schedule(lr0=lr0, lrf=cfg.lrf, momentum=momentum, cosine=cfg.cos_lr,
                         warmup_momentum=cfg.warmup_momentum, warmup_bias_lr=warmup_bias_lr,
-                        total_steps=steps_per_ep * cfg.epochs,
-                        # At least 100 batches of warm-up, counted in optimizer steps.
-                        warmup_steps=max(round(cfg.warmup_epochs * steps_per_ep),
-                                         math.ceil(100 / accumulate) if cfg.warmup_epochs else 0))
+                        epochs=cfg.epochs, steps_per_epoch=steps_per_ep,
+                        # ultralytics 8.4: the warm-up leaves at least the last epoch to the schedule.
+                        warmup_steps=round(min(cfg.warmup_epochs, max(cfg.epochs - 1, 0)) * steps_per_ep))
     return optimizer, schedule, accumulate
 
 

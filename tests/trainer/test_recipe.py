@@ -74,8 +74,8 @@ def test_warmup_starts_and_cosine_decay_come_from_the_settings():
     lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
     assert lrs["bias"] == pytest.approx(0.05) and lrs["decay"] == 0.0
     assert all(g["momentum"] == pytest.approx(0.6) for g in optimizer.param_groups)
-    assert schedule.warmup_steps == 300 and schedule.total_steps == 1000
-    schedule.apply(optimizer, 400)  # after the warm-up: cosine, 0.689 lr0 here (linear would be 0.64 lr0)
+    assert schedule.warmup_steps == 300 and schedule.steps_per_epoch == 100
+    schedule.apply(optimizer, 450)  # after the warm-up, epoch 5 of 10: cosine at 4/10 (linear would be 0.64 lr0)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(0.4 * math.pi))))
     assert optimizer.param_groups[0]["momentum"] == pytest.approx(0.937)
 
@@ -164,3 +164,21 @@ def test_freeze_keeps_those_layers_weights_bit_identical_on_two_ranks_and_trains
     params = dict(start.named_parameters())
     assert all(torch.equal(trained[n], params[n].detach()) for n in frozen)
     assert sum(not torch.equal(trained[n], params[n].detach()) for n in moved) > len(moved) // 2
+
+
+def test_the_schedule_gives_the_learning_rates_ultralytics_logged():
+    """lr/pg1 (the norm weights, no decay) of each epoch's last batch in the
+    results.csv of an ultralytics 8.4.190 run (yolo26n, SGD, lr0 0.01, lrf
+    0.01, 800 images, batch 32 = nbs: 25 steps an epoch, 12 epochs, a
+    warm-up of 3 epochs = 75 steps)."""
+    from hpcyolo_trainer.model import build_model
+    from hpcyolo_trainer.train import build_optimization
+
+    logged = {1: 0.0032, 2: 0.00599433, 3: 0.00823867, 4: 0.007525, 5: 0.0067, 8: 0.004225, 12: 0.000925}
+    cfg = TrainConfig(run_dir="r", data="d", batch=32, nbs=32, epochs=12, optimizer="sgd", lr0=0.01)
+    optimizer, schedule, accumulate = build_optimization(cfg, build_model("yolov8n", 4), batches=25)
+    assert accumulate == 1 and schedule.warmup_steps == 75
+    for epoch, lr in logged.items():
+        schedule.apply(optimizer, epoch * 25 - 1)
+        norm = next(g for g in optimizer.param_groups if g["name"] == "norm")
+        assert norm["lr"] == pytest.approx(lr, rel=1e-5), epoch

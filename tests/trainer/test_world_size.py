@@ -29,7 +29,7 @@ FIXTURES = SHARED / "fixtures" / "ultralytics"
 CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in (10.0, 0.0)] + \
         [("yolo26n-shapes", "train", 10.0)]
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
-STEP = 20  # an optimizer step inside the warm-up (50 steps here): warm-up LR and momentum apply
+STEP = 5  # an optimizer step inside the warm-up (9 steps here): warm-up LR and momentum apply
 
 
 def _steps(rank: int, world: int, port: int, out: str) -> None:
@@ -81,6 +81,7 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
         imgs, targets, _, _ = collate([dataset[i] for i in range(first, first + share)])
         items.append(forward_backward(net, loss_fn, imgs.float() / 255, targets, False, torch.float32, scaler,
                                       reduce=k == accumulate - 1))
+    assert STEP < schedule.warmup_steps
     schedule.apply(optimizer, STEP)
     norm = optimizer_step(model, optimizer, scaler, ModelEMA(model), clip)
     mean_items = torch.stack(items).mean(0)
