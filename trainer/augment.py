@@ -43,6 +43,10 @@ class AugmentHyp:
     """Scale gain range: 1 +/- scale."""
     shear: float = 0.0
     """Shear range, +/- degrees."""
+    perspective: float = 0.0
+    """Perspective: the warp's bottom row gets +/- this (ultralytics' range 0-0.001)."""
+    mixup: float = 0.0
+    """Probability of blending a (mosaic) sample with a second one, labels of both kept."""
     hsv_h: float = 0.015
     """Hue gain range (fraction)."""
     hsv_s: float = 0.7
@@ -59,7 +63,7 @@ class AugmentHyp:
     """Last epochs trained without mosaic; the trainer sets `dataset.mosaic = False` for them."""
 
     def __post_init__(self) -> None:
-        for name in ("mosaic", "flipud", "fliplr", "bgr"):
+        for name in ("mosaic", "flipud", "fliplr", "bgr", "mixup"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AugmentHyp.{name}: a probability must be in [0, 1], got {getattr(self, name)}")
         for f in fields(self):
@@ -227,7 +231,8 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
     layout = mosaic_layout([img.shape[:2] for img in images], size, rng)
     matrix, gain = affine_matrix((2 * size, 2 * size), size, hyp, rng)
     placed, areas = _placed_boxes(boxes, layout)
-    if matrix[0, 1] != 0 or matrix[1, 0] != 0:  # rotation or shear: warp the whole canvas
+    if matrix[0, 1] != 0 or matrix[1, 0] != 0 or matrix[2, 0] != 0 or matrix[2, 1] != 0:
+        # rotation, shear or perspective: warp the whole canvas
         canvas = np.full((2 * size, 2 * size, 3), PAD_VALUE, dtype=np.uint8)
         for img, (ox, oy, x1, y1, x2, y2) in zip(images, layout):
             canvas[y1:y2, x1:x2] = img[y1 - oy:y2 - oy, x1 - ox:x2 - ox]
@@ -277,7 +282,11 @@ def affine_matrix(in_shape: tuple[int, int], size: int, hyp: AugmentHyp,
     shear = np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1]], dtype=np.float64)
     tx, ty = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate, size=2) * size
     move = np.array([[1, 0, tx], [0, 1, ty], [0, 0, 1]], dtype=np.float64)
-    return move @ shear @ rotate @ centre, gain
+    if not hyp.perspective:  # drawn only when asked for: runs without it draw as they always did
+        return move @ shear @ rotate @ centre, gain
+    tilt = np.eye(3)
+    tilt[2, :2] = rng.uniform(-hyp.perspective, hyp.perspective, size=2)
+    return move @ shear @ rotate @ tilt @ centre, gain
 
 
 def transform_boxes(boxes: np.ndarray, matrix: np.ndarray) -> np.ndarray:
@@ -285,7 +294,8 @@ def transform_boxes(boxes: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     n = len(boxes)
     corners = np.ones((n * 4, 3), dtype=np.float64)
     corners[:, :2] = boxes[:, [1, 2, 3, 2, 1, 4, 3, 4]].reshape(n * 4, 2)
-    xy = (corners @ matrix.T)[:, :2].reshape(n, 4, 2)
+    xyz = corners @ matrix.T
+    xy = (xyz[:, :2] / xyz[:, 2:3] if matrix[2, 0] or matrix[2, 1] else xyz[:, :2]).reshape(n, 4, 2)
     out = np.empty((n, 5), dtype=np.float32)
     out[:, 0] = boxes[:, 0]
     out[:, 1:3] = xy.min(axis=1)
@@ -312,8 +322,11 @@ def random_affine(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, 
 
 def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: np.ndarray, gain: float,
          size: int) -> tuple[np.ndarray, np.ndarray]:
-    out = cv2.warpAffine(img, matrix[:2], dsize=(size, size), flags=cv2.INTER_LINEAR,
-                         borderValue=(PAD_VALUE, PAD_VALUE, PAD_VALUE))
+    border = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
+    if matrix[2, 0] or matrix[2, 1]:
+        out = cv2.warpPerspective(img, matrix, dsize=(size, size), flags=cv2.INTER_LINEAR, borderValue=border)
+    else:
+        out = cv2.warpAffine(img, matrix[:2], dsize=(size, size), flags=cv2.INTER_LINEAR, borderValue=border)
     if not len(boxes):
         return out, boxes
     moved = clip_boxes(transform_boxes(boxes, matrix), size, size)
@@ -341,6 +354,15 @@ def apply_hsv(img: np.ndarray, gains: np.ndarray) -> np.ndarray:
     lut_v = np.clip(x * gains[2], 0, 255).astype(np.uint8)
     hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+def mix(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
+        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """MixUp (Zhang et al., 2018) as YOLO detectors do it: the two images
+    blended by a ratio drawn from Beta(32, 32) (about a half), the boxes of both kept."""
+    ratio = rng.beta(32.0, 32.0)
+    img = (a[0].astype(np.float32) * ratio + b[0].astype(np.float32) * (1 - ratio)).astype(np.uint8)
+    return img, np.concatenate([a[1], b[1]])
 
 
 def flip_ud(img: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

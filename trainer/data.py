@@ -48,7 +48,7 @@ from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, flip_lr, flip_ud, hsv_gains, letterbox,
-                      letterbox_pad, letterbox_to, mosaic_affine, random_affine, rect_batches, resized_shape,
+                      letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine, rect_batches, resized_shape,
                       to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from .fsutil import fsync_dir
@@ -564,11 +564,10 @@ class YoloDataset(Dataset):
         if self.batches:  # rectangular: mosaic and the affine warp would make a square image
             img, boxes = self._val_sample(i, load)
         else:
-            if mosaic and rng.random() < self.hyp.mosaic:
-                img, boxes = self._mosaic([i, *partners(rng)], load, rng)
-            else:
-                img, boxes = self._val_sample(i, load)
-                img, boxes = random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng)
+            img, boxes = self._warped(i, rng, partners, load, mosaic)
+            # MixUp, as ultralytics: while mosaics are on, with a second sample made the same way.
+            if mosaic and self.hyp.mixup and rng.random() < self.hyp.mixup:
+                img, boxes = mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic), rng)
         # The same draws either way, so a run's flips and boxes do not depend
         # on where its colours change (per pixel: it commutes with the flip).
         gains = hsv_gains(self.hyp, rng)
@@ -583,6 +582,14 @@ class YoloDataset(Dataset):
         if self.hyp.bgr and rng.random() < self.hyp.bgr:
             img = cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
         return img, boxes, gains
+
+    def _warped(self, i: int, rng: np.random.Generator, partners, load,
+                mosaic: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Image i in a mosaic (with probability hyp.mosaic, while mosaics are on), else alone, randomly warped."""
+        if mosaic and rng.random() < self.hyp.mosaic:
+            return self._mosaic([i, *partners(rng)], load, rng)
+        img, boxes = self._val_sample(i, load)
+        return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng)
 
     def _mosaic(self, indices: list[int], load, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Mosaic of four images, warped at once (mosaic_affine)."""

@@ -37,9 +37,8 @@ optimize dynamic simplify opset workspace quantize int8 tracker cfg overlap_mask
 dlog dgrad dlam auto_augment erasing dropout cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.
-NOT_YET = {"time": None, "single_cls": False, "classes": None, "perspective": 0.0,
-           "mixup": 0.0, "cutmix": 0.0, "copy_paste": 0.0, "copy_paste_mode": "flip", "cls_pw": 0.0,
-           "distill_model": None, "val": True}
+NOT_YET = {"time": None, "single_cls": False, "classes": None, "cutmix": 0.0, "copy_paste": 0.0,
+           "copy_paste_mode": "flip", "cls_pw": 0.0, "distill_model": None, "val": True}
 # Settings of the table that a recipe does not set: the run's own place and the cluster's.
 NOT_FROM_A_RECIPE = frozenset({"run_dir", "data", "weights", "cfg", "cache_dir", "signal", "dist_timeout"})
 OPTIMIZERS = {"sgd": "sgd", "adamw": "adamw", "musgd": "musgd", "auto": "auto"}  # ultralytics' names, lower-cased
@@ -97,7 +96,7 @@ def _translated(file: str, key: str, value: Any) -> tuple[str | None, Any]:
     if setting is None or key in NOT_FROM_A_RECIPE or setting.default is REQUIRED:
         raise ConfigError(file, key, "is not an ultralytics training setting that hpcyolo knows; remove it (a run "
                                      "never differs silently from its recipe)")
-    if value is None and setting.default is not None:
+    if value is None:
         return None, None  # unset: the default
     want = setting.value_type
     if want is float and isinstance(value, int) and not isinstance(value, bool):

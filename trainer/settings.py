@@ -254,8 +254,12 @@ SETTINGS: tuple[Setting, ...] = (
     U("translate", 0.1, float, "Translation, +/- this fraction of the image size.", True, _AUGMENT, check_fraction),
     U("scale", 0.5, float, "Scale gain 1 +/- this.", True, _AUGMENT, check_scale),
     U("shear", 0.0, float, "Shear, +/- degrees.", True, _AUGMENT, check_degrees),
+    U("perspective", 0.0, float, "Perspective warp: +/- this in the warp's bottom row (0-0.001 is the usual range).",
+      True, _AUGMENT, check_fraction),
     U("flipud", 0.0, float, "Probability of an upside-down flip.", True, _AUGMENT, check_fraction),
     U("fliplr", 0.5, float, "Probability of a left-right flip.", True, _AUGMENT, check_fraction),
+    U("mixup", 0.0, float, "Probability of blending a sample with a second one (both sets of boxes kept), while "
+      "mosaics are on.", True, _AUGMENT, check_fraction),
     U("bgr", 0.0, float, "Probability of swapping the colour channels (RGB to BGR).", True, _AUGMENT, check_fraction),
     S("multi_scale", 0.0, float, "Multi-scale training: each step's image size drawn from imgsz x [1 - f, 1 + f], a "
       "multiple of 32, the same on every rank; 0: off.", True, "the image size of every step", check_multi_scale,

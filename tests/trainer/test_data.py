@@ -570,3 +570,26 @@ def test_fliplr_0_flips_nothing_and_bgr_1_swaps_every_images_channels(rects):
         assert torch.equal(plain[i][0], val[i][0]) and torch.equal(plain[i][1], val[i][1])
         assert torch.equal(swapped[i][0], val[i][0].flip(0)) and torch.equal(swapped[i][1], val[i][1])
 
+
+
+def test_perspective_warps_the_image_and_the_boxes_follow_their_rectangles(rects):
+    plain = rect_dataset(rects, mosaic=0.0, fliplr=0.0, **NO_COLOUR)
+    tilted = rect_dataset(rects, mosaic=0.0, fliplr=0.0, perspective=0.0005, **NO_COLOUR)
+    judged = 0
+    for i in range(len(rects)):
+        img, labels, _, _ = tilted[i]
+        assert not torch.equal(img, plain[i][0])
+        judged += check_boxes_follow_pixels(img, labels)
+    assert judged >= 6
+    mosaics = rect_dataset(rects, mosaic=1.0, fliplr=0.0, perspective=0.0005, **NO_COLOUR)  # the canvas is warped
+    assert sum(check_boxes_follow_pixels(*mosaics[i][:2]) for i in range(len(rects))) >= 6
+
+
+def test_mixup_1_blends_every_image_and_keeps_both_samples_boxes(rects):
+    alone = rect_dataset(rects, fliplr=0.0, **NO_COLOUR)
+    mixed = rect_dataset(rects, fliplr=0.0, mixup=1.0, **NO_COLOUR)
+    for i in range(len(rects)):
+        (img, labels, _, _), (img0, labels0, _, _) = mixed[i], alone[i]
+        # The first sample is drawn as without MixUp; the second adds its boxes and about half its pixels.
+        assert len(labels) > len(labels0) and torch.equal(labels[:len(labels0)], labels0)
+        assert (img.float() - img0.float()).abs().mean() > 5
