@@ -52,7 +52,7 @@ def test_the_fixtures_args_yaml_reads_as_its_run():
 @pytest.mark.parametrize("line,key,words", [
     ("cutmix: 0.1", "cutmix", "0.1 changes training, and hpcyolo does not implement cutmix yet; remove it "
                               "(ultralytics' default: 0.0) to train without it"),
-    ("single_cls: true", "single_cls", "does not implement single_cls yet"),
+    ("classes: [0, 2]", "classes", "does not implement classes yet"),
     ("freeze: [0, 1, 2]", "freeze", "[0, 1, 2] is not a whole number"),
     ("optimizer: RMSprop", "optimizer", "'RMSprop': hpcyolo has sgd, adamw, musgd, auto"),
     ("model: yolo26n.pt", "model", "yolo26n.pt: a weights file; give it as train.weights (--weights)"),

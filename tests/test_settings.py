@@ -196,7 +196,8 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
               "warmup_momentum": 0.7, "warmup_bias_lr": 0.05, "cos_lr": True, "box": 5.0, "cls": 1.0, "dfl": 2.0,
               "mosaic": 0.5, "hsv_h": 0.01, "hsv_s": 0.5, "hsv_v": 0.3, "degrees": 10.0, "translate": 0.2,
               "scale": 0.3, "shear": 2.0, "flipud": 0.5, "fliplr": 0.3, "bgr": 0.1, "amp": False, "patience": 5,
-              "save_period": 2, "fraction": 0.5, "freeze": 3, "perspective": 0.0005, "mixup": 0.2}
+              "save_period": 2, "fraction": 0.5, "freeze": 3, "perspective": 0.0005, "mixup": 0.2,
+              "single_cls": True}
     job = (f"name: j\nresources: {{nodes: 1, time: '04:00:00'}}\ndata: {{yaml: {COCO8}, cache: ram}}\n"
            f"train: {{{', '.join(f'{k}: {v}' for k, v in values.items())}}}\n"
            "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900}\n")

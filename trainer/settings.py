@@ -286,6 +286,8 @@ SETTINGS: tuple[Setting, ...] = (
     U("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
     U("fraction", 1.0, float, "Train on this fraction of the training images: the first of them in file-name "
       "order, the same on every rank and after a resume.", True, "the images trained on", check_share),
+    U("single_cls", False, bool, "Train every class as one, named item (ultralytics' single_cls): a detector of "
+      "objects, not of their kinds.", True, "the classes the weights learn"),
     U("freeze", None, int | None, "Freeze the first N layers (ultralytics' layer numbers: 10 is YOLOv8's or YOLO11's "
       "backbone): their weights stay as they are (BatchNorm statistics still follow the data, as in ultralytics).",
       True, "which weights train", check_non_negative),

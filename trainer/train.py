@@ -20,6 +20,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -96,12 +97,16 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
 class Data:
     """The data of a run, as this rank sees it."""
     spec: DataSpec
-    nc: int
+    names: list[str]  # the classes trained: the data YAML's, or single_cls' one
     train_set: YoloDataset
     val_batches: ValBatches
     sampler: EvenShardSampler | RectBatchSampler  # this rank's share of each epoch
     batches: int  # global batches per epoch
     batch_per_rank: int
+
+    @property
+    def nc(self) -> int:
+        return len(self.names)
 
 
 @dataclass
@@ -153,11 +158,17 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     for problem in train_set.problems + val_batches.problems:
         warn0(d, problem)
     refuse_unlearnable(cfg.data, train_set, nc)
+    names = list(spec.names)
+    if cfg.single_cls:  # as ultralytics: one class, "item", in training and validation alike
+        names = ["item"]
+        for split in (train_set, val_batches):
+            split.labels = [np.concatenate([np.zeros_like(lb[:, :1]), lb[:, 1:]], axis=1) for lb in split.labels]
+        val_batches.nc = 1
     sampler = RectBatchSampler([idx for idx, _ in train_set.batches], batch_per_rank, d.rank, d.world_size, cfg.seed) \
         if cfg.rect else EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
     assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
-    return Data(spec, nc, train_set, val_batches, sampler, batches, batch_per_rank)
+    return Data(spec, names, train_set, val_batches, sampler, batches, batch_per_rank)
 
 
 def training_files(files: list, fraction: float) -> list:
@@ -326,7 +337,7 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
     broadcast_module(d, parts.ema.module)
     parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
-    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.spec.names, run)
+    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run)
     # Rank 0's, on every rank: the ranks decide patience's early stop alike.
     fitness = gather_objects(d, 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"])[0]
     improved = fitness > pos.best_fitness
@@ -342,7 +353,7 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
             names.append(f"epoch{pos.epoch - 1}.pt")  # ultralytics' name: the epoch counted from 0
         for name in names:
-            save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.spec.names)
+            save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.names)
         box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
         print(f"epoch {pos.epoch}/{cfg.epochs}: loss {train_loss.sum():.3f} "
               f"({box} {train_loss[0]:.3f} {cls} {train_loss[1]:.3f} {third} {train_loss[2]:.3f}) "

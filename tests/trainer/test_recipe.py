@@ -182,3 +182,27 @@ def test_the_schedule_gives_the_learning_rates_ultralytics_logged():
         schedule.apply(optimizer, epoch * 25 - 1)
         norm = next(g for g in optimizer.param_groups if g["name"] == "norm")
         assert norm["lr"] == pytest.approx(lr, rel=1e-5), epoch
+
+
+def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
+    import subprocess
+
+    r = subprocess.run([HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(shapes), "--epochs", "1",
+                        "--batch", "4", "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0",
+                        "--lr0", "0", "--single-cls"], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "training yolov8n on 8 images (1 classes)" in r.stdout and "class convs new for 1 classes" in r.stdout
+    saved = torch.load(tmp_path / "run" / "weights" / "last.pt", weights_only=True)
+    assert saved["names"] == ["item"] and saved["model"]["head.cls.0.2.bias"].shape == (1,)
+    # Training and validation labels alike are all of class 0; the data YAML's four classes were there.
+    from hpcyolo_trainer.dist import Dist
+    from hpcyolo_trainer.train import load_data
+
+    d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    for single, classes in ((False, {0, 1, 2, 3}), (True, {0})):
+        cfg = TrainConfig(run_dir=str(tmp_path / "run"), data=str(shapes), batch=4, imgsz=160, single_cls=single)
+        data = load_data(cfg, d)
+        assert data.nc == len(classes) and data.val_batches.nc == len(classes)
+        for split in (data.train_set, data.val_batches):
+            assert {int(c) for lb in split.labels for c in lb[:, 0]} == classes
