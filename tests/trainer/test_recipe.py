@@ -206,3 +206,35 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
         assert data.nc == len(classes) and data.val_batches.nc == len(classes)
         for split in (data.train_set, data.val_batches):
             assert {int(c) for lb in split.labels for c in lb[:, 0]} == classes
+
+
+def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, capfd):
+    """The recipe's settings on (MixUp, perspective, flips, channel swap,
+    rotation, shear, freeze, fraction, cosine decay), two ranks with two
+    loader workers each, stopped by the preemption path inside epoch 2."""
+    from conftest import max_abs_diff
+
+    from hpcyolo_trainer import checkpoint as ckpt
+    from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
+
+    def argv(run: Path) -> list[str]:
+        return [HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch", "4",
+                "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "2", "--close-mosaic", "1",
+                "--mixup", "0.5", "--perspective", "0.0005", "--flipud", "0.3", "--bgr", "0.2", "--degrees", "5",
+                "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr"]
+
+    env = {k: v for k, v in os.environ.items() if k != DRILL_ENV} | {"OMP_NUM_THREADS": "1"}
+    assert launch(argv(tmp_path / "a"), 2, env=env) == 0
+    assert launch(argv(tmp_path / "b"), 2, env={**env, DRILL_ENV: "3"}) == EXIT_CODE
+    assert ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)["global_step"] == 3
+    capfd.readouterr()
+    assert launch(argv(tmp_path / "b"), 2, env=env) == 0
+    assert "resumed from" in capfd.readouterr().out
+    a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
+    b = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
+    assert a["epoch"] == b["epoch"] == 3 and a["global_step"] == b["global_step"] > 3
+    for part in ("model", "ema", "optimizer"):
+        assert max_abs_diff(a[part], b[part], part) == 0.0, part
+    rows = [[line.split(",")[:9] for line in (run / "results.csv").read_text().splitlines()] for run in
+            (tmp_path / "a", tmp_path / "b")]
+    assert rows[0] == rows[1] and len(rows[0]) == 4
