@@ -47,10 +47,31 @@ YOLO(args.pop("model")).train(**args)
 
 def settings(args, data: Path, project: Path) -> dict:
     """Ultralytics' train() arguments: the settings both sides run with."""
-    return {"model": f"{args.model}.yaml", "data": str(data), "epochs": args.epochs, "imgsz": 160, "batch": 32,
+    model = str(args.weights) if args.weights else f"{args.model}.yaml"
+    return {"model": model, "data": str(data), "epochs": args.epochs, "imgsz": 160, "batch": 32,
             "nbs": 32, "optimizer": args.optimizer, "lr0": args.lr0, "close_mosaic": 3, "seed": 0,
             "deterministic": True, "workers": 1, "device": "cpu", "amp": False, "plots": False, "val": True,
-            "project": str(project), "name": "ultralytics", "exist_ok": True, "pretrained": False, "verbose": False}
+            "project": str(project), "name": "ultralytics", "exist_ok": True, "pretrained": bool(args.weights),
+            "verbose": False, **dict(args.set)}
+
+
+def recipe_setting(text: str) -> tuple[str, object]:
+    """KEY=VALUE (a YAML value: 10, 0.5, true) -> (key, value)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. degrees=10")
+    return key, yaml.safe_load(value)
+
+
+def our_options(recipe: list[tuple[str, object]]) -> list[str]:
+    """The recipe as options of hpcyolo train: --degrees 10, --cos-lr."""
+    words = []
+    for key, value in recipe:
+        flag = "--" + key.replace("_", "-")
+        words += [flag if value else "--no-" + key.replace("_", "-")] if isinstance(value, bool) else [flag, str(value)]
+    return words
 
 
 def last_row(results: Path) -> dict:
@@ -74,6 +95,10 @@ def main() -> None:
     parser.add_argument("--lr0", type=float, default=0.01)
     parser.add_argument("--seeds", type=int, default=3, help="Seeds per side (0, 1, ...): runs of one seed spread "
                         "widely at 12 epochs, so the means are compared.")
+    parser.add_argument("--weights", type=Path, help="Fine-tune both sides from this ultralytics checkpoint (the "
+                        "classes of its training); default: --model from scratch.")
+    parser.add_argument("--set", type=recipe_setting, action="append", default=[], metavar="KEY=VALUE",
+                        help="An ultralytics training setting for both sides, e.g. --set degrees=10 --set cos_lr=true.")
     parser.add_argument("--ul-python", default=UL_PYTHON)
     parser.add_argument("--keep", type=Path, help="Keep the data and runs here instead of a temporary folder.")
     args = parser.parse_args()
@@ -116,10 +141,11 @@ def train_and_measure(side: str, seed: int, args, root: Path, data: Path, absolu
         argv = [args.ul_python, "-c", UL_TRAIN, json.dumps(ul)]
         env.update(YOLO_CONFIG_DIR=str(root / "ul-config"), YOLO_OFFLINE="1")
     else:
-        argv = [str(BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), "--model", args.model,
+        start_from = ["--weights", str(args.weights)] if args.weights else ["--model", args.model]
+        argv = [str(BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), *start_from,
                 "--epochs", str(args.epochs), "--imgsz", "160", "--batch", "32", "--nbs", "32", "--optimizer",
                 OPTIMIZERS[args.optimizer], "--lr0", str(args.lr0), "--close-mosaic", "3", "--seed", str(seed),
-                "--workers", "1"]
+                "--workers", "1", *our_options(args.set)]
         print("hpcyolo:     " + " ".join(argv[1:]), flush=True)
     start = time.perf_counter()
     done = (run / "results.csv").is_file() and int(last_row(run / "results.csv")["epoch"]) == args.epochs
