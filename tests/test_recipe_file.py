@@ -50,8 +50,8 @@ def test_the_fixtures_args_yaml_reads_as_its_run():
 
 
 @pytest.mark.parametrize("line,key,words", [
-    ("cutmix: 0.1", "cutmix", "0.1 changes training, and hpcyolo does not implement cutmix yet; remove it "
-                              "(ultralytics' default: 0.0) to train without it"),
+    ("copy_paste: 0.1", "copy_paste", "0.1 changes training, and hpcyolo does not implement copy_paste yet; "
+                                      "remove it (ultralytics' default: 0.0) to train without it"),
     ("classes: [0, 2]", "classes", "does not implement classes yet"),
     ("freeze: [0, 1, 2]", "freeze", "[0, 1, 2] is not a whole number"),
     ("optimizer: RMSprop", "optimizer", "'RMSprop': hpcyolo has sgd, adamw, musgd, auto"),

@@ -47,6 +47,8 @@ class AugmentHyp:
     """Perspective: the warp's bottom row gets +/- this (ultralytics' range 0-0.001)."""
     mixup: float = 0.0
     """Probability of blending a (mosaic) sample with a second one, labels of both kept."""
+    cutmix: float = 0.0
+    """Probability of pasting a rectangle of a second sample where no box of the first is."""
     hsv_h: float = 0.015
     """Hue gain range (fraction)."""
     hsv_s: float = 0.7
@@ -63,7 +65,7 @@ class AugmentHyp:
     """Last epochs trained without mosaic; the trainer sets `dataset.mosaic = False` for them."""
 
     def __post_init__(self) -> None:
-        for name in ("mosaic", "flipud", "fliplr", "bgr", "mixup"):
+        for name in ("mosaic", "flipud", "fliplr", "bgr", "mixup", "cutmix"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AugmentHyp.{name}: a probability must be in [0, 1], got {getattr(self, name)}")
         for f in fields(self):
@@ -363,6 +365,43 @@ def mix(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
     ratio = rng.beta(32.0, 32.0)
     img = (a[0].astype(np.float32) * ratio + b[0].astype(np.float32) * (1 - ratio)).astype(np.uint8)
     return img, np.concatenate([a[1], b[1]])
+
+
+def cut_mix(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], rng: np.random.Generator,
+            tries: int = 3, min_visible: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """CutMix (Yun et al., 2019) as ultralytics does it for detection: of
+    `tries` random rectangles (side sqrt(1 - u) of the image's, u uniform),
+    one that covers none of a's boxes gets b's pixels there, with b's boxes
+    that show at least `min_visible` of themselves in it, clipped to it. `a`
+    unchanged where no rectangle is free or none of b's boxes shows."""
+    img, boxes = a
+    h, w = img.shape[:2]
+    free = []
+    for _ in range(tries):
+        ratio = np.sqrt(1.0 - rng.beta(1.0, 1.0))
+        cw, ch, cx, cy = int(w * ratio), int(h * ratio), rng.integers(w), rng.integers(h)
+        rect = (max(cx - cw // 2, 0), max(cy - ch // 2, 0), min(cx + cw // 2, w), min(cy + ch // 2, h))
+        if not _covered(boxes, rect).any():
+            free.append(rect)
+    if not free:
+        return a
+    x1, y1, x2, y2 = free[rng.integers(len(free))]
+    shown = _covered(b[1], (x1, y1, x2, y2)) / np.maximum(box_areas(b[1]), 1e-6) >= min_visible
+    if not shown.any():
+        return a
+    out = img.copy()
+    out[y1:y2, x1:x2] = b[0][y1:y2, x1:x2]
+    pasted = b[1][shown].copy()
+    pasted[:, [1, 3]] = pasted[:, [1, 3]].clip(x1, x2)
+    pasted[:, [2, 4]] = pasted[:, [2, 4]].clip(y1, y2)
+    return out, np.concatenate([boxes, pasted])
+
+
+def _covered(boxes: np.ndarray, rect: tuple[int, int, int, int]) -> np.ndarray:
+    """The area of each (cls, x1, y1, x2, y2) box inside `rect` (x1, y1, x2, y2)."""
+    w = np.minimum(boxes[:, 3], rect[2]) - np.maximum(boxes[:, 1], rect[0])
+    h = np.minimum(boxes[:, 4], rect[3]) - np.maximum(boxes[:, 2], rect[1])
+    return np.clip(w, 0, None) * np.clip(h, 0, None)
 
 
 def flip_ud(img: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -47,9 +47,9 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, flip_lr, flip_ud, hsv_gains, letterbox,
-                      letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine, rect_batches, resized_shape,
-                      to_normalised, to_pixel_boxes)
+from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, cut_mix, flip_lr, flip_ud, hsv_gains,
+                      letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine, rect_batches,
+                      resized_shape, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from .fsutil import fsync_dir
 
@@ -568,6 +568,8 @@ class YoloDataset(Dataset):
             # MixUp, as ultralytics: while mosaics are on, with a second sample made the same way.
             if mosaic and self.hyp.mixup and rng.random() < self.hyp.mixup:
                 img, boxes = mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic), rng)
+            if mosaic and self.hyp.cutmix and rng.random() < self.hyp.cutmix:  # then CutMix, likewise
+                img, boxes = cut_mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic), rng)
         # The same draws either way, so a run's flips and boxes do not depend
         # on where its colours change (per pixel: it commutes with the flip).
         gains = hsv_gains(self.hyp, rng)

@@ -260,6 +260,8 @@ SETTINGS: tuple[Setting, ...] = (
     U("fliplr", 0.5, float, "Probability of a left-right flip.", True, _AUGMENT, check_fraction),
     U("mixup", 0.0, float, "Probability of blending a sample with a second one (both sets of boxes kept), while "
       "mosaics are on.", True, _AUGMENT, check_fraction),
+    U("cutmix", 0.0, float, "Probability of pasting a rectangle of a second sample (and its boxes there) where no "
+      "box is, while mosaics are on.", True, _AUGMENT, check_fraction),
     U("bgr", 0.0, float, "Probability of swapping the colour channels (RGB to BGR).", True, _AUGMENT, check_fraction),
     S("multi_scale", 0.0, float, "Multi-scale training: each step's image size drawn from imgsz x [1 - f, 1 + f], a "
       "multiple of 32, the same on every rank; 0: off.", True, "the image size of every step", check_multi_scale,

@@ -593,3 +593,29 @@ def test_mixup_1_blends_every_image_and_keeps_both_samples_boxes(rects):
         # The first sample is drawn as without MixUp; the second adds its boxes and about half its pixels.
         assert len(labels) > len(labels0) and torch.equal(labels[:len(labels0)], labels0)
         assert (img.float() - img0.float()).abs().mean() > 5
+
+
+def test_cutmix_pastes_a_second_samples_rectangle_where_no_box_is_with_its_boxes_there(rects):
+    alone = rect_dataset(rects, fliplr=0.0, **NO_COLOUR)
+    cut = rect_dataset(rects, fliplr=0.0, cutmix=1.0, **NO_COLOUR)
+    pasted = 0
+    for epoch in range(3):
+        alone.set_epoch(epoch), cut.set_epoch(epoch)
+        for i in range(len(rects)):
+            (img, labels, _, _), (img0, labels0, _, _) = cut[i], alone[i]
+            assert torch.equal(labels[:len(labels0)], labels0)  # the first sample is drawn as without CutMix
+            changed = (img != img0).any(0)
+            if len(labels) == len(labels0):
+                assert not changed.any()  # no free rectangle, or none of the second sample's boxes in it
+                continue
+            pasted += 1
+            ys, xs = changed.nonzero(as_tuple=True)
+            size = img.shape[-1]
+            rect = (xs.min() / size, ys.min() / size, (xs.max() + 1) / size, (ys.max() + 1) / size)
+            for cls, cx, cy, w, h in labels0.tolist():  # no box of the first sample under it
+                assert cx + w / 2 <= rect[0] + 1e-6 or cx - w / 2 >= rect[2] - 1e-6 or \
+                    cy + h / 2 <= rect[1] + 1e-6 or cy - h / 2 >= rect[3] - 1e-6
+            for cls, cx, cy, w, h in labels[len(labels0):].tolist():  # the new boxes lie in it
+                assert rect[0] - 1e-6 <= cx - w / 2 and cx + w / 2 <= rect[2] + 1e-6
+                assert rect[1] - 1e-6 <= cy - h / 2 and cy + h / 2 <= rect[3] + 1e-6
+    assert pasted >= 2
