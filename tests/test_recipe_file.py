@@ -59,6 +59,7 @@ def test_the_fixtures_args_yaml_reads_as_its_run():
     ("pretrained: runs/best.pt", "pretrained", "runs/best.pt: weights to start from"),
     ("fliplr: 2.0", "fliplr", "must be a fraction in [0, 1], got 2.0"),
     ("epochs: ten", "epochs", "'ten' is not a whole number"),
+    ("cache: [1]", "cache", "[1]: must be false, true (ram), ram or disk"),
     ("my_own_key: 3", "my_own_key", "is not an ultralytics training setting that hpcyolo knows"),
 ])
 def test_a_key_that_would_change_training_unseen_is_refused_naming_the_file_and_key(tmp_path, line, key, words):

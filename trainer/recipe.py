@@ -87,7 +87,7 @@ def _translated(file: str, key: str, value: Any) -> tuple[str | None, Any]:
                                          "MuSGD, auto), not this optimizer yet")
         return "optimizer", OPTIMIZERS[lowered]
     if key == "cache":
-        if value not in CACHES:
+        if not isinstance(value, (bool, str)) or value not in CACHES:
             raise ConfigError(file, key, f"{value!r}: must be false, true (ram), ram or disk")
         return "cache", CACHES[value]
     if key == "nms":  # ultralytics' nms=False is the NMS-free one-to-one head
@@ -106,10 +106,11 @@ def _translated(file: str, key: str, value: Any) -> tuple[str | None, Any]:
         raise ConfigError(file, key, f"{value!r} is not {kind}")
     if setting.choices and value not in setting.choices:
         raise ConfigError(file, key, f"{value!r}: choose one of {', '.join(map(str, setting.choices))}")
-    try:
-        setting.check and value is not None and setting.check(value)
-    except ValueError as e:
-        raise ConfigError(file, key, str(e)) from None
+    if setting.check is not None:
+        try:
+            setting.check(value)
+        except ValueError as e:
+            raise ConfigError(file, key, str(e)) from None
     return key, float(value) if want is float else value
 
 
