@@ -83,7 +83,7 @@ def test_sweep_points_and_names():
 def test_sweep_of_an_unknown_key_names_it(tmp_path):
     r = subprocess.run([str(VENV_BIN / "hpcyolo"), "submit", str(REPO / "site_configs" / "testbed.yaml"), str(JOB),
                         "--dry-run", "--sweep", "train.lr=0.1,0.2"], capture_output=True, text=True)
-    assert r.returncode == 2 and "train.lr: unknown key; did you mean 'lr0'?" in r.stderr, r.stderr
+    assert r.returncode == 2 and "train.lr: unknown key; did you mean 'lr0' or 'lrf'?" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 

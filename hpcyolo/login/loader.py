@@ -52,9 +52,10 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def _suggest(cls: type, key: Any) -> str | None:
-    """The key the user probably meant by unknown `key` in section `cls`,
-    as a dotted key relative to it. A key at the wrong level is the usual
+def _suggest(cls: type, key: Any) -> list[str]:
+    """The keys the user probably meant by unknown `key` in section `cls`
+    (one, or two look-alikes as close as each other: `lr` for `lr0` or
+    `lrf`), as dotted keys relative to it. A key at the wrong level is the usual
     mistake (`partition:` at the top for `slurm.partition`): an exact name
     in a section below wins over a look-alike at this level (`preemption`),
     then a look-alike here, then one below (`gpus` for
@@ -65,16 +66,18 @@ def _suggest(cls: type, key: Any) -> str | None:
     below = [k for k in field_docs(cls) if "." in k]
     exact = [k for k in below if k.rsplit(".", 1)[1] == key]
     if exact:
-        return exact[0]
-    here = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(cls)], n=1, cutoff=0.6)
+        return exact[:1]
+    names = [f.name for f in dataclasses.fields(cls)]
+    here = difflib.get_close_matches(key, names, n=2, cutoff=0.6)
     if here:
-        return here[0]
+        score = [difflib.SequenceMatcher(None, key, h).ratio() for h in here]
+        return sorted(here[:2] if len(here) > 1 and score[0] == score[1] else here[:1], key=names.index)
     leaves = {k.rsplit(".", 1)[1]: k for k in reversed(below)}
     close = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.75)
     if close:
-        return leaves[close[0]]
+        return [leaves[close[0]]]
     started = [k for leaf, k in leaves.items() if leaf.startswith(f"{key}_")]
-    return started[0] if len(started) == 1 else None
+    return started if len(started) == 1 else []
 
 
 def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
@@ -87,7 +90,11 @@ def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
     for key in raw:
         if key not in fields:
             close = _suggest(cls, key)
-            hint = f"; did you mean '{close}'?" if close else f"; known keys: {', '.join(fields)}"
+            # A long section (train has ultralytics' settings) is listed where it is documented, not in the line.
+            listed = f"; known keys: {', '.join(fields)}" if len(fields) <= 20 else \
+                f"; {len(fields)} keys here, listed in the README's key tables" + \
+                (" and, as options, by hpcyolo train --help" if prefix == "train" else "")
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else listed
             raise ConfigError(file, _join(prefix, key), f"unknown key{hint}")
     hints = typing.get_type_hints(cls)
     values = {}

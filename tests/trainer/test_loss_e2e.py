@@ -106,8 +106,9 @@ def test_end_to_end_loss_is_the_weighted_sum_and_logs_the_one_to_one_items():
     loss = EndToEndLoss(nc=2, epochs=10)
     loss.set_epoch(3)
     total, items = loss((maps, one2one_maps), targets)
-    many, _ = DetectionLoss(nc=2, reg_max=1, topk=10, min_side=16)(maps, targets)
-    one, one_items = DetectionLoss(nc=2, reg_max=1, topk=7, topk2=1, min_side=16)(one2one_maps, targets)
+    many, _ = DetectionLoss(nc=2, reg_max=1, topk=10, min_side=16, assign_ciou=True)(maps, targets)
+    one, one_items = DetectionLoss(nc=2, reg_max=1, topk=7, topk2=1, min_side=16, assign_ciou=True)(one2one_maps,
+                                                                                                     targets)
     share = 0.1 + 0.7 * (1 - 3 / 9)
     assert total.item() == pytest.approx((share * many + (1 - share) * one).item(), rel=1e-6)
     assert torch.equal(items, one_items) and loss.names == ("box_loss", "cls_loss", "l1_loss")
