@@ -217,6 +217,9 @@ class DetectionLoss:
         parts = torch.stack((box, cls, dfl)) * torch.tensor(self.gains, dtype=cls.dtype, device=cls.device)
         return parts.sum() * (batch * self.world_size), parts.detach()
 
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing here changes with the epoch (EndToEndLoss's weights do)."""
+
     def _global_mass(self, target_scores: Tensor) -> Tensor:
         """The target-score mass of the whole global batch, at least 1."""
         mass = target_scores.sum()

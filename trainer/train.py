@@ -267,8 +267,7 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
     checkpoint cadence and the ranks' agreed answer to a stop request.
     Returns the exit code when the run stops inside the epoch, else None."""
     parts.net.train()
-    if isinstance(parts.loss_fn, EndToEndLoss):
-        parts.loss_fn.set_epoch(pos.epoch)
+    parts.loss_fn.set_epoch(pos.epoch)
     progress = Progress(d, f"epoch {pos.epoch + 1}/{cfg.epochs}", data.batches, pos.batch, cfg.log_every)
     t0 = time.time() - pos.epoch_seconds  # a resumed epoch counts the time before the stop too
     meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
