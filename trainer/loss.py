@@ -217,7 +217,7 @@ class DetectionLoss:
         parts = torch.stack((box, cls, dfl)) * torch.tensor(self.gains, dtype=cls.dtype, device=cls.device)
         return parts.sum() * (batch * self.world_size), parts.detach()
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, epochs: int | None = None) -> None:
         """Nothing here changes with the epoch (EndToEndLoss's weights do)."""
 
     def _global_mass(self, target_scores: Tensor) -> Tensor:
@@ -313,8 +313,10 @@ class EndToEndLoss:
         self.epochs, self.epoch = epochs, 0
         self.names = self.one2one.names
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, epochs: int | None = None) -> None:
+        """The epoch being trained, and the run's planned epochs where they
+        changed (`time`: the share falls to its end over the plan)."""
+        self.epoch, self.epochs = epoch, epochs or self.epochs
 
     @property
     def one2many_share(self) -> float:

@@ -37,7 +37,7 @@ optimize dynamic simplify opset workspace quantize int8 tracker cfg overlap_mask
 dlog dgrad dlam auto_augment erasing dropout cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.
-NOT_YET = {"time": None, "classes": None, "copy_paste": 0.0,
+NOT_YET = {"classes": None, "copy_paste": 0.0,
            "copy_paste_mode": "flip", "cls_pw": 0.0, "distill_model": None, "val": True}
 # Settings of the table that a recipe does not set: the run's own place and the cluster's.
 NOT_FROM_A_RECIPE = frozenset({"run_dir", "data", "weights", "cfg", "cache_dir", "signal", "dist_timeout"})
@@ -67,6 +67,8 @@ def read_recipe(path: str | Path) -> tuple[dict[str, Any], list[str]]:
                                              f"yet; remove it (ultralytics' default: {NOT_YET[key]!r}) to train "
                                              "without it")
             continue
+        if value is None and key in BY_NAME and key not in NOT_FROM_A_RECIPE:
+            continue  # unset: the default, as in ultralytics (time, freeze, ...)
         name, value = _translated(file, key, value)
         if name is None:
             ignored.append(key)

@@ -112,11 +112,26 @@ class RunBatches(Sampler[EpochBatch]):
     already preparing the next epoch's first batches, where a loader made per
     epoch would start its workers and wait for its first batch every epoch.
     `epoch_sampler` is an EvenShardSampler (batched here by `batch`) or a
-    RectBatchSampler (already batched); either gives each epoch's order."""
+    RectBatchSampler (already batched); either gives each epoch's order.
 
-    def __init__(self, epoch_sampler, batch: int, first: int, start: int, epochs: int, mosaic_until: int):
+    `epochs` None: no end (a `time` budget's run, whose plan moves; the
+    training loop stops taking batches), and replan() moves mosaic_until."""
+
+    def __init__(self, epoch_sampler, batch: int, first: int, start: int, epochs: int | None, mosaic_until: int):
         self.sampler, self.batch, self.first, self.start = epoch_sampler, batch, first, start
         self.epochs, self.mosaic_until = epochs, mosaic_until
+        self.drawn = first - 1  # the epoch of the latest batch handed out (workers prepare batches ahead)
+
+    def replan(self, next_epoch: int, mosaic_until: int) -> bool:
+        """Move mosaic_until for the batches not drawn yet; False where a
+        batch already drawn, of `next_epoch` or later, would then differ
+        from one drawn afresh (a new loader must draw them, as a resumed
+        run's would)."""
+        for epoch in range(next_epoch, self.drawn + 1):
+            if (epoch < self.mosaic_until) != (epoch < mosaic_until):
+                return False
+        self.mosaic_until = mosaic_until
+        return True
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of `epoch` (from `start` in the first)."""
@@ -127,9 +142,14 @@ class RunBatches(Sampler[EpochBatch]):
         return [order[k:k + self.batch] for k in range(0, len(order), self.batch)]
 
     def __iter__(self):
-        for epoch in range(self.first, self.epochs):
+        epoch = self.first
+        while self.epochs is None or epoch < self.epochs:
             for indices in self.epoch_batches(epoch):
+                self.drawn = epoch
                 yield EpochBatch(indices, epoch, epoch < self.mosaic_until)
+            epoch += 1
 
     def __len__(self) -> int:
+        if self.epochs is None:
+            raise TypeError("a run without a fixed number of epochs (time) has no length")
         return sum(len(self.epoch_batches(e)) for e in range(self.first, self.epochs))

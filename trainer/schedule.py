@@ -11,7 +11,7 @@ momentum from warmup_momentum.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -28,6 +28,14 @@ class Schedule:
     warmup_momentum: float = 0.8
     warmup_bias_lr: float = 0.1
     cosine: bool = False
+    warmup_epochs: float | None = None  # where given, planned() derives warmup_steps anew from it
+
+    def planned(self, epochs: int) -> Schedule:
+        """The schedule for another number of epochs (`time`'s plan): the
+        decay stretched to them, the warm-up as warmup_steps_for says."""
+        steps = self.warmup_steps if self.warmup_epochs is None else \
+            warmup_steps_for(self.warmup_epochs, epochs, self.steps_per_epoch)
+        return replace(self, epochs=epochs, warmup_steps=steps)
 
     def factor(self, step: int) -> float:
         """lr0's multiplier in the epoch of optimizer step `step` (ultralytics'
@@ -52,6 +60,12 @@ class Schedule:
             elif "momentum" in group:
                 group["momentum"] = self.momentum
             group["lr"] = lr
+
+
+def warmup_steps_for(warmup_epochs: float, epochs: int, steps_per_epoch: int) -> int:
+    """Optimizer steps of warm-up: warmup_epochs' worth, but (ultralytics
+    8.4) at most all but the last epoch."""
+    return round(min(warmup_epochs, max(epochs - 1, 0)) * steps_per_epoch)
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float):

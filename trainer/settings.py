@@ -52,6 +52,11 @@ def check_non_negative(value: int | float) -> None:
         raise ValueError(f"must not be negative (got {value})")
 
 
+def check_hours(value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"must be a number of hours above 0 (0.5: half an hour), got {value}")
+
+
 def check_fraction(value: float) -> None:
     if not 0 <= value <= 1:
         raise ValueError(f"must be a fraction in [0, 1], got {value}")
@@ -207,6 +212,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("epochs", 100, int, "Epochs to train.", False, "raising it trains the run further (a finished one too): the "
       "learning rate then decays to the new end from where the run is, and the last close_mosaic epochs move with it",
       check_positive, key="train.epochs", flag="--epochs"),
+    U("time", None, float | None, "Hours the run trains, counted across its jobs and requeues; overrides epochs: "
+      "after each epoch the run plans ceil(time / its mean epoch time) epochs (the learning-rate decay and "
+      "close_mosaic follow the plan), and it stops, mid-epoch if need be, leaving room for its final validation "
+      "and weights inside the budget; empty: epochs decides.", False, "how long the run trains: raising it trains "
+      "the run further (a finished one too), as epochs does", check_hours),
     S("batch", 64, int, "Global batch size, split evenly over all ranks.", True, "the global batch sets the steps "
       "per epoch: a checkpoint's place in its epoch would stand for other images", check_positive,
       key="train.batch", flag="--batch"),

@@ -44,7 +44,7 @@ from .preemption import NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision,
 from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
-from .schedule import Schedule, build_optimizer
+from .schedule import Schedule, build_optimizer, warmup_steps_for
 from .settings import TrainConfig
 from .syncbn import normalise_across_ranks
 from .weights import Weights, load_into, read_weights
@@ -53,6 +53,9 @@ NO_STOP = Decision(NONE)
 # A folder: each rank appends `epoch batch height width` of every training
 # batch to rank-R.txt in it, so tests can check that the ranks agree.
 SHAPES_ENV = "HPCYOLO_STEP_SHAPES"
+# Tests: each optimizer step counts as this many seconds of the run's
+# training time, and nothing else counts (RunClock).
+STEP_SECONDS_ENV = "HPCYOLO_STEP_SECONDS"
 
 
 def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
@@ -70,27 +73,94 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     state, weights = checkpoint_to_resume(cfg, d, run, settings, data.nc)
     parts = build(cfg, d, data, state, weights)
     pos = resume(parts, state, d)
+    pos.epochs = resumed_plan(cfg, state, pos)
+    apply_plan(parts, pos)
     parts.net = data_parallel(parts.model, d)
     if d.distributed:
         settle_buckets(parts.net, parts.model, parts.loss_fn, cfg.imgsz, d.device, parts.amp, parts.amp_dtype)
     print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
               f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
               f"{parts.accumulate}, device {d.device}")
-    train_batches = iter(train_loader(cfg, d, data, pos))
+    clock = RunClock(pos.run_seconds)
+    loader = train_loader(cfg, d, data, pos)
+    train_batches = iter(loader)
     try:
-        for epoch in range(pos.epoch, cfg.epochs):
+        while pos.epoch < pos.epochs:
             if patience_spent(cfg, pos):
                 print0(d, f"stopping early: no better fitness in the {pos.epoch - pos.best_epoch} epochs after epoch "
                           f"{pos.best_epoch} (patience {cfg.patience}); weights/best.pt holds epoch {pos.best_epoch}")
                 break
-            pos.epoch = epoch
-            stopped = train_epoch(cfg, d, data, parts, pos, train_batches, stop)
+            planned = pos.epochs
+            stopped = train_epoch(cfg, d, data, parts, pos, train_batches, stop, clock)
             if stopped is not None:
                 return stopped
-            end_epoch(cfg, d, data, parts, pos, run)
+            if pos.time_up:  # the batches the workers prepare will not be trained: free their CPU for validation
+                stop_workers(train_batches)
+            end_epoch(cfg, d, data, parts, pos, run, clock)
+            if cfg.time is not None and pos.epoch >= pos.epochs:
+                print0(d, f"stopping: the time budget of {cfg.time:g} h holds no further epoch "
+                          f"({pos.run_seconds / 3600:.4f} h trained in {pos.epoch} epochs); weights written")
+                break
+            moved = pos.epochs != planned and not loader.batch_sampler.replan(pos.epoch, pos.epochs - cfg.close_mosaic)
+            if moved:  # close_mosaic moved across batches the workers already prepare: a new loader draws them
+                parts.writer.wait()  # new loader workers fork: never while the checkpoint thread writes
+                stop_workers(train_batches)
+                loader = train_loader(cfg, d, data, pos)
+                train_batches = iter(loader)
     finally:
         stop_workers(train_batches)
     return complete(d, parts, run)
+
+
+class RunClock:
+    """The run's training time, which `time` budgets: what its earlier jobs
+    trained (checkpointed) plus this job's time since its training loop
+    began. With STEP_SECONDS_ENV set (tests), each optimizer step counts as
+    that many seconds and nothing else counts: the run's time decisions are
+    then the same in every run of it, and a resumed run can be compared
+    with an uninterrupted one exactly."""
+
+    def __init__(self, before: float):
+        self.before, self.t0 = before, time.monotonic()
+        fake = os.environ.get(STEP_SECONDS_ENV)
+        self.step_seconds = float(fake) if fake else None
+
+    def seconds(self, step: int) -> float:
+        """The run's training time at optimizer step `step`."""
+        if self.step_seconds is not None:
+            return step * self.step_seconds
+        return self.before + time.monotonic() - self.t0
+
+    def phase(self) -> float:
+        """Now, for timing an epoch's end (0 with the test clock: it does not count)."""
+        return 0.0 if self.step_seconds is not None else time.monotonic()
+
+
+def plan_epochs(cfg: TrainConfig, epochs_done: int, seconds: float) -> int:
+    """The epochs the run trains: cfg.epochs, or with `time` ultralytics'
+    plan, ceil(budget / the run's mean epoch time so far) (cfg.epochs before
+    an epoch was timed)."""
+    if cfg.time is None:
+        return cfg.epochs
+    if epochs_done == 0 or seconds <= 0:
+        return cfg.epochs
+    return math.ceil(cfg.time * 3600 / (seconds / epochs_done))
+
+
+def resumed_plan(cfg: TrainConfig, state: dict | None, pos: Position) -> int:
+    """The plan a started or resumed run follows: the checkpoint's, made at
+    the end of its last epoch, while the budget is the one it was made for;
+    another budget (or none) plans anew."""
+    if state is not None and cfg.time is not None and state["config"].get("time") == cfg.time and "epochs" in state:
+        return state["epochs"]
+    return plan_epochs(cfg, pos.epoch, pos.plan_seconds)
+
+
+def apply_plan(parts: Parts, pos: Position) -> None:
+    """The learning-rate schedule and the end-to-end loss's weights follow the planned epochs."""
+    if parts.schedule.epochs != pos.epochs:
+        parts.schedule = parts.schedule.planned(pos.epochs)
+    parts.loss_fn.set_epoch(pos.epoch, pos.epochs)
 
 
 @dataclass
@@ -134,6 +204,11 @@ class Position:
     best_fitness: float = -1.0
     best_epoch: int = 0  # the epoch (from 1) of best_fitness, as patience counts; 0: none yet
     epoch_seconds: float = 0.0  # training time of this epoch so far (before a stop too)
+    epochs: int = 0  # the epochs planned: cfg.epochs, or with `time` the plan made at the last epoch's end
+    run_seconds: float = 0.0  # the run's training time (RunClock) when checkpointed
+    plan_seconds: float = 0.0  # the run's training time at the end of its last epoch (the plan's)
+    end_seconds: float = 0.0  # the longest end of an epoch so far (validation), which `time` keeps room for
+    time_up: bool = False  # the budget leaves no room for another step and the final validation
     loss_sum: torch.Tensor | None = None  # this rank's loss items summed over the epoch's batches
     speed: tuple | None = None  # the epoch's throughput figures, once it is trained (not checkpointed)
 
@@ -243,7 +318,8 @@ def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
     parts.scaler.load_state_dict(state["scaler"])
     pos = Position(state["epoch"], state["batch"], state["global_step"], state["best_fitness"],
                    state.get("best_epoch", 0), state.get("epoch_seconds", 0.0),
-                   restore_rank_state(state, d).to(d.device))
+                   run_seconds=state.get("run_seconds", 0.0), plan_seconds=state.get("plan_seconds", 0.0),
+                   end_seconds=state.get("end_seconds", 0.0), loss_sum=restore_rank_state(state, d).to(d.device))
     print0(d, f"resumed from {Path(state['path']).name}: epoch {pos.epoch + 1}, batch {pos.batch}, "
               f"step {pos.global_step}")
     return pos
@@ -253,22 +329,25 @@ def train_loader(cfg: TrainConfig, d: Dist, data: Data, pos: Position) -> DataLo
     """One loader for the whole run, from `pos` on (sampler.RunBatches): its
     workers start once, here, before the checkpoint thread ever writes (a
     child forked amid another thread's lock can hang, and the job with it),
-    and prepare each epoch's first batches while the last one ends."""
+    and prepare each epoch's first batches while the last one ends. (Only
+    a `time` plan that moves close_mosaic across batches already prepared
+    makes a new one.)"""
     run_batches = RunBatches(data.sampler, data.batch_per_rank, pos.epoch, pos.batch * data.batch_per_rank,
-                             cfg.epochs, mosaic_until=cfg.epochs - cfg.close_mosaic)
+                             None if cfg.time is not None else pos.epochs, mosaic_until=pos.epochs - cfg.close_mosaic)
     return DataLoader(data.train_set, batch_sampler=run_batches, num_workers=cfg.workers, collate_fn=collate,
                       pin_memory=d.device.type == "cuda",
                       worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
 
 
 def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, train_batches,
-                stop: StopFlag) -> int | None:
+                stop: StopFlag, clock: RunClock) -> int | None:
     """Train the rest of epoch pos.epoch; after each optimizer step, the
-    checkpoint cadence and the ranks' agreed answer to a stop request.
-    Returns the exit code when the run stops inside the epoch, else None."""
+    checkpoint cadence and the ranks' agreed answer to a stop request and
+    to the time budget (pos.time_up ends the epoch early). Returns the exit
+    code when the run stops inside the epoch, else None."""
     parts.net.train()
-    parts.loss_fn.set_epoch(pos.epoch)
-    progress = Progress(d, f"epoch {pos.epoch + 1}/{cfg.epochs}", data.batches, pos.batch, cfg.log_every)
+    parts.loss_fn.set_epoch(pos.epoch, pos.epochs)
+    progress = Progress(d, f"epoch {pos.epoch + 1}/{pos.epochs}", data.batches, pos.batch, cfg.log_every)
     t0 = time.time() - pos.epoch_seconds  # a resumed epoch counts the time before the stop too
     meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
     for i, (imgs, targets, _, metas) in enumerate(meter.timed(train_batches, data.batches - pos.batch),
@@ -283,12 +362,18 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         parts.schedule.apply(parts.optimizer, pos.global_step)
         optimizer_step(parts.model, parts.optimizer, parts.scaler, parts.ema, cfg.clip_norm)
         pos.global_step, pos.batch, pos.epoch_seconds = pos.global_step + 1, i + 1, time.time() - t0
+        step_seconds, pos.run_seconds = clock.seconds(pos.global_step) - pos.run_seconds, clock.seconds(pos.global_step)
         progress.update(i + 1, pos.loss_sum / (i + 1))
         if cfg.save_every and pos.global_step % cfg.save_every == 0:
             save_state(d, cfg, parts, pos)
-        stopped = stop_if_asked(cfg, d, parts, pos, stop)  # all ranks agree, after the optimizer step
+        stopped = stop_if_asked(cfg, d, parts, pos, stop, step_seconds)  # all ranks agree, after the optimizer step
         if stopped is not None:
             return stopped
+        if pos.time_up:
+            if pos.batch < data.batches:
+                print0(d, f"time budget: {cfg.time:g} h less the final validation is spent at epoch {pos.epoch + 1}, "
+                          f"batch {pos.batch}: ending the epoch here")
+            break
     progress.close()
     pos.epoch_seconds = time.time() - t0  # the training loop alone, for results.csv
     pos.speed = merge_figures(gather_objects(d, meter.figures()))
@@ -307,10 +392,17 @@ def device_batch(cfg: TrainConfig, d: Dist, imgs: torch.Tensor, metas, step: int
     return imgs
 
 
-def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: StopFlag) -> int | None:
+def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: StopFlag,
+                  step_seconds: float = 0.0) -> int | None:
     """The ranks' agreed answer to a stop request (agreed_stop): None to go
-    on, else the exit code, after a checkpoint where the answer asks for one."""
-    now = agreed_stop(d, stop, pos.global_step)
+    on, else the exit code, after a checkpoint where the answer asks for one.
+    Also whether the time budget is spent (pos.time_up): whether another
+    step like the last (`step_seconds`) and the end of the run (1.5 times
+    its longest epoch end so far) would overrun it."""
+    # Rank 0's clock decides for every rank; in the same all-reduce as the stop request.
+    budget = cfg.time is not None and d.is_main and \
+        pos.run_seconds + step_seconds + 1.5 * pos.end_seconds > cfg.time * 3600
+    now, pos.time_up = agreed_stop(d, stop, pos.global_step, budget)
     where = f"at epoch {pos.epoch + 1}, batch {pos.batch}"
     if now.action == STOP:
         print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be requeued"
@@ -326,21 +418,29 @@ def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: 
     return None
 
 
-def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, run: Path) -> None:
-    """After an epoch's last batch: validate the EMA weights, checkpoint the
-    start of the next epoch, and on rank 0 the results.csv row, last.pt,
-    best.pt (when fitness improved) and the epoch's line."""
-    train_loss = reduce_mean(d, pos.loss_sum / data.batches)
+def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, run: Path,
+              clock: RunClock) -> None:
+    """After an epoch's last batch (or the last the time budget allowed):
+    validate the EMA weights, plan the epochs anew where `time` is set,
+    checkpoint the start of the next epoch, and on rank 0 the results.csv
+    row, last.pt, best.pt (when fitness improved) and the epoch's line."""
+    started = clock.phase()
+    train_loss = reduce_mean(d, pos.loss_sum / max(pos.batch, 1))
     train_seconds, speed = pos.epoch_seconds, pos.speed
     # Each rank's EMA averaged its own BatchNorm statistics; all validate
     # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
     broadcast_module(d, parts.ema.module)
     parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
     metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run)
-    # Rank 0's, on every rank: the ranks decide patience's early stop alike.
-    fitness = gather_objects(d, 0.1 * metrics["map50"] + 0.9 * metrics["map50_95"])[0]
+    # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
+    fitness, seconds = gather_objects(d, (0.1 * metrics["map50"] + 0.9 * metrics["map50_95"],
+                                          clock.seconds(pos.global_step)))[0]
     improved = fitness > pos.best_fitness
     pos.epoch, pos.batch, pos.epoch_seconds = pos.epoch + 1, 0, 0.0
+    pos.run_seconds = pos.plan_seconds = seconds
+    # A run the budget stopped is done: started again with the same budget, it trains no further.
+    pos.epochs = pos.epoch if pos.time_up else plan_epochs(cfg, pos.epoch, seconds)
+    apply_plan(parts, pos)
     if improved or pos.best_fitness == 0:  # ultralytics' rule: an early stretch of zero fitness counts as improving
         pos.best_epoch = pos.epoch
     pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
@@ -354,10 +454,12 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         for name in names:
             save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.names)
         box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
-        print(f"epoch {pos.epoch}/{cfg.epochs}: loss {train_loss.sum():.3f} "
+        print(f"epoch {pos.epoch}/{pos.epochs}: loss {train_loss.sum():.3f} "
               f"({box} {train_loss[0]:.3f} {cls} {train_loss[1]:.3f} {third} {train_loss[2]:.3f}) "
               f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
               f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
+    # Rank 0's, which decides when the budget is spent: validation, checkpoint and weights.
+    pos.end_seconds = max(pos.end_seconds, clock.phase() - started)
 
 
 def complete(d: Dist, parts: Parts, run: Path) -> int:
@@ -474,9 +576,8 @@ def build_optimization(cfg: TrainConfig, model, batches: int, images: int | None
     steps_per_ep = math.ceil(batches / accumulate)
     schedule = Schedule(lr0=lr0, lrf=cfg.lrf, momentum=momentum, cosine=cfg.cos_lr,
                         warmup_momentum=cfg.warmup_momentum, warmup_bias_lr=warmup_bias_lr,
-                        epochs=cfg.epochs, steps_per_epoch=steps_per_ep,
-                        # ultralytics 8.4: the warm-up leaves at least the last epoch to the schedule.
-                        warmup_steps=round(min(cfg.warmup_epochs, max(cfg.epochs - 1, 0)) * steps_per_ep))
+                        epochs=cfg.epochs, steps_per_epoch=steps_per_ep, warmup_epochs=cfg.warmup_epochs,
+                        warmup_steps=warmup_steps_for(cfg.warmup_epochs, cfg.epochs, steps_per_ep))
     return optimizer, schedule, accumulate
 
 
@@ -530,18 +631,20 @@ def optimizer_step(model, optimizer, scaler, ema: ModelEMA, clip_norm: float) ->
     return norm
 
 
-def agreed_stop(d: Dist, stop: StopFlag, step: int) -> Decision:
+def agreed_stop(d: Dist, stop: StopFlag, step: int, time_up: bool = False) -> tuple[Decision, bool]:
     """What every rank does after optimizer step `step`: the strongest of the
     ranks' decisions (none < stop < checkpoint < checkpoint and requeue, one
     MAX all-reduce), with the reason of a rank that asked for it (a signal
-    may reach the ranks one by one)."""
+    may reach the ranks one by one); and, where none asked, whether any rank
+    (rank 0: its clock decides) says the time budget is spent, in the same
+    all-reduce."""
     mine = stop.decide(step) if stop.requested or stop.drill else NO_STOP
     code = 0 if mine.action == NONE else 1 if mine.action == STOP else 2 + mine.requeue
-    agreed = max_over_ranks(d, code)
+    agreed, time_up = divmod(max_over_ranks(d, 2 * code + time_up), 2)
     if not agreed:
-        return NO_STOP
+        return NO_STOP, bool(time_up)
     reason = next(r for r in gather_objects(d, mine.reason if code == agreed else "") if r)
-    return Decision(STOP if agreed == 1 else CHECKPOINT, reason, requeue=agreed == 3)
+    return Decision(STOP if agreed == 1 else CHECKPOINT, reason, requeue=agreed == 3), False
 
 
 def finish(d: Dist, code: int, keep_scratch: bool) -> int:
@@ -662,8 +765,8 @@ def save_state(d: Dist, cfg: TrainConfig, parts: Parts, pos: Position, preempted
                  "rng": [r for r, _ in ranks], "loss_sums": [s for _, s in ranks],
                  "config": rundir.settings(cfg.to_dict()), "arch": parts.model.arch, "epoch": pos.epoch,
                  "batch": pos.batch, "global_step": pos.global_step, "best_fitness": pos.best_fitness,
-                 "best_epoch": pos.best_epoch,
-                 "epoch_seconds": pos.epoch_seconds}
+                 "best_epoch": pos.best_epoch, "epoch_seconds": pos.epoch_seconds, "epochs": pos.epochs,
+                 "run_seconds": pos.run_seconds, "plan_seconds": pos.plan_seconds, "end_seconds": pos.end_seconds}
         parts.writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted))
         if preempted:
             mark_preempted(preempted)

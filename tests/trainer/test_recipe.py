@@ -209,24 +209,35 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
 
 
 def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, capfd):
-    """The recipe's settings on (MixUp, perspective, flips, channel swap,
-    rotation, shear, freeze, fraction, cosine decay), two ranks with two
-    loader workers each, stopped by the preemption path inside epoch 2."""
+    """The recipe's settings on (MixUp, CutMix, perspective, flips, channel
+    swap, rotation, shear, freeze, fraction, cosine decay, a time budget),
+    two ranks with two loader workers each, stopped by the preemption path
+    inside epoch 2.
+
+    The budget, on the test clock (each step 10 s): epoch 1 takes 20 s, so
+    the plan becomes ceil(72 / 20) = 4 epochs (from --epochs 3), which
+    moves close_mosaic across batches the workers already prepared (a new
+    loader), and the budget ends epoch 4 after its first step (70 s: one
+    more step would overrun it)."""
     from conftest import max_abs_diff
 
     from hpcyolo_trainer import checkpoint as ckpt
     from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
+    from hpcyolo_trainer.train import STEP_SECONDS_ENV
 
     def argv(run: Path) -> list[str]:
         return [HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch", "4",
                 "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "2", "--close-mosaic", "1",
                 "--mixup", "0.5", "--perspective", "0.0005", "--flipud", "0.3", "--bgr", "0.2", "--degrees", "5",
-                "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr"]
+                "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr", "--cutmix", "0.3",
+                "--time", "0.02"]
 
     from test_multiscale_rect import launch_within  # a hang fails the test instead of holding CI
 
-    env = {k: v for k, v in os.environ.items() if k != DRILL_ENV} | {"OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k != DRILL_ENV} | {"OMP_NUM_THREADS": "1", STEP_SECONDS_ENV: "10"}
     assert launch_within(argv(tmp_path / "a"), 2, env) == 0
+    out = capfd.readouterr().out
+    assert "time budget: 0.02 h less the final validation is spent at epoch 4, batch 1" in out
     assert launch_within(argv(tmp_path / "b"), 2, {**env, DRILL_ENV: "3"}) == EXIT_CODE
     assert ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)["global_step"] == 3
     capfd.readouterr()
@@ -234,9 +245,9 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
     assert "resumed from" in capfd.readouterr().out
     a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
     b = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
-    assert a["epoch"] == b["epoch"] == 3 and a["global_step"] == b["global_step"] > 3
+    assert a["epoch"] == b["epoch"] == a["epochs"] == b["epochs"] == 4 and a["global_step"] == b["global_step"] == 7
     for part in ("model", "ema", "optimizer"):
         assert max_abs_diff(a[part], b[part], part) == 0.0, part
     rows = [[line.split(",")[:9] for line in (run / "results.csv").read_text().splitlines()] for run in
             (tmp_path / "a", tmp_path / "b")]
-    assert rows[0] == rows[1] and len(rows[0]) == 4
+    assert rows[0] == rows[1] and len(rows[0]) == 5
