@@ -40,6 +40,12 @@ def test_every_ultralytics_setting_has_its_kind_and_the_missing_ones_their_defau
         assert DEFAULTS[key] == default, key
 
 
+@pytest.mark.parametrize("text,ids", [("classes: 2", (2,)), ("classes: [0, 2]", (0, 2)), ("classes: null", None)])
+def test_classes_come_as_ultralytics_writes_them_one_id_or_a_list(tmp_path, text, ids):
+    taken, ignored = read_recipe(write(tmp_path / "args.yaml", text + "\n"))
+    assert taken.get("classes") == ids and ignored == []
+
+
 def test_the_fixtures_args_yaml_reads_as_its_run():
     taken, ignored = read_recipe(ARGS)
     assert taken["model"] == "yolo26n" and taken["optimizer"] == "auto" and taken["epochs"] == 15
@@ -52,7 +58,8 @@ def test_the_fixtures_args_yaml_reads_as_its_run():
 @pytest.mark.parametrize("line,key,words", [
     ("copy_paste: 0.1", "copy_paste", "0.1 changes training, and hpcyolo does not implement copy_paste yet; "
                                       "remove it (ultralytics' default: 0.0) to train without it"),
-    ("classes: [0, 2]", "classes", "does not implement classes yet"),
+    ("classes: [0, -1]", "classes", "must be class ids from 0, got [0, -1]"),
+    ("classes: zero", "classes", "must be class ids from 0, got ['zero']"),
     ("freeze: [0, 1, 2]", "freeze", "[0, 1, 2] is not a whole number"),
     ("optimizer: RMSprop", "optimizer", "'RMSprop': hpcyolo has sgd, adamw, musgd, auto"),
     ("model: yolo26n.pt", "model", "yolo26n.pt: a weights file; give it as train.weights (--weights)"),

@@ -37,7 +37,7 @@ optimize dynamic simplify opset workspace quantize int8 tracker cfg overlap_mask
 dlog dgrad dlam auto_augment erasing dropout cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.
-NOT_YET = {"classes": None, "copy_paste": 0.0,
+NOT_YET = {"copy_paste": 0.0,
            "copy_paste_mode": "flip", "cls_pw": 0.0, "distill_model": None, "val": True}
 # Settings of the table that a recipe does not set: the run's own place and the cluster's.
 NOT_FROM_A_RECIPE = frozenset({"run_dir", "data", "weights", "cfg", "cache_dir", "signal", "dist_timeout"})
@@ -92,6 +92,13 @@ def _translated(file: str, key: str, value: Any) -> tuple[str | None, Any]:
         if not isinstance(value, (bool, str)) or value not in CACHES:
             raise ConfigError(file, key, f"{value!r}: must be false, true (ram), ram or disk")
         return "cache", CACHES[value]
+    if key == "classes" and value is not None:  # ultralytics takes one id or a list of them
+        ids = tuple(value) if isinstance(value, list) else (value,)
+        try:
+            BY_NAME["classes"].check(ids)
+        except ValueError as e:
+            raise ConfigError(file, key, str(e)) from None
+        return "classes", ids
     if key == "nms":  # ultralytics' nms=False is the NMS-free one-to-one head
         return ("end2end", True) if value is False else (None, None)
     setting = BY_NAME.get(key)

@@ -82,6 +82,21 @@ def check_scale(value: float) -> None:
         raise ValueError(f"must be in [0, 1) (the gain is 1 +/- scale), got {value}")
 
 
+def check_classes(value: tuple[int, ...]) -> None:
+    if not value:
+        raise ValueError("must name at least one class id (leave it empty for all classes)")
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in value):
+        raise ValueError(f"must be class ids from 0, got {list(value)}")
+
+
+def parse_classes(text: str) -> tuple[int, ...]:
+    """`0,2` -> (0, 2): the command line's spelling of a list of class ids."""
+    try:
+        return tuple(int(word) for word in text.replace(" ", "").split(","))
+    except ValueError:
+        raise ValueError(f"must be class ids separated by commas (0,2), got {shown(text)}") from None
+
+
 def check_signal(value: str) -> None:
     if value not in SIGNALS:
         raise ValueError(f"{shown(value)} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
@@ -104,6 +119,7 @@ class Setting:
     path: str | None = None  # "file": an existing file; "file-name": a file's path; "folder": a folder's
     compare: Callable[[dict], object] | None = None  # the value compared by the same-run rule, where not the raw one
     alias: str | None = None  # an older spelling of the option that still works ("--cosine/--linear")
+    parse: Callable[[str], Any] | None = None  # the option's text to a value, where not click's own type
 
     @property
     def value_type(self) -> Any:
@@ -300,6 +316,10 @@ SETTINGS: tuple[Setting, ...] = (
       "order, the same on every rank and after a resume.", True, "the images trained on", check_share),
     U("single_cls", False, bool, "Train every class as one, named item (ultralytics' single_cls): a detector of "
       "objects, not of their kinds.", True, "the classes the weights learn"),
+    U("classes", None, tuple[int, ...] | None, "Train on these classes only (the data YAML's ids: [0, 2] in the job "
+      "spec, --classes 0,2): the other classes' boxes are dropped from training and validation, their images stay "
+      "as background, as in ultralytics; empty: all.", True, "the classes the weights learn", check_classes,
+      parse=parse_classes),
     U("freeze", None, int | None, "Freeze the first N layers (ultralytics' layer numbers: 10 is YOLOv8's or YOLO11's "
       "backbone): their weights stay as they are (BatchNorm statistics still follow the data, as in ultralytics).",
       True, "which weights train", check_non_negative),
@@ -352,7 +372,8 @@ def _train_config_methods() -> dict:
         return self.lr0 if self.lr0 is not None else (0.001 if self.optimizer == "adamw" else 0.01)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields, as YAML writes them (a tuple as a list)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     return {"learning_rate": property(learning_rate), "to_dict": to_dict,
             "__doc__": "The trainer's configuration: one field per row of hpcyolo_trainer.settings, in its order."}

@@ -234,6 +234,13 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
         warn0(d, problem)
     refuse_unlearnable(cfg.data, train_set, nc)
     names = list(spec.names)
+    if cfg.classes is not None:  # as ultralytics: other classes' boxes dropped, in training and validation alike
+        missing = sorted(set(cfg.classes) - set(range(nc)))
+        if missing:
+            raise HpcyoloError(f"classes (train.classes, --classes): {missing} not among the {nc} classes of "
+                               f"{cfg.data} (ids 0..{nc - 1})")
+        for split in (train_set, val_batches):
+            split.labels = [lb[np.isin(lb[:, 0], cfg.classes)] for lb in split.labels]
     if cfg.single_cls:  # as ultralytics: one class, "item", in training and validation alike
         names = ["item"]
         for split in (train_set, val_batches):

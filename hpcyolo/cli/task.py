@@ -62,10 +62,19 @@ def _setting_option(name: str):
             "folder": click.Path(file_okay=False)}.get(s.path)
     if kind is None and s.choices:
         kind = click.Choice(s.choices)
+    elif kind is None and s.parse:
+        kind = str
     elif kind is None and s.value_type is not bool:
         kind = s.value_type
 
     def check(ctx: click.Context, param: click.Parameter, value):
+        if s.parse and isinstance(value, str):
+            from hpcyolo_trainer.settings import OptionError
+
+            try:
+                value = s.parse(value)
+            except ValueError as e:
+                raise OptionError(f"{s.option}: {e}") from None
         s.validate(value)
         return value
 

@@ -525,6 +525,8 @@ def _option_words(s: Setting, value: object) -> tuple[str, ...]:
     on, _, off = s.flag.partition("/")
     if off:
         return (on if value else off,)
+    if isinstance(value, tuple):  # --classes 0,2
+        return (on, ",".join(map(str, value)))
     return (on, value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value))
 
 

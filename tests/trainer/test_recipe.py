@@ -251,3 +251,51 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
     rows = [[line.split(",")[:9] for line in (run / "results.csv").read_text().splitlines()] for run in
             (tmp_path / "a", tmp_path / "b")]
     assert rows[0] == rows[1] and len(rows[0]) == 5
+
+
+def test_classes_trains_and_validates_on_those_classes_boxes_only(tmp_path, shapes):
+    """classes 0,2 (ultralytics' filter): the other classes' boxes leave
+    training and validation, every image stays, the model keeps the data
+    YAML's four classes; a mosaic batch holds boxes of 0 and 2 only; an id
+    the data does not have is one line naming the setting."""
+    import subprocess
+
+    import numpy as np
+    import yaml
+
+    from hpcyolo_trainer.data import collate
+    from hpcyolo_trainer.dist import Dist
+    from hpcyolo_trainer.errors import HpcyoloError
+    from hpcyolo_trainer.sampler import EpochBatch
+    from hpcyolo_trainer.train import load_data
+
+    d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    full = load_data(TrainConfig(run_dir=str(tmp_path / "r"), data=str(shapes), batch=4, imgsz=160), d)
+    only = load_data(TrainConfig(run_dir=str(tmp_path / "r"), data=str(shapes), batch=4, imgsz=160, classes=(0, 2)), d)
+    assert only.nc == full.nc == 4 and len(only.train_set) == len(full.train_set) == 8
+    for a, b in ((full.train_set, only.train_set), (full.val_batches, only.val_batches)):
+        assert len(a.labels) == len(b.labels)
+        for la, lb in zip(a.labels, b.labels):
+            assert np.array_equal(la[np.isin(la[:, 0], [0, 2])], lb)
+        assert sum(map(len, b.labels)) < sum(map(len, a.labels))  # some boxes of classes 1 and 3 were there
+    _, targets, _, _ = collate(only.train_set.__getitems__(EpochBatch(range(8), epoch=0, mosaic=True)))
+    assert len(targets) and set(targets[:, 1].tolist()) <= {0.0, 2.0}
+    with pytest.raises(HpcyoloError, match=r"^classes \(train.classes, --classes\): \[7\] not among the 4 classes"):
+        load_data(TrainConfig(run_dir=str(tmp_path / "r"), data=str(shapes), batch=4, imgsz=160, classes=(0, 7)), d)
+
+    argv = [HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(shapes), "--epochs", "1", "--batch",
+            "4", "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    bad = subprocess.run(argv + ["--classes", "0,x"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and not (tmp_path / "run").exists()
+    assert bad.stderr.strip().splitlines() == ["hpcyolo: error: --classes: must be class ids separated by commas "
+                                               "(0,2), got '0,x'"]
+    r = subprocess.run(argv + ["--classes", "0,2"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "on 8 images (4 classes)" in r.stdout
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["classes"] == [0, 2]
+    # The same run again, with the same classes, continues it; other classes are another run.
+    again = subprocess.run(argv + ["--classes", "0,2", "--epochs", "2"], capture_output=True, text=True, env=env)
+    assert again.returncode == 0 and "resumed from" in again.stdout, again.stderr
+    other = subprocess.run(argv + ["--classes", "1"], capture_output=True, text=True, env=env)
+    assert other.returncode != 0 and "classes" in other.stderr
