@@ -199,14 +199,16 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
               "mosaic": 0.5, "hsv_h": 0.01, "hsv_s": 0.5, "hsv_v": 0.3, "degrees": 10.0, "translate": 0.2,
               "scale": 0.3, "shear": 2.0, "flipud": 0.5, "fliplr": 0.3, "bgr": 0.1, "amp": False, "patience": 5,
               "save_period": 2, "fraction": 0.5, "freeze": 3, "perspective": 0.0005, "mixup": 0.2,
-              "single_cls": True, "cutmix": 0.3, "time": 2.5, "classes": [0, 2]}
+              "single_cls": True, "cutmix": 0.3, "time": 2.5, "classes": [0, 2],
+              "copy_paste": 0.4}
     job = (f"name: j\nresources: {{nodes: 1, time: '04:00:00'}}\ndata: {{yaml: {COCO8}, cache: ram}}\n"
            f"train: {{{', '.join(f'{k}: {v}' for k, v in values.items())}}}\n"
            "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900}\n")
     plan = _plan(tmp_path, job, GPU_SITE + "preemption: {signal: USR1}\n")
     expected = {**values, "cache": "ram", "save_every": 50, "keep": 2, "dist_timeout": 900, "signal": "USR1"}
     # train.cfg is not passed on: load_job takes the recipe's settings into the job (tests/test_recipe_file.py).
-    keyed = {s.name for s in SETTINGS if s.key and s.default is not REQUIRED} - {"cfg"}
+    # copy_paste_mode has one value implemented, its default.
+    keyed = {s.name for s in SETTINGS if s.key and s.default is not REQUIRED} - {"cfg", "copy_paste_mode"}
     assert keyed == expected.keys()  # a new job key for the trainer: set it above too
     got = _clicked(plan, tmp_path / "run")
     assert {name: got[name] for name in expected} == expected

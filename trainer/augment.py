@@ -61,15 +61,21 @@ class AugmentHyp:
     """Probability of a horizontal flip."""
     bgr: float = 0.0
     """Probability of swapping the colour channels (RGB -> BGR)."""
+    copy_paste: float = 0.0
+    """Share of a sample's instances pasted mirrored where they overlap no other (needs instance outlines)."""
+    copy_paste_mode: str = "flip"
+    """Where pasted instances come from: flip, the sample mirrored left-right (the one mode implemented)."""
     close_mosaic: int = 10
     """Last epochs trained without mosaic; the trainer sets `dataset.mosaic = False` for them."""
 
     def __post_init__(self) -> None:
-        for name in ("mosaic", "flipud", "fliplr", "bgr", "mixup", "cutmix"):
+        for name in ("mosaic", "flipud", "fliplr", "bgr", "mixup", "cutmix", "copy_paste"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AugmentHyp.{name}: a probability must be in [0, 1], got {getattr(self, name)}")
+        if self.copy_paste_mode != "flip":
+            raise ValueError(f"AugmentHyp.copy_paste_mode: only flip is implemented, got {self.copy_paste_mode!r}")
         for f in fields(self):
-            if getattr(self, f.name) < 0:
+            if f.name != "copy_paste_mode" and getattr(self, f.name) < 0:
                 raise ValueError(f"AugmentHyp.{f.name}: must not be negative, got {getattr(self, f.name)}")
         if self.scale >= 1.0:
             raise ValueError(f"AugmentHyp.scale: must be below 1 (the gain is 1 +/- scale), got {self.scale}")
@@ -222,23 +228,33 @@ def mosaic4(images: list[np.ndarray], boxes: list[np.ndarray], size: int,
 
 
 def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, hyp: AugmentHyp,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                  rng: np.random.Generator, outlines: list[list[np.ndarray]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """mosaic4 then random_affine, the same random draws, without building
     the 2*size canvas where the warp is only a scale and a shift (no rotation
     or shear, YOLO's default): each image's visible part is resized straight
     into its rectangle of the size x size output. That is 4-5x cheaper than
     warping the canvas (benchmarks/bench_loader.py); the pixels differ from
     the canvas warp by the rounding of each part's edges to whole pixels
-    (below half a pixel), and the boxes follow each part's own resize exactly."""
+    (below half a pixel), and the boxes follow each part's own resize exactly.
+
+    `outlines` (each image's instance outlines, pixels, one per box) with
+    hyp.copy_paste: the canvas gets copy_paste_flip before the warp, as
+    ultralytics pastes between its mosaic and its affine warp (no random draw)."""
     layout = mosaic_layout([img.shape[:2] for img in images], size, rng)
     matrix, gain = affine_matrix((2 * size, 2 * size), size, hyp, rng)
     placed, areas = _placed_boxes(boxes, layout)
-    if matrix[0, 1] != 0 or matrix[1, 0] != 0 or matrix[2, 0] != 0 or matrix[2, 1] != 0:
-        # rotation, shear or perspective: warp the whole canvas
+    pasting = bool(hyp.copy_paste) and outlines is not None
+    if pasting or matrix[0, 1] != 0 or matrix[1, 0] != 0 or matrix[2, 0] != 0 or matrix[2, 1] != 0:
+        # rotation, shear, perspective or pasting: warp the whole canvas
         canvas = np.full((2 * size, 2 * size, 3), PAD_VALUE, dtype=np.uint8)
         for img, (ox, oy, x1, y1, x2, y2) in zip(images, layout):
             canvas[y1:y2, x1:x2] = img[y1 - oy:y2 - oy, x1 - ox:x2 - ox]
-        return warp(canvas, np.concatenate(placed), areas, matrix, gain, size)
+        placed = np.concatenate(placed)
+        if pasting:
+            moved = [o + (ox, oy) for outs, (ox, oy, *_) in zip(outlines, layout) for o in outs]
+            canvas, pasted = copy_paste_flip(canvas, placed, moved, hyp.copy_paste)
+            placed, areas = np.concatenate([placed, pasted]), np.concatenate([areas, box_areas(pasted)])
+        return warp(canvas, placed, areas, matrix, gain, size)
     out = np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
     # Edge coordinates (pixel i spans [i, i + 1)): out = s * canvas + c, where
     # the matrix maps pixel centres (OpenCV's convention for warpAffine).
@@ -402,6 +418,37 @@ def _covered(boxes: np.ndarray, rect: tuple[int, int, int, int]) -> np.ndarray:
     w = np.minimum(boxes[:, 3], rect[2]) - np.maximum(boxes[:, 1], rect[0])
     h = np.minimum(boxes[:, 4], rect[3]) - np.maximum(boxes[:, 2], rect[1])
     return np.clip(w, 0, None) * np.clip(h, 0, None)
+
+
+def copy_paste_flip(img: np.ndarray, boxes: np.ndarray, outlines: list[np.ndarray],
+                    share: float) -> tuple[np.ndarray, np.ndarray]:
+    """Copy-Paste (Ghiasi et al., 2021) as ultralytics' mode flip does it:
+    the image mirrored left-right is a second image whose instances (the
+    mirrored boxes and `outlines`, pixels) land where they cover less than
+    0.3 of each existing box; round(share x their number) of them, the least
+    overlapping first, are pasted inside their outlines. Returns (image,
+    the pasted boxes only); nothing random is drawn. A box's part of the
+    outline cut off by the canvas (a mosaic's border) still counts, as there."""
+    none = np.zeros((0, 5), np.float32)
+    if not len(boxes) or share <= 0:
+        return img, none
+    w = img.shape[1]
+    mirrored = boxes.copy()
+    mirrored[:, 1], mirrored[:, 3] = w - boxes[:, 3], w - boxes[:, 1]
+    covered = np.stack([_covered(boxes, tuple(m[1:])) for m in mirrored]) / (box_areas(boxes)[None] + 1e-7)
+    free = np.flatnonzero((covered < 0.3).all(axis=1))
+    chosen = free[np.argsort(covered[free].max(axis=1), kind="stable")][:round(share * len(free))]
+    if not len(chosen):
+        return img, none
+    mask = np.zeros(img.shape[:2], np.uint8)
+    for j in chosen:
+        points = outlines[j].copy()
+        points[:, 0] = w - points[:, 0]
+        cv2.fillPoly(mask, [points.astype(np.int32)], 1)
+    region = mask.astype(bool)
+    out = img.copy()
+    out[region] = cv2.flip(img, 1)[region]
+    return out, mirrored[chosen]
 
 
 def flip_ud(img: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -47,8 +47,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, cut_mix, flip_lr, flip_ud, hsv_gains,
-                      letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine, rect_batches,
+from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste_flip, cut_mix, flip_lr,
+                      flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine, rect_batches,
                       resized_shape, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from .fsutil import fsync_dir
@@ -122,6 +122,22 @@ def read_labels(path: Path, nc: int) -> tuple[np.ndarray, list[str]]:
         else:
             rows.append(row)
     return (np.stack(rows) if rows else np.zeros((0, 5), np.float32)), problems
+
+
+def read_outlines(path: Path, nc: int) -> list[np.ndarray | None]:
+    """Per row that read_labels keeps from `path`, in its order: the
+    polygon's points (k, 2) as fractions of the image, clipped to [0, 1], or
+    None for a box row. For copy_paste, which pastes instances by outline."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        if line.strip() and not isinstance(parse_label_row(line, nc), str):
+            values = np.array(line.split()[1:], dtype=np.float32)
+            out.append(values.reshape(-1, 2).clip(0, 1) if len(values) > 4 else None)
+    return out
 
 
 def probe_image(path: Path) -> tuple[int, int]:
@@ -428,6 +444,8 @@ class YoloDataset(Dataset):
             for i in indices:
                 self.canvas[i] = shape
         self.mosaic = augment and not self.batches
+        # Instance outlines, per image one per label row: read where copy_paste needs them.
+        self.outlines = self._outlines(names_count) if augment and hyp.copy_paste and not self.batches else None
         self.cache: ImageCache | None = None
         self.cache_built = False
         if cache != "none" and items:
@@ -449,6 +467,37 @@ class YoloDataset(Dataset):
             self.problems.append(f"{self.paths[i]}: corrupt image (cannot be decoded), trained as a blank image "
                                  "without labels")
             self.counts["corrupt images"] += 1
+
+    def _outlines(self, nc: int) -> list[list[np.ndarray]] | None:
+        """Every label row's polygon, or None (and a problem line) where a
+        row is a box: as in ultralytics, copy_paste then pastes nothing."""
+        rows = [read_outlines(label_path(p), nc) for p in self.paths]
+        boxes = sum(o is None for r in rows for o in r)
+        if any(len(r) != len(lb) for r, lb in zip(rows, self.labels)):  # a label file changed meanwhile
+            boxes = max(boxes, 1)
+        if boxes or not any(rows):
+            total = sum(map(len, self.labels))
+            self.problems.append(f"copy_paste {self.hyp.copy_paste:g}: {boxes} of {total} training labels are boxes, "
+                                 "not instance outlines (polygons): nothing is pasted, as in ultralytics")
+            return None
+        return rows
+
+    def keep_classes(self, classes) -> None:
+        """Drop the label rows (and outlines) of every class not in `classes`."""
+        keep = [np.isin(lb[:, 0], classes) for lb in self.labels]
+        if self.outlines is not None:
+            self.outlines = [[o for o, k in zip(outs, mask) if k] for outs, mask in zip(self.outlines, keep)]
+        self.labels = [lb[mask] for lb, mask in zip(self.labels, keep)]
+
+    def _outlines_px(self, i: int, labels: np.ndarray, shape: tuple[int, int],
+                     offset: tuple[int, int]) -> list[np.ndarray]:
+        """Image i's outlines in pixels of its resized `shape` (h, w), shifted
+        by `offset` (x, y); none where its loaded `labels` are not the rows
+        they outline (an image that no longer decodes has no labels)."""
+        if len(labels) != len(self.outlines[i]):
+            return []
+        scale = np.array([shape[1], shape[0]], np.float32)
+        return [o * scale + offset for o in self.outlines[i]]
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -591,6 +640,12 @@ class YoloDataset(Dataset):
         if mosaic and rng.random() < self.hyp.mosaic:
             return self._mosaic([i, *partners(rng)], load, rng)
         img, boxes = self._val_sample(i, load)
+        if self.outlines is not None and len(boxes):  # as in ultralytics, pasted before the warp
+            shape = self.resized[i]
+            outlines = self._outlines_px(i, boxes, shape, letterbox_pad(shape, self.imgsz))
+            if outlines:
+                img, pasted = copy_paste_flip(img, boxes, outlines, self.hyp.copy_paste)
+                boxes = np.concatenate([boxes, pasted])
         return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng)
 
     def _mosaic(self, indices: list[int], load, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -598,7 +653,9 @@ class YoloDataset(Dataset):
         loaded = [load(j) for j in indices]
         images = [img for img, _ in loaded]
         boxes = [to_pixel_boxes(labels, img.shape[:2], (0, 0)) for img, labels in loaded]
-        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng)
+        outlines = None if self.outlines is None else \
+            [self._outlines_px(j, labels, img.shape[:2], (0, 0)) for j, (img, labels) in zip(indices, loaded)]
+        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines)
 
 
 def batch_tensor(count: int, shape: tuple[int, int]) -> torch.Tensor:

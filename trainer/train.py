@@ -239,8 +239,8 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
         if missing:
             raise HpcyoloError(f"classes (train.classes, --classes): {missing} not among the {nc} classes of "
                                f"{cfg.data} (ids 0..{nc - 1})")
-        for split in (train_set, val_batches):
-            split.labels = [lb[np.isin(lb[:, 0], cfg.classes)] for lb in split.labels]
+        train_set.keep_classes(cfg.classes)
+        val_batches.labels = [lb[np.isin(lb[:, 0], cfg.classes)] for lb in val_batches.labels]
     if cfg.single_cls:  # as ultralytics: one class, "item", in training and validation alike
         names = ["item"]
         for split in (train_set, val_batches):

@@ -209,10 +209,10 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
 
 
 def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, capfd):
-    """The recipe's settings on (MixUp, CutMix, perspective, flips, channel
-    swap, rotation, shear, freeze, fraction, cosine decay, a time budget),
-    two ranks with two loader workers each, stopped by the preemption path
-    inside epoch 2.
+    """The recipe's settings on (MixUp, CutMix, Copy-Paste on polygon
+    labels, perspective, flips, channel swap, rotation, shear, freeze,
+    fraction, cosine decay, a time budget), two ranks with two loader
+    workers each, stopped by the preemption path inside epoch 2.
 
     The budget, on the test clock (each step 10 s): epoch 1 takes 20 s, so
     the plan becomes ceil(72 / 20) = 4 epochs (from --epochs 3), which
@@ -225,11 +225,16 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
     from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
     from hpcyolo_trainer.train import STEP_SECONDS_ENV
 
+    from test_copy_paste import as_outlines
+
+    outlined = make_shapes(tmp_path / "outlined", n_train=8, n_val=8, imgsz=160, classes=4, seed=2)
+    as_outlines(outlined)
+
     def argv(run: Path) -> list[str]:
-        return [HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch", "4",
+        return [HPCYOLO, "train", "--run-dir", str(run), "--data", str(outlined), "--epochs", "3", "--batch", "4",
                 "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "2", "--close-mosaic", "1",
                 "--mixup", "0.5", "--perspective", "0.0005", "--flipud", "0.3", "--bgr", "0.2", "--degrees", "5",
-                "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr", "--cutmix", "0.3",
+                "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr", "--cutmix", "0.3", "--copy-paste", "0.5",
                 "--time", "0.02"]
 
     from test_multiscale_rect import launch_within  # a hang fails the test instead of holding CI
@@ -237,6 +242,7 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
     env = {k: v for k, v in os.environ.items() if k != DRILL_ENV} | {"OMP_NUM_THREADS": "1", STEP_SECONDS_ENV: "10"}
     assert launch_within(argv(tmp_path / "a"), 2, env) == 0
     out = capfd.readouterr().out
+    assert "nothing is pasted" not in out  # the outlines were read: Copy-Paste is on
     assert "time budget: 0.02 h less the final validation is spent at epoch 4, batch 1" in out
     assert launch_within(argv(tmp_path / "b"), 2, {**env, DRILL_ENV: "3"}) == EXIT_CODE
     assert ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)["global_step"] == 3
