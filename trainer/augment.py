@@ -228,7 +228,8 @@ def mosaic4(images: list[np.ndarray], boxes: list[np.ndarray], size: int,
 
 
 def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, hyp: AugmentHyp,
-                  rng: np.random.Generator, outlines: list[list[np.ndarray]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  rng: np.random.Generator,
+                  outlines: list[list[np.ndarray]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """mosaic4 then random_affine, the same random draws, without building
     the 2*size canvas where the warp is only a scale and a shift (no rotation
     or shear, YOLO's default): each image's visible part is resized straight

@@ -48,8 +48,8 @@ from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste_flip, cut_mix, flip_lr,
-                      flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine, rect_batches,
-                      resized_shape, to_normalised, to_pixel_boxes)
+                      flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine,
+                      rect_batches, resized_shape, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from .fsutil import fsync_dir
 

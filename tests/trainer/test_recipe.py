@@ -234,8 +234,8 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
         return [HPCYOLO, "train", "--run-dir", str(run), "--data", str(outlined), "--epochs", "3", "--batch", "4",
                 "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "2", "--close-mosaic", "1",
                 "--mixup", "0.5", "--perspective", "0.0005", "--flipud", "0.3", "--bgr", "0.2", "--degrees", "5",
-                "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr", "--cutmix", "0.3", "--copy-paste", "0.5",
-                "--time", "0.02"]
+                "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr", "--cutmix", "0.3",
+                "--copy-paste", "0.5", "--time", "0.02"]
 
     from test_multiscale_rect import launch_within  # a hang fails the test instead of holding CI
 
