@@ -28,6 +28,8 @@ SMOKES = [
     ("bench_trainer.py", ["--runs", "1", "--batches", "4"], "RAM cache, 2 ranks on one node"),
     ("bench_rect_val.py", ["--runs", "1", "--imgsz", "160"], "ratio rect / square"),
     ("bench_finetune.py", ["--epochs", "1", "--train", "16"], "mAP50-95 gained by starting from"),
+    ("bench_mosaic_partners.py", ["--sets", "1", "--seeds", "1", "--epochs", "2", "--train", "32"],
+     "seed spread"),
     ("bench_ultralytics_train.py", ["--skip-ultralytics", "--epochs", "1", "--train", "16", "--seeds", "1",
                                     "--set", "mixup=0.1", "--set", "cos_lr=true"], "last.pt mAP50-95 by hpcyolo val"),
 ]

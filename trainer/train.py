@@ -597,11 +597,15 @@ def place_model(model, d: Dist):
 
 def detection_loss(model, nc: int, d: Dist, cfg: TrainConfig) -> DetectionLoss | EndToEndLoss:
     """The loss of `model`'s head with cfg's gains (both heads of an end2end
-    one: their weights change over cfg.epochs), scaled for d's world size (DetectionLoss)."""
+    one: their weights change over cfg.epochs), scaled for d's world size
+    (DetectionLoss). Every family's anchors are assigned as ultralytics 8.4
+    assigns them: aligned by CIoU, gt sides under the middle stride (16 px)
+    counted as 16 px when candidates are chosen (STAL)."""
     strides, gains = tuple(model.stride.tolist()), dict(box=cfg.box, cls=cfg.cls, dfl=cfg.dfl)
     if model.end2end:
         return EndToEndLoss(nc, cfg.epochs, strides=strides, world_size=d.world_size, **gains)
-    return DetectionLoss(nc, reg_max=model.reg_max, strides=strides, world_size=d.world_size, **gains)
+    return DetectionLoss(nc, reg_max=model.reg_max, strides=strides, world_size=d.world_size, min_side=strides[1],
+                         assign_ciou=True, **gains)
 
 
 def data_parallel(model, d: Dist):

@@ -128,8 +128,11 @@ def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(steps, case):
                        / torch.cat([v.flatten() for v in one["delta"].values()]).norm())
         assert rel < 1e-5, f"{world} ranks x {GLOBAL_BATCH // world}: update differs from 1 x {GLOBAL_BATCH} by " \
                            f"{rel:.2e} relative (its length is {length:.4f}x)"
+        # Each parameter to within 1e-5 of itself or 2.5e-7 (two float32 steps at 1-2, the
+        # largest parameters' own rounding): a gradient summed from terms that cancel, such
+        # as a BatchNorm bias's, keeps the rounding of its terms, which the split reorders.
         for name, p in many["after"].items():
-            torch.testing.assert_close(p, one["after"][name], rtol=1e-5, atol=1e-7,
+            torch.testing.assert_close(p, one["after"][name], rtol=1e-5, atol=2.5e-7,
                                        msg=lambda m, name=name: f"{name}: {m}")
         # What the ranks log, averaged, is what one process logs.
         torch.testing.assert_close(many["items"], one["items"], rtol=1e-5, atol=0)

@@ -1,0 +1,112 @@
+"""Mosaic partners from the batch or from the whole dataset: does the
+loader's faster scheme learn as well?
+
+    .venv/bin/python benchmarks/bench_mosaic_partners.py [--seeds 3] [--epochs 12]
+    .venv/bin/python benchmarks/bench_mosaic_partners.py --sets 1 --seeds 1 --epochs 1 --train 32   # plumbing
+
+A mosaic is an image and three partners. Ultralytics draws the partners at
+random from the whole dataset; hpcyolo's loader, for batches of at least
+BATCH_MOSAIC images, draws them from the other images of the same batch, so
+that each image is decoded once per batch instead of four times (see
+trainer/data.py). This benchmark trains the demo's settings (the n model,
+two processes, global batch 32, imgsz 160, 12 epochs, close_mosaic 3, one
+loader worker per rank) on generated shapes sets of two sizes and seeds,
+--seeds training seeds each, once per scheme: "batch" (as shipped) and
+"dataset" (BATCH_MOSAIC set above any batch, in each training process, so
+every mosaic draws from the whole dataset as ultralytics does). Everything
+else is the same on both sides: data, seeds, settings, code.
+
+Prints each run's final mAP50-95 and mAP50 on the set's held-out images,
+per set the mean and spread (max - min over the seeds) of each scheme, and
+the verdict: the batch scheme is kept if its mean is not lower than the
+dataset scheme's by more than the seed spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+# One training process, with every mosaic's partners drawn from the whole
+# dataset: the module constant set before `hpcyolo train` runs (loader
+# workers fork from this process and inherit it).
+WHOLE_DATASET = ("import sys; import hpcyolo_trainer.data as data; data.BATCH_MOSAIC = 10 ** 9; "
+                 "from hpcyolo.entry import main; sys.argv = ['hpcyolo', *sys.argv[1:]]; sys.exit(main())")
+SCHEMES = ("batch", "dataset")
+
+
+def train(data: Path, run: Path, scheme: str, seed: int, args) -> tuple[dict, float]:
+    """The last results.csv row of one run, and its wall time."""
+    from hpcyolo.node.local import launch
+
+    head = [str(BIN / "hpcyolo")] if scheme == "batch" else [sys.executable, "-c", WHOLE_DATASET]
+    argv = [*head, "train", "--run-dir", str(run), "--data", str(data), "--model", "n", "--epochs",
+            str(args.epochs), "--batch", "32", "--nbs", "32", "--imgsz", "160", "--workers", "1", "--close-mosaic",
+            str(min(3, args.epochs - 1)), "--seed", str(seed), "--optimizer", "sgd"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}
+    start = time.perf_counter()
+    code = launch(argv, 2, env=env)
+    if code != 0:
+        sys.exit(f"bench_mosaic_partners: {scheme}, {run.name}: training failed with exit code {code}")
+    return list(csv.DictReader((run / "results.csv").open()))[-1], time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=3, help="Training seeds per set and scheme (0, 1, ...).")
+    parser.add_argument("--sets", type=int, default=2, help="Generated sets: the first of 800 training images "
+                        "(data seed 0), the second of 400 (data seed 1); a quarter as many held out.")
+    parser.add_argument("--train", type=int, help="Training images of every set (overrides the sizes above).")
+    parser.add_argument("--keep", type=Path, help="Keep the data and runs here instead of a temporary folder.")
+    parser.add_argument("--json", type=Path, help="Also write every run's figures here.")
+    args = parser.parse_args()
+
+    from hpcyolo.login.shapes import make_shapes
+    from hpcyolo_trainer.data import BATCH_MOSAIC
+
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench-mosaic-"))
+    sizes = [800, 400][:args.sets]
+    print(f"bench_mosaic_partners: the demo's settings (n model, 2 processes x 16 images, imgsz 160, "
+          f"{args.epochs} epochs, SGD), {args.seeds} seed(s) per set and scheme; 'batch': partners from the "
+          f"batch (batches of at least {BATCH_MOSAIC} images, as shipped); 'dataset': from the whole dataset "
+          "(ultralytics')", flush=True)
+    rows = []
+    for k, size in enumerate(sizes):
+        n_train = args.train or size
+        data = make_shapes(root / f"set{k}", n_train=n_train, n_val=max(8, n_train // 4), imgsz=160, classes=4,
+                           seed=k)
+        for seed in range(args.seeds):
+            for scheme in SCHEMES:
+                row, wall = train(data, root / f"set{k}-{scheme}-seed{seed}", scheme, seed, args)
+                rows.append({"set": k, "train": n_train, "scheme": scheme, "seed": seed, "wall": wall,
+                             "map50": float(row["metrics/mAP50"]), "map50_95": float(row["metrics/mAP50-95"])})
+                print(f"  set {k} ({n_train} images), {scheme:7s} seed {seed}: mAP50-95 {rows[-1]['map50_95']:.3f} "
+                      f"mAP50 {rows[-1]['map50']:.3f} ({wall:.0f} s)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print("\nset  scheme   mAP50-95 per seed        mean   spread  mean wall s")
+    for k in range(len(sizes)):
+        means, spreads = {}, {}
+        for scheme in SCHEMES:
+            mine = [r for r in rows if r["set"] == k and r["scheme"] == scheme]
+            values = [r["map50_95"] for r in mine]
+            means[scheme], spreads[scheme] = statistics.mean(values), max(values) - min(values)
+            print(f"{k:3d}  {scheme:7s}  {' '.join(f'{v:.3f}' for v in values):22s}  {means[scheme]:.3f}  "
+                  f"{spreads[scheme]:.3f}   {statistics.median(r['wall'] for r in mine):.0f}")
+        spread = max(spreads.values())
+        lower = means["dataset"] - means["batch"]
+        print(f"     set {k}: batch mean lower by {lower:+.3f}; seed spread {spread:.3f}: "
+              f"{'keep the batch scheme' if lower <= spread else 'the batch scheme learns worse'}")
+
+
+if __name__ == "__main__":
+    main()
