@@ -369,7 +369,8 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         parts.schedule.apply(parts.optimizer, pos.global_step)
         optimizer_step(parts.model, parts.optimizer, parts.scaler, parts.ema, cfg.clip_norm)
         pos.global_step, pos.batch, pos.epoch_seconds = pos.global_step + 1, i + 1, time.time() - t0
-        step_seconds, pos.run_seconds = clock.seconds(pos.global_step) - pos.run_seconds, clock.seconds(pos.global_step)
+        now = clock.seconds(pos.global_step)
+        step_seconds, pos.run_seconds = now - pos.run_seconds, now
         progress.update(i + 1, pos.loss_sum / (i + 1))
         if cfg.save_every and pos.global_step % cfg.save_every == 0:
             save_state(d, cfg, parts, pos)
