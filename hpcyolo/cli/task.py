@@ -82,7 +82,7 @@ def _setting_option(name: str):
     if s.default is REQUIRED:
         return click.option(*names, type=kind, required=True, help=s.option_help, callback=check)
     return click.option(*names, type=kind, default=s.default, show_default=s.default is not None,
-                        help=s.option_help, callback=check)
+                        help=s.option_help, callback=check, metavar="LIST" if s.parse else None)
 
 
 def _with_run_options(fn):
