@@ -41,6 +41,9 @@ place: no transposing copy, no stacking copy): the per-image time 5.85 ->
 4.83 ms in one process, 1.51-1.70x over five runs. HSV on the device: 2.19x.
 Unchanged code, two later runs on an idle machine: 1.66x and 1.77x (the
 repeats' own ratios 1.67x both times); HSV on the device 2.33x and 2.56x.
+Mosaic partners drawn from the whole dataset again, four decodes per mosaic
+(bench_mosaic_partners.py: those from the batch trained a worse detector):
+the figures above predate that and were not measured again.
 Tried and dropped, slower in alternating A/B runs: collating HWC views with
 one transposing copy, OpenCV's RGB decode plus in-place HSV lookups, one
 3-channel HSV lookup, persistent_workers (no change per core; the one

@@ -10,10 +10,8 @@
 - Augmentation randomness of item i in epoch e comes only from
   `np.random.default_rng((seed, e, i))`, never from global or worker RNG state,
   so a resumed run sees bit-identical batches whatever the worker count. A
-  DataLoader fetches a batch through `__getitems__`, which (with mosaic, from
-  BATCH_MOSAIC images up) takes mosaic partners from the same batch and
-  decodes each image once: an item then depends on its batch too, which the
-  sampler makes the same on every run.
+  DataLoader fetches a batch through `__getitems__`; a mosaic's partners
+  come from the whole dataset, drawn by the same generator.
   DataLoader workers get a copy of the dataset when an iterator starts, so
   the epoch and the mosaic setting travel with each batch (an EpochBatch
   from sampler.RunBatches, which the trainer uses: one iterator for the
@@ -63,10 +61,12 @@ COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordi
 MAX_PROBLEM_LINES = 20
 CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
 CACHE_MARKER = "COMPLETE"
-# Batches of at least this many images draw mosaic partners from the batch
-# (YoloDataset.__getitems__); smaller ones from the whole dataset, as a
-# mosaic of two or three images repeated would show the model little variety.
-BATCH_MOSAIC = 8
+# Batches of at least this many images would draw mosaic partners from the
+# batch (YoloDataset.__getitems__), decoding each image once; None: never, all
+# draw from the whole dataset as ultralytics does. The batch's own images made
+# a markedly worse detector (benchmarks/bench_mosaic_partners.py, which sets
+# this to compare).
+BATCH_MOSAIC: int | None = None
 
 # OpenCV's own thread pool, multiplied by DataLoader workers and ranks, would
 # oversubscribe the node's cores; parallelism comes from workers instead.
@@ -549,20 +549,19 @@ class YoloDataset(Dataset):
         shared memory in a loader worker, which `collate` passes on as the
         batch: no per-image tensor, no stacking copy.
 
-        With mosaic and at least BATCH_MOSAIC images, each image's three
-        mosaic partners are drawn from the other images of its batch, so
-        every image is decoded once per batch instead of four times: decoding
-        is most of a training sample's time (benchmarks/bench_loader.py).
-        Ultralytics draws them from a per-worker buffer of recent images for
-        the same reason; the batch is what a resumed run and any worker count
-        see alike, so items stay exactly reproducible."""
+        A mosaic's three partners are drawn from the whole dataset, as
+        ultralytics draws them. With BATCH_MOSAIC set (a benchmark's
+        baseline), batches of that many images draw them from the batch
+        instead, and decode each image once: faster, but 16 images per rank
+        then make 16 mosaics of the same 16 images, and the detector learnt
+        markedly less (benchmarks/bench_mosaic_partners.py)."""
         epoch, mosaic = getattr(indices, "epoch", self.epoch), getattr(indices, "mosaic", self.mosaic)
         indices = [int(i) for i in indices]
         shapes = {self.canvas[i] for i in indices}
         rows = batch_tensor(len(indices), shapes.pop()) if len(shapes) == 1 else None
         outs = [rows[k] if rows is not None else torch.empty((3, *self.canvas[i]), dtype=torch.uint8)
                 for k, i in enumerate(indices)]
-        if not (self.augment and mosaic and len(indices) >= BATCH_MOSAIC):
+        if not (self.augment and mosaic and BATCH_MOSAIC and len(indices) >= BATCH_MOSAIC):
             return [self._item(i, self._partners_any, self.load, epoch, mosaic, out) for i, out in zip(indices, outs)]
         loaded: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 

@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 import hpcyolo_trainer.data as data_module
 from hpcyolo_trainer.augment import mosaic4, mosaic_affine, random_affine
-from hpcyolo_trainer.data import (BATCH_MOSAIC, AugmentHyp, YoloDataset, cache_bytes, collate, label_path,
-                                  load_data_spec, parse_label_row)
+from hpcyolo_trainer.data import (AugmentHyp, YoloDataset, cache_bytes, collate, label_path, load_data_spec,
+                                  parse_label_row)
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.sampler import EpochBatch, EvenShardSampler, RunBatches
 
@@ -313,26 +313,36 @@ def test_mosaic_without_canvas_matches_canvas_then_warp():
         assert len(got_boxes) == len(want_boxes) and np.abs(got_boxes - want_boxes).max(initial=0) < 1.5
 
 
-def test_batch_mosaic_decodes_each_image_once_with_partners_from_the_batch(rects, monkeypatch):
+@pytest.mark.parametrize("from_batch", [None, 8])
+def test_mosaic_partners_come_from_the_whole_dataset_or_where_asked_from_the_batch(rects, monkeypatch, from_batch):
+    """As ultralytics draws them, by default: a batch of two of the four
+    images also shows the other two, as mosaic partners. With BATCH_MOSAIC
+    (bench_mosaic_partners.py's baseline) the batch decodes its own two
+    images once each and shows nothing else. Either way the same batch of
+    the same epoch is the same again."""
+    monkeypatch.setattr(data_module, "BATCH_MOSAIC", from_batch)
     ds = rect_dataset(rects, **NO_COLOUR)
     decoded = []
     real = data_module.decode_resized
     monkeypatch.setattr(data_module, "decode_resized", lambda path, shape: decoded.append(path) or real(path, shape))
-    batch = [0, 1] * (BATCH_MOSAIC // 2)
+    batch = [0, 1] * 4
+    shown = set()
     for epoch in range(3):
         ds.set_epoch(epoch)
         decoded.clear()
         items = ds.__getitems__(batch)
-        assert sorted(decoded) == sorted(ds.paths[:2])  # once each, whatever the mosaics
+        if from_batch:
+            assert sorted(decoded) == sorted(ds.paths[:2])  # once each, whatever the mosaics
         judged = sum(check_boxes_follow_pixels(img, labels) for img, labels, _, _ in items)
         assert judged >= 4
-        assert {int(c) // 3 for _, labels, _, _ in items for c in labels[:, 0].tolist()} <= {0, 1}
+        shown |= {int(c) // 3 for _, labels, _, _ in items for c in labels[:, 0].tolist()}
+    assert shown == ({0, 1} if from_batch else {0, 1, 2, 3})
     assert torch.equal(collate(items)[0], collate(ds.__getitems__(batch))[0])  # same epoch, same batch
 
 
-def test_batch_mosaic_same_for_any_worker_count_and_after_a_resume(rects):
+def test_mosaic_batches_same_for_any_worker_count_and_after_a_resume(rects):
     ds = YoloDataset(rects * 4, IMGSZ, augment=True, seed=7, names_count=len(COLOURS))
-    batch = BATCH_MOSAIC
+    batch = 8
 
     def run(workers: int, start: int) -> list:
         sampler = EvenShardSampler(len(ds), 0, 1, seed=3)
@@ -353,7 +363,7 @@ def test_one_loader_for_the_run_gives_each_epochs_batches_as_a_loader_per_epoch_
     epoch's, exactly as a fresh per-epoch loader over a dataset set to that
     epoch does; a resumed run's one loader continues mid-epoch alike."""
     ds = YoloDataset(rects * 4, IMGSZ, augment=True, seed=7, names_count=len(COLOURS))
-    batch, epochs, mosaic_until = BATCH_MOSAIC // 2, 4, 3
+    batch, epochs, mosaic_until = 4, 4, 3
 
     def per_epoch(epoch: int, start: int = 0) -> list:
         sampler = EvenShardSampler(len(ds), 0, 1, seed=3)
@@ -399,10 +409,10 @@ def test_a_workers_batch_is_one_shared_tensor_without_a_stacking_copy(rects):
     """__getitems__ writes each image into its row of one [B, 3, H, W] tensor,
     in shared memory in a worker; collate passes that tensor on as it is."""
     ds = YoloDataset(rects * 4, IMGSZ, augment=True, seed=7, names_count=len(COLOURS))
-    indices = list(range(BATCH_MOSAIC))
+    indices = list(range(8))
     items = ds.__getitems__(indices)
     imgs = collate(items)[0]
-    assert imgs.shape == (BATCH_MOSAIC, 3, IMGSZ, IMGSZ) and imgs.data_ptr() == items[0][0].data_ptr()
+    assert imgs.shape == (8, 3, IMGSZ, IMGSZ) and imgs.data_ptr() == items[0][0].data_ptr()
     for k, (img, _, _, _) in enumerate(items):
         assert img.data_ptr() == imgs[k].data_ptr()
     # the same pixels as item by item (the HWC -> CHW planes written in place)
@@ -416,7 +426,7 @@ def test_a_workers_batch_is_one_shared_tensor_without_a_stacking_copy(rects):
     # rows that are not one tensor's, in order, are stacked
     swapped = collate([items[1], items[0]])[0]
     assert torch.equal(swapped[0], imgs[1]) and swapped.data_ptr() != imgs.data_ptr()
-    batch = next(iter(DataLoader(ds, batch_size=BATCH_MOSAIC, num_workers=1, collate_fn=collate)))
+    batch = next(iter(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate)))
     assert batch[0].is_shared() and torch.equal(batch[0], imgs)
 
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hpcyolo_trainer.augment import AugmentHyp, apply_hsv, hsv_gains
-from hpcyolo_trainer.data import BATCH_MOSAIC, YoloDataset, collate
+from hpcyolo_trainer.data import YoloDataset, collate
 from hpcyolo_trainer.photometric import gains_of, hsv_jitter_batch
 
 IMGSZ = 96
@@ -79,7 +79,7 @@ def test_a_dataset_leaving_colours_to_the_device_draws_the_same(tmp_path):
     device = YoloDataset(paths * 2, IMGSZ, augment=True, seed=5, names_count=NC, hsv_on_device=True)
     for ds in (plain, device):
         ds.set_epoch(2)
-    batch = list(range(BATCH_MOSAIC + 2))
+    batch = list(range(10))
     want = collate(plain.__getitems__(batch))
     got = next(iter(DataLoader(device, batch_size=len(batch), num_workers=1, collate_fn=collate)))
     assert torch.equal(want[1], got[1])  # same mosaics, warps and flips: the same boxes
