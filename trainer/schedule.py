@@ -1,11 +1,13 @@
 """Optimizer and learning-rate schedule.
 
-The schedule is a pure function of the optimizer step, so resuming needs only
-the step count (no scheduler object to save). It is ultralytics 8.4's: the
-learning rate holds through an epoch at lr0 x lf(epoch), linear or cosine from
-1 towards lrf, and a warm-up over the first warmup_epochs (at most all but
-the last epoch) brings it there from 0 (biases: from warmup_bias_lr) and the
-momentum from warmup_momentum.
+The schedule is a pure function of the run's batch index (epoch x batches
+per epoch + batch), so resuming needs only the place in the run (no
+scheduler object to save). It is ultralytics 8.4's: the learning rate holds
+through an epoch at lr0 x lf(epoch), linear or cosine from 1 towards lrf, and
+a warm-up over the first warmup_epochs' batches (at most all but the last
+epoch) brings it there from 0 (biases: from warmup_bias_lr), the momentum
+from warmup_momentum, and the batches an optimizer step sums from 1 to
+nbs / batch.
 """
 
 from __future__ import annotations
@@ -23,36 +25,49 @@ class Schedule:
     lrf: float  # final LR = lr0 * lrf
     momentum: float
     epochs: int
-    steps_per_epoch: int  # optimizer steps
-    warmup_steps: int
+    batches_per_epoch: int  # global batches
+    warmup_batches: int
     warmup_momentum: float = 0.8
     warmup_bias_lr: float = 0.1
     cosine: bool = False
-    warmup_epochs: float | None = None  # where given, planned() derives warmup_steps anew from it
+    warmup_epochs: float | None = None  # where given, planned() derives warmup_batches anew from it
+    nominal: float = 1.0  # nbs / batch: the batches an optimizer step sums after the warm-up (rounded)
 
     def planned(self, epochs: int) -> Schedule:
         """The schedule for another number of epochs (`time`'s plan): the
-        decay stretched to them, the warm-up as warmup_steps_for says."""
-        steps = self.warmup_steps if self.warmup_epochs is None else \
-            warmup_steps_for(self.warmup_epochs, epochs, self.steps_per_epoch)
-        return replace(self, epochs=epochs, warmup_steps=steps)
+        decay stretched to them, the warm-up as warmup_batches_for says."""
+        batches = self.warmup_batches if self.warmup_epochs is None else \
+            warmup_batches_for(self.warmup_epochs, epochs, self.batches_per_epoch)
+        return replace(self, epochs=epochs, warmup_batches=batches)
 
-    def factor(self, step: int) -> float:
-        """lr0's multiplier in the epoch of optimizer step `step` (ultralytics'
-        lf): linear or cosine from 1 in the first epoch towards lrf."""
-        t = min(step // max(1, self.steps_per_epoch) / max(1, self.epochs), 1.0)
+    def accumulate(self, batch: int) -> int:
+        """Batches whose gradients one optimizer step sums, at the run's
+        batch `batch` (ultralytics' rule): from 1 at the start of the
+        warm-up towards nbs / batch size at its end, rounded; after it, the
+        warm-up's last value (round(nbs / batch size) unless the warm-up is
+        a few batches long, as in ultralytics); without one, round(nbs / batch size)."""
+        last = min(batch, self.warmup_batches - 1)
+        if last < 0:
+            return max(1, round(self.nominal))
+        return max(1, round((self.nominal - 1) / self.warmup_batches * last + 1))  # np.interp's arithmetic
+
+    def factor(self, batch: int) -> float:
+        """lr0's multiplier in the epoch of the run's batch `batch`
+        (ultralytics' lf): linear or cosine from 1 in the first epoch towards lrf."""
+        t = min(batch // max(1, self.batches_per_epoch) / max(1, self.epochs), 1.0)
         if self.cosine:
             return self.lrf + (1 - self.lrf) * 0.5 * (1 + math.cos(math.pi * t))
         return (1 - t) * (1 - self.lrf) + self.lrf
 
-    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> None:
-        """Set LR (and SGD momentum) of every group for optimizer step `step`.
-        During warm-up biases start high and come down, the rest start at 0.
-        A group's `lr_scale` multiplies its LR (MuSGD's class branches: 3)."""
+    def apply(self, optimizer: torch.optim.Optimizer, batch: int) -> None:
+        """Set LR (and SGD momentum) of every group for an optimizer step at
+        the run's batch `batch`. During warm-up biases start high and come
+        down, the rest start at 0. A group's `lr_scale` multiplies its LR
+        (MuSGD's class branches: 3)."""
         for group in optimizer.param_groups:
-            lr = target = self.lr0 * self.factor(step) * group.get("lr_scale", 1.0)
-            if step < self.warmup_steps:
-                w = step / self.warmup_steps
+            lr = target = self.lr0 * self.factor(batch) * group.get("lr_scale", 1.0)
+            if batch < self.warmup_batches:
+                w = batch / self.warmup_batches
                 start = self.warmup_bias_lr if group["name"] == "bias" else 0.0
                 lr = start + (target - start) * w
                 if "momentum" in group:
@@ -62,10 +77,10 @@ class Schedule:
             group["lr"] = lr
 
 
-def warmup_steps_for(warmup_epochs: float, epochs: int, steps_per_epoch: int) -> int:
-    """Optimizer steps of warm-up: warmup_epochs' worth, but (ultralytics
-    8.4) at most all but the last epoch."""
-    return round(min(warmup_epochs, max(epochs - 1, 0)) * steps_per_epoch)
+def warmup_batches_for(warmup_epochs: float, epochs: int, batches_per_epoch: int) -> int:
+    """Batches of warm-up: warmup_epochs' worth, but (ultralytics 8.4) at
+    most all but the last epoch."""
+    return round(min(warmup_epochs, max(epochs - 1, 0)) * batches_per_epoch)
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float):

@@ -239,16 +239,18 @@ SETTINGS: tuple[Setting, ...] = (
       "close_mosaic follow the plan), and it stops, mid-epoch if need be, leaving room for its final validation "
       "and weights inside the budget; empty: epochs decides.", False, "how long the run trains: raising it trains "
       "the run further (a finished one too), as epochs does", check_hours),
-    S("batch", 64, int, "Global batch size, split evenly over all ranks.", True, "the global batch sets the steps "
+    S("batch", 16, int, "Global batch size, split evenly over all ranks (more than 16 ranks: set a multiple of "
+      "them).", True, "the global batch sets the steps "
       "per epoch: a checkpoint's place in its epoch would stand for other images", check_positive,
       key="train.batch", flag="--batch"),
     S("imgsz", 640, int, "Training image size (pixels, a multiple of 32).", True, "the size the weights were "
       "trained and measured at", check_imgsz, key="train.imgsz", flag="--imgsz"),
-    S("workers", 4, int, "Data-loader worker processes per rank.", False, "loader processes per rank: the "
-      "hardware's", check_non_negative, key="train.workers", flag="--workers"),
+    S("workers", 8, int, "Data-loader worker processes per rank, at most the CPUs the rank may run on (a GPU "
+      "rank: shared with the other ranks on its node that may run on them too); 0: load in the training process.",
+      False, "loader processes per rank: the hardware's", check_non_negative, key="train.workers", flag="--workers"),
     S("seed", 0, int, "Random seed (each rank derives its own from it).", True, "the order of the images and the "
       "augmentation drawn in every epoch", check_non_negative, key="train.seed", flag="--seed"),
-    S("optimizer", "sgd", Literal["sgd", "adamw", "musgd", "auto"], "Optimizer: sgd, adamw, musgd (ultralytics' "
+    S("optimizer", "auto", Literal["sgd", "adamw", "musgd", "auto"], "Optimizer: sgd, adamw, musgd (ultralytics' "
       "MuSGD, YOLO26's: Muon-orthogonalised plus SGD updates for matrices and conv filters, SGD for the rest) or "
       "auto (ultralytics' rule: musgd at lr0 0.01 beyond 10,000 steps of max(batch, nbs) images, else adamw at lr0 "
       "0.002 x 5 / (4 + classes); momentum 0.9, warmup_bias_lr 0, lr0 ignored).", True,
@@ -364,7 +366,8 @@ def batch_problem(batch: int, world: int) -> str | None:
     """Why a global batch does not split over `world` ranks, in the words the
     job spec's train.batch and `hpcyolo train --batch` both use; None if it does."""
     if batch % world:
-        return f"must be a multiple of the world size ({world}), got {batch}"
+        default = " (the default)" if batch == BY_NAME["batch"].default else ""
+        return f"must be a multiple of the world size ({world}), got {batch}{default}"
     return None
 
 

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ from .preemption import NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision,
 from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
-from .schedule import Schedule, build_optimizer, warmup_steps_for
+from .schedule import Schedule, build_optimizer, warmup_batches_for
 from .settings import TrainConfig
 from .syncbn import normalise_across_ranks
 from .weights import Weights, load_into, read_weights
@@ -64,7 +64,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     settings = rundir.settings(cfg.to_dict())
     rundir.check_continues(run, settings)  # before anything is written, and before the rendezvous
     d = setup(cfg.dist_timeout)
-    say_ranks(d)
+    cfg = replace(cfg, workers=loader_workers(cfg.workers, d, say_ranks(d)))
     seed_all(cfg.seed + d.rank)
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
@@ -80,7 +80,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         settle_buckets(parts.net, parts.model, parts.loss_fn, cfg.imgsz, d.device, parts.amp, parts.amp_dtype)
     print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
               f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
-              f"{parts.accumulate}, device {d.device}")
+              f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
     clock = RunClock(pos.run_seconds)
     loader = train_loader(cfg, d, data, pos)
     train_batches = iter(loader)
@@ -186,7 +186,7 @@ class Parts:
     ema: ModelEMA
     optimizer: torch.optim.Optimizer
     schedule: Schedule
-    accumulate: int  # batches per optimizer step
+    accumulate: int  # batches per optimizer step after the warm-up (schedule.accumulate: during it)
     amp: bool
     amp_dtype: torch.dtype
     scaler: torch.amp.GradScaler
@@ -306,8 +306,9 @@ def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: We
         print0(d, freeze(model, cfg.freeze))
     if cfg.optimizer == "auto":
         name, lr0, momentum, _ = choose_optimizer(cfg, data.nc, len(data.train_set))
-        print0(d, f"optimizer auto: {name}, lr0 {lr0:g}, momentum {momentum:g}, warmup_bias_lr 0 (ultralytics' rule; "
-                  f"lr0 {cfg.learning_rate:g} is not used)")
+        given = "" if cfg.lr0 is None else f"; the lr0 {cfg.lr0:g} given is not used: name an optimizer to use it"
+        print0(d, f"optimizer auto: {name}, lr0 {lr0:g}, momentum {momentum:g}, warmup_bias_lr 0 (ultralytics' rule"
+                  f"{given})")
     optimizer, schedule, accumulate = build_optimization(cfg, model, data.batches, len(data.train_set))
     amp, amp_dtype, scaler = mixed_precision(d.device, cfg.amp)
     return Parts(model, ModelEMA(model), optimizer, schedule, accumulate, amp, amp_dtype, scaler,
@@ -357,16 +358,20 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
     progress = Progress(d, f"epoch {pos.epoch + 1}/{pos.epochs}", data.batches, pos.batch, cfg.log_every)
     t0 = time.time() - pos.epoch_seconds  # a resumed epoch counts the time before the stop too
     meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
+    # Each epoch ends with an optimizer step, and a checkpoint follows one: pos.batch starts a step's batches.
+    last_step = pos.epoch * data.batches + pos.batch - 1
     for i, (imgs, targets, _, metas) in enumerate(meter.timed(train_batches, data.batches - pos.batch),
                                                    start=pos.batch):
         imgs = device_batch(cfg, d, imgs, metas, pos.epoch * data.batches + i)
         record_shape(d, pos.epoch, i, imgs.shape)
-        last_micro = (i + 1) % parts.accumulate == 0 or i + 1 == data.batches
+        at = pos.epoch * data.batches + i  # the run's batch index: the warm-up and schedule follow it
+        last_micro = at - last_step >= parts.schedule.accumulate(at) or i + 1 == data.batches
         pos.loss_sum += forward_backward(parts.net, parts.loss_fn, imgs, targets.to(d.device, non_blocking=True),
                                          parts.amp, parts.amp_dtype, parts.scaler, reduce=last_micro)
         if not last_micro:
             continue
-        parts.schedule.apply(parts.optimizer, pos.global_step)
+        parts.schedule.apply(parts.optimizer, at)
+        last_step = at
         optimizer_step(parts.model, parts.optimizer, parts.scaler, parts.ema, cfg.clip_norm)
         pos.global_step, pos.batch, pos.epoch_seconds = pos.global_step + 1, i + 1, time.time() - t0
         now = clock.seconds(pos.global_step)
@@ -576,16 +581,16 @@ def build_optimization(cfg: TrainConfig, model, batches: int, images: int | None
     epoch (of `images` images; optimizer auto chooses by them), as
     ultralytics sets them up, from the global batch alone (never the
     per-rank one): gradients of `accumulate` batches (about nbs images) make
-    one optimizer step, and the weight decay is scaled to the images a step sees."""
+    one optimizer step (fewer during the warm-up: Schedule.accumulate), and
+    the weight decay is scaled to the images a step sees."""
     name, lr0, momentum, warmup_bias_lr = choose_optimizer(cfg, model.nc, images or batches * cfg.batch)
     accumulate = max(round(cfg.nbs / cfg.batch), 1)
     weight_decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
     optimizer = build_optimizer(model, name, lr0, momentum, weight_decay)
-    steps_per_ep = math.ceil(batches / accumulate)
     schedule = Schedule(lr0=lr0, lrf=cfg.lrf, momentum=momentum, cosine=cfg.cos_lr,
-                        warmup_momentum=cfg.warmup_momentum, warmup_bias_lr=warmup_bias_lr,
-                        epochs=cfg.epochs, steps_per_epoch=steps_per_ep, warmup_epochs=cfg.warmup_epochs,
-                        warmup_steps=warmup_steps_for(cfg.warmup_epochs, cfg.epochs, steps_per_ep))
+                        warmup_momentum=cfg.warmup_momentum, warmup_bias_lr=warmup_bias_lr, nominal=cfg.nbs / cfg.batch,
+                        epochs=cfg.epochs, batches_per_epoch=batches, warmup_epochs=cfg.warmup_epochs,
+                        warmup_batches=warmup_batches_for(cfg.warmup_epochs, cfg.epochs, batches))
     return optimizer, schedule, accumulate
 
 
@@ -726,15 +731,38 @@ def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:
     keep_freed_memory()
 
 
-def say_ranks(d: Dist) -> None:
+def say_ranks(d: Dist) -> list[tuple]:
     """Rank 0 prints where every rank runs: a wrong layout (two ranks on one
-    GPU, a host missing) shows at the start, not as a hang or a slow run."""
+    GPU, a host missing) shows at the start, not as a hang or a slow run.
+    Returns every rank's (rank, local rank, local world, world, host,
+    device, the CPUs it may run on), in rank order."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cpus = frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1))
+    everyone = gather_objects(d, (d.rank, d.local_rank, local_world, d.world_size, socket.gethostname(),
+                                  str(d.device), cpus))
     if d.distributed:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        mine = (d.rank, d.local_rank, local_world, d.world_size, socket.gethostname(), str(d.device))
-        for rank, local, local_world, world, host, device in gather_objects(d, mine):
+        for rank, local, local_world, world, host, device, _ in everyone:
             print0(d, f"rank {rank}: local rank {local} of {local_world} on host {host}, world size {world}, "
                       f"device {device}")
+    return everyone
+
+
+def cpu_share(everyone: list[tuple], rank: int) -> int:
+    """The CPUs rank `rank` may count on: those it may run on, shared with
+    the ranks on its host that may run on some of them too (srun binding
+    each task to its own cores: its own; unbound tasks: the node's over them)."""
+    *_, host, _, cpus = everyone[rank]
+    sharing = sum(1 for *_, h, _, theirs in everyone if h == host and theirs & cpus)
+    return max(1, len(cpus) // sharing)
+
+
+def loader_workers(wanted: int, d: Dist, everyone: list[tuple]) -> int:
+    """Loader workers per rank: `wanted`, but no more than the CPUs the
+    rank may count on (ultralytics caps them at the node's CPUs over its
+    GPUs): a GPU rank's cpu_share, a CPU rank's whole affinity as in
+    ultralytics on the CPU. 0 stays 0 (loading in the training process)."""
+    cpus = cpu_share(everyone, d.rank) if d.device.type == "cuda" else len(everyone[d.rank][-1])
+    return min(wanted, cpus)
 
 
 def seed_all(seed: int) -> None:

@@ -77,7 +77,7 @@ def test_parameter_groups_are_ultralytics_ones_and_the_class_branches_learn_thre
             assert (p.ndim in (2, 4)) == (name == "muon") == g["use_muon"]
         assert g["weight_decay"] == (5e-4 if name == "muon" else 0.0)
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
-    schedule = Schedule(lr0=0.01, lrf=0.01, momentum=0.937, epochs=10, steps_per_epoch=10, warmup_steps=0)
+    schedule = Schedule(lr0=0.01, lrf=0.01, momentum=0.937, epochs=10, batches_per_epoch=10, warmup_batches=0)
     schedule.apply(opt, 0)
     assert groups["muon", 3.0]["lr"] == pytest.approx(3 * groups["muon", 1.0]["lr"]) == pytest.approx(0.03)
     # The other optimizers' groups are as they were: no scale, no Muon.

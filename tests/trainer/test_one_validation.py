@@ -32,7 +32,7 @@ def test_results_csv_equals_hpcyolo_val_on_last_pt(tmp_path, nproc):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     train = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(FIXTURE / "data.yaml"), "--weights",
              str(FIXTURE / "model.pt"), "--epochs", "1", "--batch", str(BATCH), "--nbs", str(BATCH), "--imgsz",
-             str(IMGSZ), "--workers", "2", "--lr0", "0.001", "--warmup-epochs", "0"]
+             str(IMGSZ), "--workers", "2", "--optimizer", "sgd", "--lr0", "0.001", "--warmup-epochs", "0"]
     assert launch(train, nproc, env=env) == 0
     row = list(csv.DictReader((run / "results.csv").open()))[-1]
 

@@ -30,15 +30,12 @@ OTHER_MEANING = {
     "lr0": "ours is empty: 0.01 for sgd and musgd (ultralytics' 0.01), 0.001 for adamw",
 }
 # Defaults still ours, not ultralytics' (issue 27 is open on them).
-NOT_YET = {"batch": (64, 16), "workers": (4, 8), "optimizer": ("sgd", "auto")}
-
-
 def test_every_setting_that_ultralytics_has_defaults_to_ultralytics_value():
     theirs = json.loads(DEFAULTS.read_text())["defaults"]
     shared = [s for s in SETTINGS if s.name in theirs and s.default is not REQUIRED and s.name not in OTHER_MEANING]
     assert len(shared) >= 35
     differ = {s.name: (s.default, theirs[s.name]) for s in shared if s.default != theirs[s.name]}
-    assert differ == NOT_YET
+    assert differ == {}
     # And each is the job spec's train.NAME where it is a train setting.
     for s in shared:
         if s.key and s.key.startswith("train."):
@@ -68,13 +65,13 @@ def test_warmup_starts_and_cosine_decay_come_from_the_settings():
 
     model = build_model("yolov8n", 2)
     cfg = TrainConfig(run_dir="r", data="d", batch=16, nbs=16, epochs=10, warmup_bias_lr=0.05, warmup_momentum=0.6,
-                      cos_lr=True, lrf=0.1)
+                      cos_lr=True, lrf=0.1, optimizer="sgd")
     optimizer, schedule, _ = build_optimization(cfg, model, batches=100)
     schedule.apply(optimizer, 0)
     lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
     assert lrs["bias"] == pytest.approx(0.05) and lrs["decay"] == 0.0
     assert all(g["momentum"] == pytest.approx(0.6) for g in optimizer.param_groups)
-    assert schedule.warmup_steps == 300 and schedule.steps_per_epoch == 100
+    assert schedule.warmup_batches == 300 and schedule.batches_per_epoch == 100
     schedule.apply(optimizer, 450)  # after the warm-up, epoch 5 of 10: cosine at 4/10 (linear would be 0.64 lr0)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(0.4 * math.pi))))
     assert optimizer.param_groups[0]["momentum"] == pytest.approx(0.937)
@@ -109,8 +106,8 @@ def test_patience_stops_all_ranks_where_ultralytics_rule_says_and_save_period_ke
     ultralytics names them."""
     run = tmp_path / "run"
     argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "20", "--batch", "4",
-            "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--lr0", "0.0005",
-            "--patience", "2", "--save-period", "3", "--close-mosaic", "0"]
+            "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--optimizer", "sgd", "--lr0",
+            "0.0005", "--patience", "2", "--save-period", "3", "--close-mosaic", "0"]
     assert launch(argv, 2, env={**os.environ, "OMP_NUM_THREADS": "1"}) == 0
     out = capfd.readouterr().out
     rows = [line.split(",") for line in (run / "results.csv").read_text().splitlines()[1:]]
@@ -177,11 +174,65 @@ def test_the_schedule_gives_the_learning_rates_ultralytics_logged():
     logged = {1: 0.0032, 2: 0.00599433, 3: 0.00823867, 4: 0.007525, 5: 0.0067, 8: 0.004225, 12: 0.000925}
     cfg = TrainConfig(run_dir="r", data="d", batch=32, nbs=32, epochs=12, optimizer="sgd", lr0=0.01)
     optimizer, schedule, accumulate = build_optimization(cfg, build_model("yolov8n", 4), batches=25)
-    assert accumulate == 1 and schedule.warmup_steps == 75
+    assert accumulate == 1 and schedule.warmup_batches == 75
     for epoch, lr in logged.items():
         schedule.apply(optimizer, epoch * 25 - 1)
         norm = next(g for g in optimizer.param_groups if g["name"] == "norm")
         assert norm["lr"] == pytest.approx(lr, rel=1e-5), epoch
+
+
+def ultralytics_steps(batches: int, epochs: int, batch: int, nbs: int, warmup_epochs: float) -> list[int]:
+    """The run batches at which ultralytics 8.4's loop (engine/trainer.py,
+    _do_train, transcribed) steps the optimizer; with `batches` per epoch
+    and an optimizer step forced at each epoch's end, as ours does."""
+    import numpy as np
+
+    nw = round(min(warmup_epochs, max(epochs - 1, 0)) * batches)
+    accumulate, last_opt_step, steps = max(round(nbs / batch), 1), -1, []
+    for ni in range(batches * epochs):
+        if ni < nw:
+            accumulate = max(1, int(np.interp(ni, [0, nw], [1, nbs / batch]).round()))
+        if ni - last_opt_step >= accumulate or (ni + 1) % batches == 0:
+            steps.append(ni)
+            last_opt_step = ni
+    return steps
+
+
+@pytest.mark.parametrize("batches,batch,nbs,warmup", [(1000, 16, 64, 3.0), (40, 4, 64, 2.5), (7, 2, 8, 0.3),
+                                                      (50, 16, 64, 0.0), (30, 64, 64, 3.0)])
+def test_the_warm_up_ramps_the_accumulated_batches_as_ultralytics_loop_does(batches, batch, nbs, warmup):
+    from hpcyolo_trainer.schedule import Schedule, warmup_batches_for
+
+    epochs = 3
+    s = Schedule(lr0=0.01, lrf=0.01, momentum=0.937, epochs=epochs, batches_per_epoch=batches, nominal=nbs / batch,
+                 warmup_batches=warmup_batches_for(warmup, epochs, batches))
+    ours, last = [], -1
+    for at in range(batches * epochs):  # train_epoch's rule
+        if at - last >= s.accumulate(at) or (at + 1) % batches == 0:
+            ours.append(at)
+            last = at
+    theirs = ultralytics_steps(batches, epochs, batch, nbs, warmup)
+    assert ours == theirs
+    if warmup >= 1 and batch < nbs:
+        assert ours[:2] == [0, 1]  # one batch a step at the start of the warm-up
+        assert max(b - a for a, b in zip(ours, ours[1:])) == round(nbs / batch)  # and nbs / batch after it
+
+
+def test_a_run_steps_the_optimizer_where_ultralytics_would(tmp_path, shapes):
+    """8 images in batches of 2, nbs 8, 3 epochs: the warm-up (2 epochs, 8
+    batches) ramps from 1 to 4 batches a step; the run's step count, in its
+    checkpoints' names, is ultralytics' (with each epoch's last step)."""
+    import subprocess
+
+    run = tmp_path / "run"
+    r = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch",
+                        "2", "--nbs", "8", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--save-every",
+                        "1", "--close-mosaic", "0"], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    steps = sorted(int(p.stem.split("-")[1]) for p in (run / "checkpoints").glob("ckpt-*.pt"))
+    expected = ultralytics_steps(4, 3, 2, 8, 3.0)
+    assert steps[-1] == len(expected) and len(expected) < 12  # fewer steps than batches, more than 12 / 4
 
 
 def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
@@ -189,7 +240,7 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
 
     r = subprocess.run([HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(shapes), "--epochs", "1",
                         "--batch", "4", "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0",
-                        "--lr0", "0", "--single-cls"], capture_output=True, text=True,
+                        "--optimizer", "sgd", "--lr0", "0", "--single-cls"], capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     assert "training yolov8n on 8 images (1 classes)" in r.stdout and "class convs new for 1 classes" in r.stdout

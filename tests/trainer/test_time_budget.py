@@ -38,11 +38,11 @@ def test_the_plan_is_ultralytics_ceil_of_the_budget_over_the_mean_epoch():
 
 
 def test_a_new_plan_stretches_the_decay_and_keeps_the_warm_up_off_the_last_epoch():
-    s = Schedule(lr0=0.01, lrf=0.01, momentum=0.937, epochs=100, steps_per_epoch=10, warmup_steps=30,
+    s = Schedule(lr0=0.01, lrf=0.01, momentum=0.937, epochs=100, batches_per_epoch=10, warmup_batches=30,
                  warmup_epochs=3.0)
     short = s.planned(3)
-    assert (short.epochs, short.warmup_steps) == (3, 20)  # at most all but the last epoch
-    assert s.planned(50).warmup_steps == 30 and s.planned(50).factor(250) == pytest.approx(0.505)
+    assert (short.epochs, short.warmup_batches) == (3, 20)  # at most all but the last epoch
+    assert s.planned(50).warmup_batches == 30 and s.planned(50).factor(250) == pytest.approx(0.505)
 
 
 def test_the_loader_moves_close_mosaic_only_where_no_prepared_batch_would_change():

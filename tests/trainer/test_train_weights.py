@@ -40,7 +40,7 @@ def shapes4(tmp_path_factory):
 
 def test_two_ranks_start_from_ultralytics_weights_and_resume_wins(tmp_path, shapes4, capfd):
     # lr0 0: the optimizer never moves a weight, so the run's weights must be the file's.
-    code = launch(argv(tmp_path / "run", shapes4, "--weights", str(V8), "--lr0", "0")[3:], 2,
+    code = launch(argv(tmp_path / "run", shapes4, "--weights", str(V8), "--optimizer", "sgd", "--lr0", "0")[3:], 2,
                   env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = capfd.readouterr().out
     assert code == 0, out
@@ -54,7 +54,7 @@ def test_two_ranks_start_from_ultralytics_weights_and_resume_wins(tmp_path, shap
     assert worst < 1e-5, worst
 
     # A second start of the same run resumes its checkpoint; the weights file is not read.
-    r = run1(argv(tmp_path / "run", shapes4, "--weights", str(V8), "--lr0", "0", "--epochs", "2"))
+    r = run1(argv(tmp_path / "run", shapes4, "--weights", str(V8), "--optimizer", "sgd", "--lr0", "0", "--epochs", "2"))
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "weights:" not in r.stdout
 
@@ -70,7 +70,7 @@ def class_conv(key: str) -> bool:
 
 def test_two_ranks_fine_tune_ultralytics_weights_to_other_classes(tmp_path, shapes3, capfd):
     # lr0 0: nothing moves, so last.pt shows what every run started from.
-    code = launch(argv(tmp_path / "run", shapes3, "--weights", str(V8), "--lr0", "0")[3:], 2,
+    code = launch(argv(tmp_path / "run", shapes3, "--weights", str(V8), "--optimizer", "sgd", "--lr0", "0")[3:], 2,
                   env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = capfd.readouterr().out
     assert code == 0, out

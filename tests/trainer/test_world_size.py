@@ -29,7 +29,7 @@ FIXTURES = SHARED / "fixtures" / "ultralytics"
 CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in (10.0, 0.0)] + \
         [("yolo26n-shapes", "train", 10.0)]
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
-STEP = 5  # an optimizer step inside the warm-up (9 steps here): warm-up LR and momentum apply
+STEP = 5  # an optimizer step at batch 5, inside the warm-up (18 batches here): warm-up LR and momentum apply
 
 
 def _steps(rank: int, world: int, port: int, out: str) -> None:
@@ -37,12 +37,16 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
     same weights on its share of two global batches."""
     from hpcyolo_trainer.dist import cleanup, setup
     from hpcyolo_trainer.rendezvous import JOB_ENV
+    from hpcyolo_trainer.train import loader_workers, say_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})
     torch.set_num_threads(1)
     d = setup(60)
     results = {case: _one_step(d, *case) for case in CASES}
+    everyone = say_ranks(d)
+    results["layout"] = [(*r[:6], tuple(sorted(r[-1]))) for r in everyone]  # torch.load takes no frozenset
+    results["workers"] = loader_workers(64, d, everyone)
     if rank == 0:
         torch.save(results, out)
     cleanup()
@@ -57,7 +61,7 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     from hpcyolo_trainer.weights import read_weights
 
     cfg = TrainConfig(run_dir="unused", data=str(FIXTURES / fixture / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS,
-                      imgsz=IMGSZ, clip_norm=clip, epochs=10)
+                      imgsz=IMGSZ, clip_norm=clip, epochs=10, optimizer="sgd")
     spec = load_data_spec(cfg.data)
     dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names))
     weights = read_weights(FIXTURES / fixture / "model.pt")
@@ -81,7 +85,7 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
         imgs, targets, _, _ = collate([dataset[i] for i in range(first, first + share)])
         items.append(forward_backward(net, loss_fn, imgs.float() / 255, targets, False, torch.float32, scaler,
                                       reduce=k == accumulate - 1))
-    assert STEP < schedule.warmup_steps
+    assert STEP < schedule.warmup_batches
     schedule.apply(optimizer, STEP)
     norm = optimizer_step(model, optimizer, scaler, ModelEMA(model), clip)
     mean_items = torch.stack(items).mean(0)
@@ -113,6 +117,23 @@ def steps(tmp_path_factory) -> dict:
     """{world size: {case: rank 0's record}} for 1, 2 and 4 ranks."""
     tmp = tmp_path_factory.mktemp("steps")
     return {world: steps_of(world, tmp) for world in (1, 2, 4)}
+
+
+def test_loader_workers_are_capped_at_the_cpus_a_rank_may_count_on(steps):
+    from hpcyolo_trainer.train import cpu_share
+
+    mine = frozenset(os.sched_getaffinity(0))
+    for world in (1, 2, 4):
+        layout = [(*r[:6], frozenset(r[-1])) for r in steps[world]["layout"]]
+        assert [r[0] for r in layout] == list(range(world)) and {r[-1] for r in layout} == {mine}
+        assert steps[world]["workers"] == len(mine)  # CPU ranks: the whole affinity, as ultralytics on the CPU
+        assert cpu_share(layout, 0) == max(1, len(mine) // world)  # GPU ranks: their share
+    # Two hosts of 8 GPUs ranks: srun binding each task to 4 cores, or none binding them (32 cores shared).
+    bound = [(r, r % 8, 8, 16, f"n{r // 8}", f"cuda:{r % 8}", frozenset(range(4 * (r % 8), 4 * (r % 8) + 4)))
+             for r in range(16)]
+    unbound = [(*r[:6], frozenset(range(32))) for r in bound]
+    assert [cpu_share(bound, r) for r in (0, 9)] == [4, 4] and cpu_share(unbound, 9) == 4
+    assert cpu_share(unbound[:9], 8) == 32  # alone on its host
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0][:-7]}-{c[1]}-{'clipped' if c[2] else 'not-clipped'}")

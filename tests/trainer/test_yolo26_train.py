@@ -45,8 +45,9 @@ def env(**extra: str) -> dict:
 
 def test_ultralytics_yolo26n_fine_tunes_to_other_classes_with_both_class_branches_new(tmp_path, shapes3):
     # lr0 0: nothing moves, so last.pt shows what the run started from.
-    r = subprocess.run(argv(tmp_path / "run", shapes3, "--weights", str(Y26), "--lr0", "0", "--epochs", "1",
-                            "--workers", "0", "--warmup-epochs", "0"), capture_output=True, text=True, env=env())
+    r = subprocess.run(argv(tmp_path / "run", shapes3, "--weights", str(Y26), "--optimizer", "sgd", "--lr0", "0",
+                            "--epochs", "1", "--workers", "0", "--warmup-epochs", "0"), capture_output=True, text=True,
+                       env=env())
     assert r.returncode == 0, r.stderr
     assert "from model.pt (ultralytics yolo26n, 4 classes); class convs new for 3 classes" in r.stdout
     assert "training yolo26n on 16 images (3 classes)" in r.stdout
@@ -67,8 +68,8 @@ def test_end2end_validates_each_epoch_as_hpcyolo_val_end2end_measures(tmp_path):
     """train.end2end: each epoch's row is the one-to-one head's NMS-free
     measure, the figure `hpcyolo val --end2end` gives for last.pt, not the default one."""
     data = make_shapes(tmp_path / "shapes", n_train=8, n_val=8, imgsz=160, classes=4, seed=3)
-    common = ["--weights", str(Y26), "--lr0", "0", "--epochs", "1", "--workers", "0", "--batch", "4", "--imgsz",
-              "160", "--close-mosaic", "1"]
+    common = ["--weights", str(Y26), "--optimizer", "sgd", "--lr0", "0", "--epochs", "1", "--workers", "0", "--batch",
+              "4", "--imgsz", "160", "--close-mosaic", "1"]
     r = subprocess.run([*argv(tmp_path / "run", data), *common, "--end2end"], capture_output=True, text=True,
                        env=env())
     assert r.returncode == 0, r.stderr
