@@ -58,7 +58,7 @@ def test_the_fixtures_args_yaml_reads_as_its_run():
 @pytest.mark.parametrize("line,key,words", [
     ("cls_pw: 0.5", "cls_pw", "0.5 changes training, and hpcyolo does not implement cls_pw yet; "
                               "remove it (ultralytics' default: 0.0) to train without it"),
-    ("copy_paste_mode: mixup", "copy_paste_mode", "mixup (instances pasted from a second sample) is not implemented"),
+    ("copy_paste_mode: paste", "copy_paste_mode", "paste"),
     ("classes: [0, -1]", "classes", "must be class ids from 0, got [0, -1]"),
     ("classes: zero", "classes", "must be class ids from 0, got ['zero']"),
     ("freeze: [0, 1, 2]", "freeze", "[0, 1, 2] is not a whole number"),

@@ -2,7 +2,11 @@
 the letterbox used for validation.
 
 Images are HxWx3 uint8 RGB numpy arrays. Boxes travel with them as float32
-[n, 5] arrays of (cls, x1, y1, x2, y2) in pixels of the current image. Every
+[n, 5] arrays of (cls, x1, y1, x2, y2) in pixels of the current image, and,
+where the labels are instance outlines and they are needed (a warp that
+rotates, shears or tilts; copy_paste), the outlines beside them: a list of
+(k, 2) float arrays of pixels, one per box; a warp then boxes each outline's
+part inside the output, as ultralytics boxes its warped segments. Every
 random choice comes from the `rng` (a numpy Generator) passed in: the dataset
 makes one per (seed, epoch, index), so a resumed run sees the same pixels.
 No function writes into its input image: the RAM cache hands out read-only
@@ -62,9 +66,9 @@ class AugmentHyp:
     bgr: float = 0.0
     """Probability of swapping the colour channels (RGB -> BGR)."""
     copy_paste: float = 0.0
-    """Share of a sample's instances pasted mirrored where they overlap no other (needs instance outlines)."""
+    """Share of the candidate instances pasted where they overlap no box much (needs instance outlines)."""
     copy_paste_mode: str = "flip"
-    """Where pasted instances come from: flip, the sample mirrored left-right (the one mode implemented)."""
+    """Where pasted instances come from: flip, the sample mirrored left-right; mixup, a second sample."""
     close_mosaic: int = 10
     """Last epochs trained without mosaic; the trainer sets `dataset.mosaic = False` for them."""
 
@@ -72,8 +76,8 @@ class AugmentHyp:
         for name in ("mosaic", "flipud", "fliplr", "bgr", "mixup", "cutmix", "copy_paste"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"AugmentHyp.{name}: a probability must be in [0, 1], got {getattr(self, name)}")
-        if self.copy_paste_mode != "flip":
-            raise ValueError(f"AugmentHyp.copy_paste_mode: only flip is implemented, got {self.copy_paste_mode!r}")
+        if self.copy_paste_mode not in ("flip", "mixup"):
+            raise ValueError(f"AugmentHyp.copy_paste_mode: flip or mixup, got {self.copy_paste_mode!r}")
         for f in fields(self):
             if f.name != "copy_paste_mode" and getattr(self, f.name) < 0:
                 raise ValueError(f"AugmentHyp.{f.name}: must not be negative, got {getattr(self, f.name)}")
@@ -172,6 +176,45 @@ def box_areas(boxes: np.ndarray) -> np.ndarray:
     return (boxes[:, 3] - boxes[:, 1]) * (boxes[:, 4] - boxes[:, 2])
 
 
+def clip_polygon(points: np.ndarray, x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+    """The part of the polygon `points` (k, 2) inside the rectangle x0..x1,
+    y0..y1 (Sutherland-Hodgman): (m, 2), empty where none is inside."""
+    p = points.astype(np.float64)
+    for axis, bound, sign in ((0, x0, 1), (0, x1, -1), (1, y0, 1), (1, y1, -1)):
+        f = sign * (p[:, axis] - bound)
+        if (f >= 0).all():
+            continue
+        q, g = np.roll(p, -1, axis=0), np.roll(f, -1)
+        inside, crossing = f >= 0, (f >= 0) != (g >= 0)
+        t = np.divide(f, f - g, out=np.zeros_like(f), where=crossing)[:, None]
+        both = np.stack([p, p + t * (q - p)], axis=1)  # each vertex, then where its edge crosses
+        p = both[np.stack([inside, crossing], axis=1)]
+        if not len(p):
+            break
+    return p
+
+
+def outline_boxes(boxes: np.ndarray, outlines: list[np.ndarray], rect: tuple[float, float, float, float]) -> np.ndarray:
+    """`boxes` with each one replaced by the bounding box of its outline's
+    part inside `rect` (x0, y0, x1, y1); an outline wholly outside gives an
+    empty box (dropped by keep_boxes). Ultralytics boxes the points of its
+    1000-point resampled segment that fall inside; this clips exactly."""
+    out = boxes.copy()
+    x0, y0, x1, y1 = rect
+    for k, o in enumerate(outlines):
+        lo, hi = o.min(axis=0), o.max(axis=0)
+        if lo[0] < x0 or lo[1] < y0 or hi[0] > x1 or hi[1] > y1:
+            part = clip_polygon(o, x0, y0, x1, y1)
+            lo, hi = (part.min(axis=0), part.max(axis=0)) if len(part) else ((x0, y0), (x0, y0))
+        out[k, 1:] = (lo[0], lo[1], hi[0], hi[1])
+    return out
+
+
+def transform_points(points: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    xyz = np.concatenate([points, np.ones((len(points), 1))], axis=1) @ matrix.T
+    return xyz[:, :2] / xyz[:, 2:3] if matrix[2, 0] or matrix[2, 1] else xyz[:, :2]
+
+
 def clip_boxes(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
     out = boxes.copy()
     out[:, [1, 3]] = out[:, [1, 3]].clip(0, width)
@@ -228,8 +271,8 @@ def mosaic4(images: list[np.ndarray], boxes: list[np.ndarray], size: int,
 
 
 def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, hyp: AugmentHyp,
-                  rng: np.random.Generator,
-                  outlines: list[list[np.ndarray]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  rng: np.random.Generator, outlines: list[list[np.ndarray]] | None = None,
+                  paste: bool = False) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
     """mosaic4 then random_affine, the same random draws, without building
     the 2*size canvas where the warp is only a scale and a shift (no rotation
     or shear, YOLO's default): each image's visible part is resized straight
@@ -238,13 +281,19 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
     the canvas warp by the rounding of each part's edges to whole pixels
     (below half a pixel), and the boxes follow each part's own resize exactly.
 
-    `outlines` (each image's instance outlines, pixels, one per box) with
-    hyp.copy_paste: the canvas gets copy_paste_flip before the warp, as
-    ultralytics pastes between its mosaic and its affine warp (no random draw)."""
+    `outlines` (each image's instance outlines, pixels, one per box): the
+    boxes come from them after the warp, and they are returned warped (None
+    without). With `paste` (copy_paste's flip mode), the canvas gets
+    copy_paste_flip before the warp, as ultralytics pastes between its
+    mosaic and its affine warp (no random draw)."""
     layout = mosaic_layout([img.shape[:2] for img in images], size, rng)
     matrix, gain = affine_matrix((2 * size, 2 * size), size, hyp, rng)
     placed, areas = _placed_boxes(boxes, layout)
-    pasting = bool(hyp.copy_paste) and outlines is not None
+    # On the canvas, clamped to each image's part of it, as ultralytics clips its segments to the mosaic.
+    canvas_outlines = None if outlines is None else \
+        [(o + (ox, oy)).clip((x1, y1), (x2, y2)) for outs, (ox, oy, x1, y1, x2, y2) in zip(outlines, layout)
+         for o in outs]
+    pasting = paste and bool(hyp.copy_paste) and outlines is not None
     if pasting or matrix[0, 1] != 0 or matrix[1, 0] != 0 or matrix[2, 0] != 0 or matrix[2, 1] != 0:
         # rotation, shear, perspective or pasting: warp the whole canvas
         canvas = np.full((2 * size, 2 * size, 3), PAD_VALUE, dtype=np.uint8)
@@ -253,15 +302,16 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
         placed = np.concatenate(placed)
         if pasting:
             moved = [o + (ox, oy) for outs, (ox, oy, *_) in zip(outlines, layout) for o in outs]
-            canvas, pasted = copy_paste_flip(canvas, placed, moved, hyp.copy_paste)
+            canvas, pasted, pasted_outlines = copy_paste_flip(canvas, placed, moved, hyp.copy_paste)
             placed, areas = np.concatenate([placed, pasted]), np.concatenate([areas, box_areas(pasted)])
-        return warp(canvas, placed, areas, matrix, gain, size)
+            canvas_outlines += [o.clip(0, 2 * size) for o in pasted_outlines]
+        return warp(canvas, placed, areas, matrix, gain, size, canvas_outlines)
     out = np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
     # Edge coordinates (pixel i spans [i, i + 1)): out = s * canvas + c, where
     # the matrix maps pixel centres (OpenCV's convention for warpAffine).
     s = float(matrix[0, 0])
     cx, cy = float(matrix[0, 2]) + 0.5 - 0.5 * s, float(matrix[1, 2]) + 0.5 - 0.5 * s
-    moved = []
+    moved, warped, first = [], [], 0
     for img, bxs, (ox, oy, x1, y1, x2, y2) in zip(images, placed, layout):
         # The part's rectangle on the output, rounded to whole pixels: shared
         # edges round alike, so neighbouring parts neither overlap nor gap.
@@ -277,11 +327,19 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
             b = bxs.copy()
             b[:, [1, 3]] = ((bxs[:, [1, 3]] - u0) * fx + xa).clip(xa, xb)
             b[:, [2, 4]] = ((bxs[:, [2, 4]] - v0) * fy + ya).clip(ya, yb)
+            if canvas_outlines is not None:
+                mine = [(o - (u0, v0)) * (fx, fy) + (xa, ya) for o in canvas_outlines[first:first + len(bxs)]]
+                b = outline_boxes(b, mine, (xa, ya, xb, yb))
+                warped += mine
         else:  # not on the output: its boxes end up outside and are dropped
             b = transform_boxes(bxs, matrix) if len(bxs) else bxs
+            if canvas_outlines is not None:
+                warped += [transform_points(o, matrix) for o in canvas_outlines[first:first + len(bxs)]]
         moved.append(b)
+        first += len(bxs)
     moved = clip_boxes(np.concatenate(moved), size, size)
-    return out, moved[keep_boxes(moved, areas, gain)]
+    keep = keep_boxes(moved, areas, gain)
+    return out, moved[keep], None if outlines is None else [o for o, k in zip(warped, keep) if k]
 
 
 # -- random affine ----------------------------------------------------------
@@ -332,24 +390,33 @@ def keep_boxes(boxes: np.ndarray, areas_before: np.ndarray, gain: float) -> np.n
 
 
 def random_affine(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, size: int, hyp: AugmentHyp,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Warp `img` (any size) onto a size x size output; boxes follow, are
-    clipped to it, and those that became tiny or mostly cut off are dropped."""
+                  rng: np.random.Generator, outlines: list[np.ndarray] | None = None,
+                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+    """Warp `img` (any size) onto a size x size output; boxes follow (from
+    their `outlines` where given), are clipped to it, and those that became
+    tiny or mostly cut off are dropped. Returns (image, boxes, the kept
+    boxes' outlines warped, or None)."""
     matrix, gain = affine_matrix(img.shape[:2], size, hyp, rng)
-    return warp(img, boxes, areas_before, matrix, gain, size)
+    return warp(img, boxes, areas_before, matrix, gain, size, outlines)
 
 
 def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: np.ndarray, gain: float,
-         size: int) -> tuple[np.ndarray, np.ndarray]:
+         size: int, outlines: list[np.ndarray] | None = None,
+         ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
     border = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
     if matrix[2, 0] or matrix[2, 1]:
         out = cv2.warpPerspective(img, matrix, dsize=(size, size), flags=cv2.INTER_LINEAR, borderValue=border)
     else:
         out = cv2.warpAffine(img, matrix[:2], dsize=(size, size), flags=cv2.INTER_LINEAR, borderValue=border)
     if not len(boxes):
-        return out, boxes
-    moved = clip_boxes(transform_boxes(boxes, matrix), size, size)
-    return out, moved[keep_boxes(moved, areas_before, gain)]
+        return out, boxes, outlines
+    moved = transform_boxes(boxes, matrix)
+    if outlines is not None:
+        outlines = [transform_points(o, matrix) for o in outlines]
+        moved = outline_boxes(moved, outlines, (0, 0, size, size))
+    moved = clip_boxes(moved, size, size)
+    keep = keep_boxes(moved, areas_before, gain)
+    return out, moved[keep], None if outlines is None else [o for o, k in zip(outlines, keep) if k]
 
 
 # -- colour and flip --------------------------------------------------------
@@ -421,35 +488,42 @@ def _covered(boxes: np.ndarray, rect: tuple[int, int, int, int]) -> np.ndarray:
     return np.clip(w, 0, None) * np.clip(h, 0, None)
 
 
-def copy_paste_flip(img: np.ndarray, boxes: np.ndarray, outlines: list[np.ndarray],
-                    share: float) -> tuple[np.ndarray, np.ndarray]:
-    """Copy-Paste (Ghiasi et al., 2021) as ultralytics' mode flip does it:
-    the image mirrored left-right is a second image whose instances (the
-    mirrored boxes and `outlines`, pixels) land where they cover less than
-    0.3 of each existing box; round(share x their number) of them, the least
-    overlapping first, are pasted inside their outlines. Returns (image,
-    the pasted boxes only); nothing random is drawn. A box's part of the
-    outline cut off by the canvas (a mosaic's border) still counts, as there."""
-    none = np.zeros((0, 5), np.float32)
-    if not len(boxes) or share <= 0:
-        return img, none
-    w = img.shape[1]
-    mirrored = boxes.copy()
-    mirrored[:, 1], mirrored[:, 3] = w - boxes[:, 3], w - boxes[:, 1]
-    covered = np.stack([_covered(boxes, tuple(m[1:])) for m in mirrored]) / (box_areas(boxes)[None] + 1e-7)
+def copy_paste(img: np.ndarray, boxes: np.ndarray, source: np.ndarray, source_boxes: np.ndarray,
+               source_outlines: list[np.ndarray], share: float) -> tuple[np.ndarray, np.ndarray]:
+    """Copy-Paste (Ghiasi et al., 2021) as ultralytics does it: the
+    instances of the `source` image (its boxes and outlines, pixels of an
+    image of img's size) that cover less than 0.3 of each of `boxes`;
+    round(share x their number) of them, the least overlapping first, are
+    pasted inside their outlines. Returns (image, the indices of the pasted
+    source instances); nothing random is drawn. A box's part of the outline
+    cut off by the image's edge still counts, as there."""
+    if not len(boxes) or not len(source_boxes) or share <= 0:
+        return img, np.zeros(0, np.int64)
+    covered = np.stack([_covered(boxes, tuple(m[1:])) for m in source_boxes]) / (box_areas(boxes)[None] + 1e-7)
     free = np.flatnonzero((covered < 0.3).all(axis=1))
     chosen = free[np.argsort(covered[free].max(axis=1), kind="stable")][:round(share * len(free))]
     if not len(chosen):
-        return img, none
+        return img, chosen
     mask = np.zeros(img.shape[:2], np.uint8)
-    for j in chosen:
-        points = outlines[j].copy()
-        points[:, 0] = w - points[:, 0]
-        cv2.fillPoly(mask, [points.astype(np.int32)], 1)
+    for j in chosen:  # one by one: overlapping outlines fill, never cancel out
+        cv2.fillPoly(mask, [source_outlines[j].astype(np.int32)], 1)
     region = mask.astype(bool)
     out = img.copy()
-    out[region] = cv2.flip(img, 1)[region]
-    return out, mirrored[chosen]
+    out[region] = source[region]
+    return out, chosen
+
+
+def copy_paste_flip(img: np.ndarray, boxes: np.ndarray, outlines: list[np.ndarray],
+                    share: float) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """copy_paste in ultralytics' mode flip: the source is the image
+    mirrored left-right, with its instances mirrored. Returns (image, the
+    pasted boxes, their outlines)."""
+    w = img.shape[1]
+    mirrored = boxes.copy()
+    mirrored[:, 1], mirrored[:, 3] = w - boxes[:, 3], w - boxes[:, 1]
+    flipped = [np.column_stack([w - o[:, 0], o[:, 1]]) for o in outlines]
+    out, chosen = copy_paste(img, boxes, cv2.flip(img, 1), mirrored, flipped, share)
+    return out, mirrored[chosen], [flipped[j] for j in chosen]
 
 
 def flip_ud(img: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -45,9 +45,9 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste_flip, cut_mix, flip_lr,
-                      flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine, random_affine,
-                      rect_batches, resized_shape, to_normalised, to_pixel_boxes)
+from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste, copy_paste_flip, cut_mix,
+                      flip_lr, flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine,
+                      random_affine, rect_batches, resized_shape, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from .fsutil import fsync_dir
 
@@ -127,7 +127,8 @@ def read_labels(path: Path, nc: int) -> tuple[np.ndarray, list[str]]:
 def read_outlines(path: Path, nc: int) -> list[np.ndarray | None]:
     """Per row that read_labels keeps from `path`, in its order: the
     polygon's points (k, 2) as fractions of the image, clipped to [0, 1], or
-    None for a box row. For copy_paste, which pastes instances by outline."""
+    None for a box row. For copy_paste, which pastes instances by outline,
+    and the warps that box them."""
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
@@ -444,8 +445,10 @@ class YoloDataset(Dataset):
             for i in indices:
                 self.canvas[i] = shape
         self.mosaic = augment and not self.batches
-        # Instance outlines, per image one per label row: read where copy_paste needs them.
-        self.outlines = self._outlines(names_count) if augment and hyp.copy_paste and not self.batches else None
+        # Instance outlines, per image one per label row: read where copy_paste pastes by them or a warp
+        # that rotates, shears or tilts boxes them (boxes of other warps are their outlines' boxes already).
+        needed = hyp.copy_paste or hyp.degrees or hyp.shear or hyp.perspective
+        self.outlines = self._outlines(names_count) if augment and needed and not self.batches else None
         self.cache: ImageCache | None = None
         self.cache_built = False
         if cache != "none" and items:
@@ -469,16 +472,18 @@ class YoloDataset(Dataset):
             self.counts["corrupt images"] += 1
 
     def _outlines(self, nc: int) -> list[list[np.ndarray]] | None:
-        """Every label row's polygon, or None (and a problem line) where a
-        row is a box: as in ultralytics, copy_paste then pastes nothing."""
+        """Every label row's polygon, or None where a row is a box: as in
+        ultralytics, copy_paste then pastes nothing (a problem line says so)
+        and warps move boxes as boxes."""
         rows = [read_outlines(label_path(p), nc) for p in self.paths]
         boxes = sum(o is None for r in rows for o in r)
         if any(len(r) != len(lb) for r, lb in zip(rows, self.labels)):  # a label file changed meanwhile
             boxes = max(boxes, 1)
         if boxes or not any(rows):
             total = sum(map(len, self.labels))
-            self.problems.append(f"copy_paste {self.hyp.copy_paste:g}: {boxes} of {total} training labels are boxes, "
-                                 "not instance outlines (polygons): nothing is pasted, as in ultralytics")
+            if self.hyp.copy_paste:
+                self.problems.append(f"copy_paste {self.hyp.copy_paste:g}: {boxes} of {total} training labels are "
+                                     "boxes, not instance outlines (polygons): nothing is pasted, as in ultralytics")
             return None
         return rows
 
@@ -612,12 +617,20 @@ class YoloDataset(Dataset):
         if self.batches:  # rectangular: mosaic and the affine warp would make a square image
             img, boxes = self._val_sample(i, load)
         else:
-            img, boxes = self._warped(i, rng, partners, load, mosaic)
+            img, boxes, _ = self._warped(i, rng, partners, load, mosaic)
+            # Copy-Paste's mode mixup, as ultralytics: after the warp, from a second sample made the same way.
+            if mosaic and self.hyp.copy_paste and self.hyp.copy_paste_mode == "mixup" and self.outlines is not None \
+                    and len(boxes):
+                source, source_boxes, source_outlines = self._warped(partners(rng)[0], rng, partners, load, mosaic)
+                if source_outlines is not None:
+                    img, chosen = copy_paste(img, boxes, source, source_boxes, source_outlines, self.hyp.copy_paste)
+                    boxes = np.concatenate([boxes, source_boxes[chosen]])
             # MixUp, as ultralytics: while mosaics are on, with a second sample made the same way.
             if mosaic and self.hyp.mixup and rng.random() < self.hyp.mixup:
-                img, boxes = mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic), rng)
+                img, boxes = mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic)[:2], rng)
             if mosaic and self.hyp.cutmix and rng.random() < self.hyp.cutmix:  # then CutMix, likewise
-                img, boxes = cut_mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic), rng)
+                img, boxes = cut_mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic)[:2],
+                                     rng)
         # The same draws either way, so a run's flips and boxes do not depend
         # on where its colours change (per pixel: it commutes with the flip).
         gains = hsv_gains(self.hyp, rng)
@@ -634,27 +647,37 @@ class YoloDataset(Dataset):
         return img, boxes, gains
 
     def _warped(self, i: int, rng: np.random.Generator, partners, load,
-                mosaic: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Image i in a mosaic (with probability hyp.mosaic, while mosaics are on), else alone, randomly warped."""
+                mosaic: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+        """Image i in a mosaic (with probability hyp.mosaic, while mosaics
+        are on), else alone, randomly warped; with its boxes' outlines warped
+        where the dataset has them (else None). Copy-Paste's mode flip pastes
+        before the warp, while mosaics are on (ultralytics' close_mosaic ends it too)."""
+        paste = mosaic and bool(self.hyp.copy_paste) and self.hyp.copy_paste_mode == "flip"
         if mosaic and rng.random() < self.hyp.mosaic:
-            return self._mosaic([i, *partners(rng)], load, rng)
+            return self._mosaic([i, *partners(rng)], load, rng, paste)
         img, boxes = self._val_sample(i, load)
-        if self.outlines is not None and len(boxes):  # as in ultralytics, pasted before the warp
+        outlines = None
+        if self.outlines is not None:
             shape = self.resized[i]
             outlines = self._outlines_px(i, boxes, shape, letterbox_pad(shape, self.imgsz))
-            if outlines:
-                img, pasted = copy_paste_flip(img, boxes, outlines, self.hyp.copy_paste)
-                boxes = np.concatenate([boxes, pasted])
-        return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng)
+            if len(outlines) != len(boxes):
+                outlines = None
+            elif paste and len(boxes):  # as in ultralytics, pasted before the warp
+                img, pasted, pasted_outlines = copy_paste_flip(img, boxes, outlines, self.hyp.copy_paste)
+                boxes, outlines = np.concatenate([boxes, pasted]), outlines + pasted_outlines
+        return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng, outlines)
 
-    def _mosaic(self, indices: list[int], load, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def _mosaic(self, indices: list[int], load, rng: np.random.Generator,
+                paste: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
         """Mosaic of four images, warped at once (mosaic_affine)."""
         loaded = [load(j) for j in indices]
         images = [img for img, _ in loaded]
         boxes = [to_pixel_boxes(labels, img.shape[:2], (0, 0)) for img, labels in loaded]
         outlines = None if self.outlines is None else \
             [self._outlines_px(j, labels, img.shape[:2], (0, 0)) for j, (img, labels) in zip(indices, loaded)]
-        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines)
+        if outlines is not None and any(len(o) != len(b) for o, b in zip(outlines, boxes)):
+            outlines = None
+        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines, paste)
 
 
 def batch_tensor(count: int, shape: tuple[int, int]) -> torch.Tensor:

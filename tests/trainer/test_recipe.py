@@ -260,8 +260,9 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
 
 
 def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, capfd):
-    """The recipe's settings on (MixUp, CutMix, Copy-Paste on polygon
-    labels, perspective, flips, channel swap, rotation, shear, freeze,
+    """The recipe's settings on (MixUp, CutMix, Copy-Paste from a second
+    sample on polygon labels, boxes from the warped polygons under
+    perspective, rotation and shear, flips, channel swap, freeze,
     fraction, cosine decay, a time budget), two ranks with two loader
     workers each, stopped by the preemption path inside epoch 2.
 
@@ -286,7 +287,7 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
                 "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "2", "--close-mosaic", "1",
                 "--mixup", "0.5", "--perspective", "0.0005", "--flipud", "0.3", "--bgr", "0.2", "--degrees", "5",
                 "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr", "--cutmix", "0.3",
-                "--copy-paste", "0.5", "--time", "0.02"]
+                "--copy-paste", "0.5", "--copy-paste-mode", "mixup", "--time", "0.02"]
 
     from test_multiscale_rect import launch_within  # a hang fails the test instead of holding CI
 

@@ -1,7 +1,8 @@
 """Exact resume: four gloo ranks on CPU with two loader workers each, stopped
 inside an epoch by the preemption path (at a step that is neither an epoch
 boundary nor a checkpoint interval) and resumed, end bit-identical to an
-uninterrupted run: model, EMA, optimizer state and results.csv."""
+uninterrupted run: model, EMA, optimizer state and results.csv. Batches of
+8 and nbs 16: an optimizer step sums 1 batch, then 2 as the warm-up ramps up."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 
 def train(run: Path, data: Path, extra_env=None) -> int:
     argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(data), "--model", "n", "--epochs", "2",
-            "--batch", "8", "--nbs", "8", "--imgsz", "64", "--workers", "2", "--seed", "3", "--close-mosaic", "1",
-            "--save-every", "2", "--keep", "10"]
+            "--batch", "8", "--nbs", "16", "--imgsz", "64", "--workers", "2", "--seed", "3", "--close-mosaic", "1",
+            "--save-every", "3", "--keep", "10"]
     env = {k: v for k, v in os.environ.items() if k != DRILL_ENV}
     env.update(extra_env or {}, OMP_NUM_THREADS="1")
     return launch(argv, 4, env=env)
@@ -35,11 +36,13 @@ def test_four_ranks_stopped_mid_epoch_resume_bit_identical(tmp_path):
     data = make_shapes(tmp_path / "shapes", n_train=24, n_val=8, imgsz=64, classes=3, seed=0)
     assert train(tmp_path / "a", data) == 0
 
-    # Run b: the preemption path fires after optimizer step 4 (epoch 2, batch 1 of 3;
-    # checkpoints every 2 steps, so the stop is not on a checkpoint interval).
+    # 3 batches an epoch, a warm-up of 3 batches: steps after batches 1, 2 and 3 (1, 1, then 2 but
+    # the epoch ends), 5 (2: the warm-up's last value) and 6 (the epoch ends): 5 steps.
+    # Run b: the preemption path fires after optimizer step 4 (epoch 2, batch 2 of 3;
+    # checkpoints every 3 steps, so the stop is not on a checkpoint interval).
     assert train(tmp_path / "b", data, {DRILL_ENV: "4"}) == EXIT_CODE
     stopped = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
-    assert (stopped["epoch"], stopped["batch"], stopped["global_step"]) == (1, 1, 4)
+    assert (stopped["epoch"], stopped["batch"], stopped["global_step"]) == (1, 2, 4)
     assert len(stopped["loss_sums"]) == 4 and not all(torch.equal(s, stopped["loss_sums"][0])
                                                        for s in stopped["loss_sums"])
     # The resumed epoch's time must count the part before the stop: make that
@@ -49,7 +52,7 @@ def test_four_ranks_stopped_mid_epoch_resume_bit_identical(tmp_path):
 
     a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
     b = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
-    assert a["global_step"] == b["global_step"] == 6
+    assert a["global_step"] == b["global_step"] == 5
     for part in ("model", "ema", "optimizer"):
         assert max_abs_diff(a[part], b[part], part) == 0.0, part
 
