@@ -192,7 +192,7 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
     batch script's command line, read by `hpcyolo train`'s own options,
     gives the trainer each value, and the same-run check reads the same."""
     weights = write(tmp_path / "w.pt", "")
-    values = {"model": "s", "weights": str(weights), "epochs": 7, "batch": 16, "imgsz": 320, "workers": 2, "seed": 5,
+    values = {"model": "s", "weights": str(weights), "epochs": 7, "batch": 32, "imgsz": 320, "workers": 2, "seed": 5,
               "optimizer": "adamw", "lr0": 0.003, "nbs": 32, "close_mosaic": 3, "multi_scale": 0.25, "rect": True,
               "end2end": True, "lrf": 0.02, "momentum": 0.9, "weight_decay": 0.001, "warmup_epochs": 1.0,
               "warmup_momentum": 0.7, "warmup_bias_lr": 0.05, "cos_lr": True, "box": 5.0, "cls": 1.0, "dfl": 2.0,
@@ -200,15 +200,14 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
               "scale": 0.3, "shear": 2.0, "flipud": 0.5, "fliplr": 0.3, "bgr": 0.1, "amp": False, "patience": 5,
               "save_period": 2, "fraction": 0.5, "freeze": 3, "perspective": 0.0005, "mixup": 0.2,
               "single_cls": True, "cutmix": 0.3, "time": 2.5, "classes": [0, 2],
-              "copy_paste": 0.4}
+              "copy_paste": 0.4, "copy_paste_mode": "mixup", "tensorboard": False}
     job = (f"name: j\nresources: {{nodes: 1, time: '04:00:00'}}\ndata: {{yaml: {COCO8}, cache: ram}}\n"
            f"train: {{{', '.join(f'{k}: {v}' for k, v in values.items())}}}\n"
            "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900}\n")
     plan = _plan(tmp_path, job, GPU_SITE + "preemption: {signal: USR1}\n")
     expected = {**values, "cache": "ram", "save_every": 50, "keep": 2, "dist_timeout": 900, "signal": "USR1"}
     # train.cfg is not passed on: load_job takes the recipe's settings into the job (tests/test_recipe_file.py).
-    # copy_paste_mode has one value implemented, its default.
-    keyed = {s.name for s in SETTINGS if s.key and s.default is not REQUIRED} - {"cfg", "copy_paste_mode"}
+    keyed = {s.name for s in SETTINGS if s.key and s.default is not REQUIRED} - {"cfg"}
     assert keyed == expected.keys()  # a new job key for the trainer: set it above too
     got = _clicked(plan, tmp_path / "run")
     assert {name: got[name] for name in expected} == expected

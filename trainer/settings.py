@@ -97,12 +97,6 @@ def parse_classes(text: str) -> tuple[int, ...]:
         raise ValueError(f"must be class ids separated by commas (0,2), got {shown(text)}") from None
 
 
-def check_copy_paste_mode(value: str) -> None:
-    if value == "mixup":
-        raise ValueError("mixup (instances pasted from a second sample) is not implemented yet; flip (the sample's "
-                         "own instances, mirrored) is")
-
-
 def check_signal(value: str) -> None:
     if value not in SIGNALS:
         raise ValueError(f"{shown(value)} is not a signal hpcyolo handles; use one of {', '.join(SIGNALS)}")
@@ -296,13 +290,13 @@ SETTINGS: tuple[Setting, ...] = (
       "mosaics are on.", True, _AUGMENT, check_fraction),
     U("cutmix", 0.0, float, "Probability of pasting a rectangle of a second sample (and its boxes there) where no "
       "box is, while mosaics are on.", True, _AUGMENT, check_fraction),
-    U("copy_paste", 0.0, float, "Share of each training sample's instances pasted again, mirrored left-right, where "
-      "they cover less than 0.3 of every other box (the least overlapping first; between the mosaic and the warp). "
+    U("copy_paste", 0.0, float, "Share of the pasted instances' candidates pasted into each training sample, while "
+      "mosaics are on: those covering less than 0.3 of every box already there, the least overlapping first. "
       "Needs instance outlines: polygon label rows (x1 y1 x2 y2 ...); with box rows nothing is pasted (one warning "
       "says so), as in ultralytics.", True, _AUGMENT, check_fraction),
     U("copy_paste_mode", "flip", Literal["flip", "mixup"], "Where pasted instances come from: flip, the sample "
-      "mirrored; ultralytics' mixup (from a second sample) is refused, not implemented yet.", True, _AUGMENT,
-      check_copy_paste_mode),
+      "itself mirrored left-right (between the mosaic and the warp); mixup, a second sample made the same way "
+      "(mosaic and warp), pasted after the warp.", True, _AUGMENT),
     U("bgr", 0.0, float, "Probability of swapping the colour channels (RGB to BGR).", True, _AUGMENT, check_fraction),
     S("multi_scale", 0.0, float, "Multi-scale training: each step's image size drawn from imgsz x [1 - f, 1 + f], a "
       "multiple of 32, the same on every rank; 0: off.", True, "the image size of every step", check_multi_scale,
@@ -351,6 +345,11 @@ SETTINGS: tuple[Setting, ...] = (
       "values are compared, as the settings they set)", key="train.cfg", flag="--cfg", path="file"),
     S("val_images", 4, int, "Validation images drawn with predictions each epoch.", False,
       "how many validation images are drawn", check_non_negative),
+    S("tensorboard", True, bool, "TensorBoard event files in the run directory's tensorboard/, written by rank 0 "
+      "off the training loop: every results.csv column and the learning rate of each parameter group per epoch, "
+      "the running training losses every 10 optimizer steps, the plots at the end; a requeued run continues the "
+      "same curves (`tensorboard --logdir RUN` on a login node).", False, "what is logged beside the run",
+      key="train.tensorboard", flag="--tensorboard/--no-tensorboard"),
     S("log_every", 30.0, float, "Seconds between progress lines in batch logs.", False,
       "how often progress is logged", check_non_negative),
 )

@@ -47,6 +47,7 @@ from .scale import rescale, step_size
 from .schedule import Schedule, build_optimizer, warmup_batches_for
 from .settings import TrainConfig
 from .syncbn import normalise_across_ranks
+from .tboard import EventWriter, StepLosses
 from .weights import Weights, load_into, read_weights
 
 NO_STOP = Decision(NONE)
@@ -56,6 +57,7 @@ SHAPES_ENV = "HPCYOLO_STEP_SHAPES"
 # Tests: each optimizer step counts as this many seconds of the run's
 # training time, and nothing else counts (RunClock).
 STEP_SECONDS_ENV = "HPCYOLO_STEP_SECONDS"
+BOARD_EVERY = 10  # optimizer steps between the running training losses in TensorBoard
 
 
 def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
@@ -78,9 +80,22 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     parts.net = data_parallel(parts.model, d)
     if d.distributed:
         settle_buckets(parts.net, parts.model, parts.loss_fn, cfg.imgsz, d.device, parts.amp, parts.amp_dtype)
+    if d.is_main and cfg.tensorboard:  # a requeued run's events from its resumed batch on replace the earlier ones
+        done = pos.epoch * data.batches + pos.batch
+        parts.board = StepLosses(EventWriter(run, None if state is None else done + 1), parts.loss_fn.names)
     print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
               f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
               f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
+    try:
+        return train_epochs(cfg, d, data, parts, pos, run, stop)
+    finally:
+        if parts.board is not None:
+            parts.board.close()
+
+
+def train_epochs(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, run: Path,
+                 stop: StopFlag) -> int:
+    """Train from `pos` to the planned end (or a stop); returns the exit code."""
     clock = RunClock(pos.run_seconds)
     loader = train_loader(cfg, d, data, pos)
     train_batches = iter(loader)
@@ -109,7 +124,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
                 train_batches = iter(loader)
     finally:
         stop_workers(train_batches)
-    return complete(d, parts, run)
+    return complete(d, parts, run, pos.epoch)
 
 
 class RunClock:
@@ -193,6 +208,7 @@ class Parts:
     loss_fn: DetectionLoss | EndToEndLoss
     writer: ckpt.Writer
     net: torch.nn.Module | None = None  # the model under DDP, once placed
+    board: StepLosses | None = None  # rank 0's TensorBoard events (tboard.py), once the run directory is there
 
 
 @dataclass
@@ -377,6 +393,8 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         now = clock.seconds(pos.global_step)
         step_seconds, pos.run_seconds = now - pos.run_seconds, now
         progress.update(i + 1, pos.loss_sum / (i + 1))
+        if parts.board is not None and pos.global_step % BOARD_EVERY == 0:
+            parts.board.add(pos.epoch * data.batches + i + 1, pos.loss_sum / (i + 1))
         if cfg.save_every and pos.global_step % cfg.save_every == 0:
             save_state(d, cfg, parts, pos)
         stopped = stop_if_asked(cfg, d, parts, pos, stop, step_seconds)  # all ranks agree, after the optimizer step
@@ -459,8 +477,11 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
     save_state(d, cfg, parts, pos)
     if d.is_main:
-        write_results(run, pos.epoch - 1, train_loss, parts.loss_fn.names, metrics,
-                      parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
+        row = write_results(run, pos.epoch - 1, train_loss, parts.loss_fn.names, metrics,
+                            parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
+        if parts.board is not None:  # results.csv's row, and each parameter group's learning rate
+            lrs = {f"lr/pg{k}": g["lr"] for k, g in enumerate(parts.optimizer.param_groups)}
+            parts.board.writer.scalars(pos.epoch, {**numbers(row), **lrs})
         names = ["last.pt", *(["best.pt"] if improved else [])]
         if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
             names.append(f"epoch{pos.epoch - 1}.pt")  # ultralytics' name: the epoch counted from 0
@@ -475,9 +496,10 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     pos.end_seconds = max(pos.end_seconds, clock.phase() - started)
 
 
-def complete(d: Dist, parts: Parts, run: Path) -> int:
+def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
     """The run trained every epoch: no marker of an earlier preemption stays
-    behind, rank 0 plots results.csv, and every rank leaves (exit 0)."""
+    behind, rank 0 plots results.csv (and shows the plots in TensorBoard at
+    `epoch`), and every rank leaves (exit 0)."""
     parts.writer.wait()
     if d.is_main:
         for marker in rundir.preempt_markers(run):
@@ -487,6 +509,9 @@ def complete(d: Dist, parts: Parts, run: Path) -> int:
         from .plots import plot_results
 
         plot_results(run / rundir.RESULTS, run / rundir.RESULTS_PLOT)
+        if parts.board is not None:
+            for path in (run / rundir.RESULTS_PLOT, *sorted(run.glob("val_pred_*.jpg"))):
+                parts.board.writer.image(epoch, f"plots/{path.stem}", path)
     print0(d, f"done: results in {run}")
     if d.distributed:
         # Rank 0 draws the plot above while the others are done: none leaves
@@ -872,14 +897,29 @@ def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> 
 
 
 def write_results(run: Path, epoch: int, loss: torch.Tensor, losses: tuple[str, ...], metrics: dict, lr: float,
-                  seconds: float, speed: tuple[float, float, float | None]) -> None:
-    """The epoch's row of results.csv (rundir.results_columns; `losses`: the loss items' names)."""
+                  seconds: float, speed: tuple[float, float, float | None]) -> dict[str, str]:
+    """The epoch's row of results.csv (rundir.results_columns; `losses`:
+    the loss items' names); returns it, by column."""
     rate, wait, memory = speed
-    rundir.write_result(run, (epoch + 1, f"{loss[0]:.5f}", f"{loss[1]:.5f}", f"{loss[2]:.5f}",
-                              f"{metrics['precision']:.5f}", f"{metrics['recall']:.5f}", f"{metrics['map50']:.5f}",
-                              f"{metrics['map50_95']:.5f}", f"{lr:.6g}", f"{seconds:.1f}", f"{rate:.1f}",
-                              f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}"),
-                        rundir.results_columns(losses))
+    columns = rundir.results_columns(losses)
+    values = (epoch + 1, f"{loss[0]:.5f}", f"{loss[1]:.5f}", f"{loss[2]:.5f}", f"{metrics['precision']:.5f}",
+              f"{metrics['recall']:.5f}", f"{metrics['map50']:.5f}", f"{metrics['map50_95']:.5f}", f"{lr:.6g}",
+              f"{seconds:.1f}", f"{rate:.1f}", f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}")
+    row = dict(zip(columns, values, strict=True))
+    rundir.write_result(run, tuple(row.values()), columns)
+    return row
+
+
+def numbers(row: dict[str, str]) -> dict[str, float]:
+    """A results.csv row's numeric cells but the epoch, as floats."""
+    out = {}
+    for column, text in row.items():
+        try:
+            out[column] = float(text)
+        except ValueError:
+            pass  # n/a
+    del out["epoch"]
+    return out
 
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:
