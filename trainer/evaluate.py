@@ -37,7 +37,7 @@ from .data import ImageCache, cache_digest, check_files, decode_resized, load_da
 from .dataset import check_labels
 from .dist import Dist, gather_objects
 from .errors import HpcyoloError
-from .metrics import DetStats
+from .metrics import ConfusionMatrix, DetStats, curves
 from .model import check_end2end, detections
 from .weights import build_from, read_weights
 
@@ -98,9 +98,10 @@ class ValBatches(Dataset):
 
 
 def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
-                end2end: bool = False):
+                end2end: bool = False, confusion: ConfusionMatrix | None = None):
     """(DetStats, predictions): one batch predicted and matched against its
-    labels in original image pixels; the predictions stay in canvas pixels."""
+    labels in original image pixels (and counted in `confusion`, where
+    given); the predictions stay in canvas pixels."""
     stats = DetStats(method="ultralytics")
     preds = detections(model, x.to(device).float() / 255, conf=conf, iou=iou, end2end=end2end, multi_label=True)
     for det, (gain, (left, top), (h0, w0), labels) in zip(preds, metas):
@@ -110,43 +111,54 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
         lab = torch.from_numpy(np.asarray(labels, dtype=np.float32)).reshape(-1, 5)
         gt = xywh2xyxy(lab[:, 1:5]) * torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
         stats.update(det, gt, lab[:, 0])
+        if confusion is not None:
+            confusion.update(det, gt, lab[:, 0])
     return stats, preds
 
 
 @torch.no_grad()
 def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
-             worker_init=None, on_batch=None, end2end: bool = False) -> dict | None:
+             worker_init=None, on_batch=None, end2end: bool = False, plots: bool = False) -> dict | None:
     """The metrics of `model` on `batches` (rank 0; None elsewhere), as
     ultralytics' validator computes them: every rank predicts every
     world_size-th batch, rank 0 merges the states in batch order. The one
     validation of hpcyolo: the trainer's per-epoch row and `hpcyolo val`.
-    `on_batch(images, predictions)` sees each of this rank's batches.
-    `end2end`: the one-to-one head's detections, without NMS (YOLO26)."""
+    `on_batch(images, metas, predictions)` sees each of this rank's batches.
+    `end2end`: the one-to-one head's detections, without NMS (YOLO26).
+    `plots`: also what the plots show, `confusion` (ConfusionMatrix.matrix
+    over all ranks' images) and `curves` (metrics.curves)."""
     model.eval()
     mine = range(d.rank, len(batches), d.world_size)
     loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
                         worker_init_fn=worker_init)
-    states = []
+    states, confusion = [], ConfusionMatrix(batches.nc) if plots else None
     for k, (x, metas) in zip(mine, loader):
-        stats, preds = batch_stats(model, x, metas, d.device, conf, iou, end2end)
+        stats, preds = batch_stats(model, x, metas, d.device, conf, iou, end2end, confusion)
         states.append((k, stats.state()))
         if on_batch is not None:
-            on_batch(x, preds)
-    gathered = gather_objects(d, states)
+            on_batch(x, metas, preds)
+    gathered = gather_objects(d, (states, None if confusion is None else confusion.matrix))
     if not d.is_main:
         return None
-    ordered = [state for _, state in sorted((pair for rank in gathered for pair in rank), key=lambda p: p[0])]
-    return DetStats.summary(DetStats.merge(ordered), batches.nc, method="ultralytics")
+    ordered = [state for _, state in sorted((pair for rank, _ in gathered for pair in rank), key=lambda p: p[0])]
+    merged = DetStats.merge(ordered)
+    summary = DetStats.summary(merged, batches.nc, method="ultralytics")
+    if plots:
+        summary["confusion"] = sum(matrix for _, matrix in gathered)
+        summary["curves"] = curves(merged, batches.nc)
+    return summary
 
 
 @torch.no_grad()
 def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
              conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
-             warn=print) -> dict | None:
+             warn=print, plots: Path | None = None) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
     row per class (name, images, instances, precision, recall, map50, map50_95).
-    `rect=False` letterboxes every image to imgsz x imgsz (slower: more padding)."""
+    `rect=False` letterboxes every image to imgsz x imgsz (slower: more padding).
+    `plots`: a folder for ultralytics' validation plots (plots.write_val_plots,
+    val_batchN_labels.jpg and val_batchN_pred.jpg)."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = read_weights(weights)
@@ -164,19 +176,58 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
-    s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end)
+    s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end, plots=plots is not None,
+                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots))
     if s is None:
         return None
-    images = np.zeros(w.nc, dtype=int)  # images holding the class
-    for labels in sets.labels:
-        images[np.unique(np.asarray(labels).reshape(-1, 5)[:, 0].astype(int))] += 1
+    if plots is not None:
+        from .plots import write_val_plots
+
+        write_val_plots(s, spec.names, plots)
+    return {"weights": str(weights), "data": str(data), "split": split, "imgsz": size,
+            **report(s, sets.labels, spec.names)}
+
+
+def report(s: dict, labels: list, names: list[str]) -> dict:
+    """A validation's summary (validate) as `table` shows it: images,
+    instances, precision, recall, map50, map50_95, and `classes`, one row per
+    class (name, images holding it, instances, P, R, mAP50, mAP50-95)."""
+    images = np.zeros(len(names), dtype=int)  # images holding the class
+    for lb in labels:
+        images[np.unique(np.asarray(lb).reshape(-1, 5)[:, 0].astype(int))] += 1
     classes = [{"class": name, "images": int(images[c]), "instances": s["per_class_instances"][c],
                 "precision": s["per_class_precision"][c], "recall": s["per_class_recall"][c],
                 "map50": s["per_class_ap50"][c], "map50_95": s["per_class_ap50_95"][c]}
-               for c, name in enumerate(spec.names)]
-    return {"weights": str(weights), "data": str(data), "split": split, "imgsz": size, "images": len(sets.paths),
-            "instances": int(sum(s["per_class_instances"])), "precision": s["precision"], "recall": s["recall"],
-            "map50": s["map50"], "map50_95": s["map50_95"], "classes": classes}
+               for c, name in enumerate(names)]
+    return {"images": len(labels), "instances": int(sum(s["per_class_instances"])), "precision": s["precision"],
+            "recall": s["recall"], "map50": s["map50"], "map50_95": s["map50_95"], "classes": classes}
+
+
+def batch_drawer(names: list[str], folder: Path, batches: int = 3):
+    """validate's on_batch that draws this rank's first `batches` batches as
+    ultralytics' val_batchN_labels.jpg and val_batchN_pred.jpg (predictions
+    above 0.25 confidence) in `folder`."""
+    from .plots import batch_grid
+
+    drawn = 0
+
+    def draw(imgs, metas, preds) -> None:
+        nonlocal drawn
+        if drawn >= batches:
+            return
+        labels = []
+        for gain, (left, top), (h0, w0), lb in metas:
+            lb = np.asarray(lb, np.float32).reshape(-1, 5)
+            xyxy = xywh2xyxy(torch.from_numpy(lb[:, 1:5])).numpy() * (w0, h0, w0, h0) * gain + (left, top, left, top)
+            labels.append((xyxy, lb[:, 0].astype(int), None))
+        kept = [p[p[:, 4] > 0.25].float().cpu().numpy() for p in preds]
+        x = imgs.numpy()
+        batch_grid(x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
+        batch_grid(x, [(p[:, :4], p[:, 5].astype(int), p[:, 4]) for p in kept], names,
+                   Path(folder) / f"val_batch{drawn}_pred.jpg")
+        drawn += 1
+
+    return draw
 
 
 def table(result: dict) -> str:

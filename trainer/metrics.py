@@ -304,3 +304,76 @@ class DetStats:
             "per_class_instances": [int(x) for x in r["n_gt"]],
             "conf_threshold": r["conf_threshold"],
         }
+
+
+# --------------------------------------------------------------------------- what the plots show
+
+CURVE_POINTS = np.linspace(0, 1, 1000)  # ultralytics' grid for its curves (confidence, or recall)
+
+
+def curves(state: dict, nc: int) -> dict:
+    """The curves of ultralytics' Box*_curve.png from a merged DetStats
+    state, at IoU 0.5: per class [nc, 1000] precision, recall and F1 over
+    confidence (x: CURVE_POINTS), and the precision envelope over recall
+    (`pr`, x: CURVE_POINTS); `present` [nc] marks classes with ground truth.
+    Recall and precision at a confidence come from the predictions at or
+    above it (interpolated between them, as ultralytics does)."""
+    tp = np.asarray(state["tp"], dtype=bool)
+    tp50 = tp[:, 0] if tp.ndim == 2 else tp
+    conf = np.asarray(state["conf"], dtype=np.float64)
+    pred_cls = np.asarray(state["pred_cls"]).astype(np.int64)
+    n_gt = np.bincount(np.asarray(state["target_cls"]).astype(np.int64), minlength=nc)
+    order, bounds = _split_by_class(pred_cls, conf, nc)
+    x = CURVE_POINTS
+    p, r, pr = np.zeros((nc, len(x))), np.zeros((nc, len(x))), np.zeros((nc, len(x)))
+    for c in np.flatnonzero(n_gt > 0):
+        idx = order[bounds[c]:bounds[c + 1]]
+        if not len(idx):
+            continue
+        tpc = np.cumsum(tp50[idx])
+        recall = tpc / n_gt[c]
+        precision = tpc / np.arange(1, len(idx) + 1)
+        r[c] = np.interp(-x, -conf[idx], recall, left=0)  # conf descends: interp wants x ascending
+        p[c] = np.interp(-x, -conf[idx], precision, left=1)
+        mrec = np.concatenate(([0.0], recall, [1.0]))
+        mpre = np.maximum.accumulate(np.concatenate(([1.0], precision, [0.0]))[::-1])[::-1]
+        pr[c] = np.interp(x, mrec, mpre)
+    return {"x": x, "precision": p, "recall": r, "f1": _f1(p, r), "pr": pr, "present": n_gt > 0}
+
+
+class ConfusionMatrix:
+    """Ultralytics' detection confusion matrix, [nc + 1, nc + 1]: rows the
+    predicted class, columns the true one, the last row and column the
+    background (a missed object; a detection of nothing). Detections above
+    `conf` are matched to objects of any class at IoU above `iou`, each
+    object and each detection at most once, the best IoU first."""
+
+    def __init__(self, nc: int, conf: float = 0.25, iou: float = 0.45):
+        self.nc, self.conf, self.iou = nc, conf, iou
+        self.matrix = np.zeros((nc + 1, nc + 1), dtype=np.int64)
+
+    def update(self, pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor) -> None:
+        """One image: pred [n, 6] (x1, y1, x2, y2, conf, cls), gt_boxes [m, 4], gt_cls [m]."""
+        pred = pred.detach().float().cpu().reshape(-1, 6)
+        pred = pred[pred[:, 4] > self.conf]
+        gt_cls = gt_cls.detach().cpu().reshape(-1).long().numpy()
+        pred_cls = pred[:, 5].long().numpy()
+        if not len(pred):
+            np.add.at(self.matrix, (self.nc, gt_cls), 1)
+            return
+        if not len(gt_cls):
+            np.add.at(self.matrix, (pred_cls, self.nc), 1)
+            return
+        iou = box_iou(gt_boxes.detach().float().cpu().reshape(-1, 4), pred[:, :4]).numpy()
+        gi, pi = np.nonzero(iou > self.iou)
+        pairs = np.stack([gi, pi, iou[gi, pi]], axis=1)
+        pairs = pairs[np.argsort(-pairs[:, 2], kind="stable")]
+        pairs = pairs[np.unique(pairs[:, 1], return_index=True)[1]]  # each detection's best object
+        pairs = pairs[np.argsort(-pairs[:, 2], kind="stable")]
+        pairs = pairs[np.unique(pairs[:, 0], return_index=True)[1]]  # each object's best detection
+        gi, pi = pairs[:, 0].astype(int), pairs[:, 1].astype(int)
+        np.add.at(self.matrix, (pred_cls[pi], gt_cls[gi]), 1)
+        missed = np.setdiff1d(np.arange(len(gt_cls)), gi)
+        np.add.at(self.matrix, (self.nc, gt_cls[missed]), 1)
+        spurious = np.setdiff1d(np.arange(len(pred_cls)), pi)
+        np.add.at(self.matrix, (pred_cls[spurious], self.nc), 1)

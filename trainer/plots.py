@@ -172,3 +172,195 @@ def save_image(img: np.ndarray, path: str | os.PathLike) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as f:
         pil.save(f, format=Image.registered_extensions()[path.suffix.lower()])
+
+
+# --------------------------------------------------------------------------- the plots ultralytics users read
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save_figure(fig, path: str | os.PathLike) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as f:
+        fig.savefig(f, format=Path(path).suffix.lstrip(".").replace("jpg", "jpeg"))
+
+
+def batch_grid(imgs: np.ndarray, drawn: list[tuple], names: list[str], path: str | os.PathLike,
+               max_images: int = 16, max_side: int = 1920) -> None:
+    """Up to `max_images` images of a batch (uint8 [B, 3, H, W]) in a square
+    grid, each with its boxes (`drawn`: per image (boxes xyxy pixels, classes,
+    confidences or None)), at most `max_side` pixels wide, as ultralytics'
+    train_batch and val_batch images."""
+    from PIL import Image
+
+    n = min(len(imgs), max_images)
+    if n == 0:
+        return
+    h, w = imgs.shape[2:]
+    cols = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    grid = np.full((rows * h, cols * w, 3), 255, np.uint8)
+    for k in range(n):
+        boxes, cls, conf = drawn[k]
+        tile = draw_detections(np.ascontiguousarray(imgs[k].transpose(1, 2, 0)), boxes, cls, conf, names)
+        r, c = divmod(k, cols)
+        grid[r * h:(r + 1) * h, c * w:(c + 1) * w] = tile
+    scale = min(1.0, max_side / max(grid.shape[:2]))
+    if scale < 1.0:
+        size = (round(grid.shape[1] * scale), round(grid.shape[0] * scale))
+        grid = np.asarray(Image.fromarray(grid).resize(size, Image.BILINEAR))
+    save_image(grid, path)
+
+
+def plot_confusion(matrix: np.ndarray, names: list[str], path: str | os.PathLike, normalize: bool) -> None:
+    """Ultralytics' confusion_matrix.png (counts) or
+    confusion_matrix_normalized.png (each true class's column summing to 1):
+    rows predicted, columns true, background last."""
+    m = matrix.astype(np.float64)
+    if normalize:
+        m = m / (m.sum(0, keepdims=True) + 1e-9)
+    shown = np.where(m < (0.005 if normalize else 1), np.nan, m)
+    labels = [*names, "background"]
+    side = max(6.0, 0.45 * len(labels) + 3)
+    fig = _figure(side, side * 0.85)
+    ax = fig.subplots()
+    im = ax.imshow(shown, cmap="Blues", vmin=0.0, vmax=1.0 if normalize else None)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    if len(labels) <= 30:
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        for (i, j), v in np.ndenumerate(m):
+            if not np.isnan(shown[i, j]):
+                text = f"{v:.2f}" if normalize else f"{int(v)}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                        color="white" if v > (0.5 if normalize else 0.5 * np.nanmax(shown)) else "black")
+    ax.set_xlabel("True")
+    ax.set_ylabel("Predicted")
+    ax.set_title("Confusion Matrix" + (" Normalized" if normalize else ""))
+    _save_figure(fig, path)
+
+
+def _smooth(y: np.ndarray, share: float = 0.05) -> np.ndarray:
+    """A box filter over `share` of the points, as ultralytics smooths its mean curves."""
+    k = round(len(y) * share * 2) // 2 + 1
+    padded = np.concatenate([np.full(k // 2, y[0]), y, np.full(k // 2, y[-1])])
+    return np.convolve(padded, np.ones(k) / k, mode="valid")
+
+
+def plot_curves(c: dict, names: list[str], folder: str | os.PathLike, map50: float) -> None:
+    """Ultralytics' BoxPR_curve.png, BoxF1_curve.png, BoxP_curve.png and
+    BoxR_curve.png in `folder`, from metrics.curves: one thin line per class
+    (up to 20 classes), the mean over classes with ground truth thick."""
+    folder = Path(folder)
+    x, present = c["x"], c["present"]
+    per_class = len(names) <= 20
+    # PR: precision over recall.
+    fig = _figure(9, 6)
+    ax = fig.subplots()
+    for k in np.flatnonzero(present) if per_class else ():
+        ax.plot(x, c["pr"][k], linewidth=1, label=f"{names[k]}")
+    mean_pr = c["pr"][present].mean(0) if present.any() else np.zeros_like(x)
+    ax.plot(x, mean_pr, linewidth=3, color="blue", label=f"all classes {map50:.3f} mAP@0.5")
+    ax.set(xlabel="Recall", ylabel="Precision", xlim=(0, 1), ylim=(0, 1), title="Precision-Recall Curve")
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", fontsize=8)
+    _save_figure(fig, folder / "BoxPR_curve.png")
+    # F1, P and R over confidence.
+    for key, label, name in (("f1", "F1", "BoxF1_curve.png"), ("precision", "Precision", "BoxP_curve.png"),
+                             ("recall", "Recall", "BoxR_curve.png")):
+        fig = _figure(9, 6)
+        ax = fig.subplots()
+        for k in np.flatnonzero(present) if per_class else ():
+            ax.plot(x, c[key][k], linewidth=1, label=f"{names[k]}")
+        mean = _smooth(c[key][present].mean(0)) if present.any() else np.zeros_like(x)
+        best = int(mean.argmax())
+        ax.plot(x, mean, linewidth=3, color="blue", label=f"all classes {mean[best]:.2f} at {x[best]:.3f}")
+        ax.set(xlabel="Confidence", ylabel=label, xlim=(0, 1), ylim=(0, 1), title=f"{label}-Confidence Curve")
+        ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", fontsize=8)
+        _save_figure(fig, folder / name)
+
+
+def write_val_plots(summary: dict, names: list[str], folder: str | os.PathLike) -> list[Path]:
+    """A validation's plots (evaluate.validate with plots=True) in `folder`,
+    by ultralytics' names; returns their paths."""
+    folder = Path(folder)
+    plot_confusion(summary["confusion"], names, folder / "confusion_matrix.png", normalize=False)
+    plot_confusion(summary["confusion"], names, folder / "confusion_matrix_normalized.png", normalize=True)
+    plot_curves(summary["curves"], names, folder, summary["map50"])
+    return [folder / n for n in ("confusion_matrix.png", "confusion_matrix_normalized.png", "BoxPR_curve.png",
+                                 "BoxF1_curve.png", "BoxP_curve.png", "BoxR_curve.png")]
+
+
+def plot_labels(labels: list[np.ndarray], names: list[str], path: str | os.PathLike) -> None:
+    """Ultralytics' labels.jpg: the training labels' instances per class,
+    their boxes drawn about one centre, and histograms of their centres
+    (x, y) and sizes (width, height), as fractions of the image."""
+    rows = np.concatenate([np.asarray(lb, np.float64).reshape(-1, 5) for lb in labels]) if labels else \
+        np.zeros((0, 5))
+    cls, xy, wh = rows[:, 0].astype(int), rows[:, 1:3], rows[:, 3:5]
+    fig = _figure(9, 9)
+    axes = fig.subplots(2, 2).ravel()
+    counts = np.bincount(cls, minlength=len(names))[:len(names)]
+    axes[0].bar(range(len(names)), counts, color=[np.array(PALETTE[k % len(PALETTE)]) / 255 for k in
+                                                  range(len(names))])
+    axes[0].set_ylabel("instances")
+    if len(names) <= 30:
+        axes[0].set_xticks(range(len(names)), names, rotation=90, fontsize=8)
+    shown = rows[:500]
+    for (c, _, _, w, h) in shown:
+        colour = np.array(PALETTE[int(c) % len(PALETTE)]) / 255
+        axes[1].add_patch(_rectangle((0.5 - w / 2, 0.5 - h / 2), w, h, colour))
+    axes[1].set(xlim=(0, 1), ylim=(0, 1), title=f"boxes ({len(shown)} of {len(rows)})", aspect="equal")
+    axes[1].axis("off")
+    for ax, (a, b), (xl, yl) in ((axes[2], xy.T, ("x", "y")), (axes[3], wh.T, ("width", "height"))):
+        ax.hist2d(a, b, bins=50, range=((0, 1), (0, 1)), cmap="Blues")
+        ax.set(xlabel=xl, ylabel=yl)
+    _save_figure(fig, path)
+
+
+def _rectangle(xy, w, h, colour):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle(xy, w, h, fill=False, edgecolor=colour, linewidth=0.6, alpha=0.5)
+
+
+class Background:
+    """Plots drawn off the training loop, one after another, on one daemon
+    thread: the loop only hands over the arrays. A plot that fails is a
+    warning, never a stopped run."""
+
+    def __init__(self):
+        import queue
+
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = None
+
+    def submit(self, fn, *args) -> None:
+        import threading
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._drain, name="plots", daemon=True)
+            self._thread.start()
+        self._queue.put((fn, args))
+
+    def wait(self) -> None:
+        """Draw what is queued; the next submit starts a new thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _drain(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - a plot must never stop training
+                print(f"hpcyolo: warning: {getattr(fn, '__name__', 'plot')} failed ({type(e).__name__}: {e})",
+                      flush=True)

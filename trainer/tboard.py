@@ -3,9 +3,10 @@
 An event file is a TFRecord stream of `Event` protocol buffers. The few
 messages a run needs (scalars, PNG images, the file version, a restart
 marker) are encoded here by hand: no tensorboard, tensorboardX or protobuf
-to install or import (tensorboard with its dependencies is some 30 MB and
-about a second of imports; this is 150 lines and nothing). TensorBoard
-itself, on a login node, reads the files from the shared run directory.
+to install or import (torch.utils.tensorboard needs tensorboard: about 60 MB
+with grpcio, protobuf and its data server, 0.23 s of imports after torch;
+this module takes 8 ms). TensorBoard itself, on a login node, reads the
+files from the shared run directory.
 
 Writing happens on a daemon thread fed by a queue: a training step only
 puts a small tuple on it and never waits for the file system.

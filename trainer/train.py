@@ -33,11 +33,12 @@ from .dataset import DataSpec, check_labels
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
 from .ema import ModelEMA
 from .errors import HpcyoloError
-from .evaluate import ValBatches, validate
+from .evaluate import ValBatches, batch_drawer, report, table, validate
 from .fsutil import write_atomic
 from .loss import DetectionLoss, EndToEndLoss
 from .model import ALIASES, build_model
 from .photometric import gains_of, hsv_jitter_batch
+from .plots import Background, plot_labels, write_val_plots
 from .preemption import CHECKPOINT
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from .preemption import NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision, StopFlag, mark_preempted
@@ -58,6 +59,9 @@ SHAPES_ENV = "HPCYOLO_STEP_SHAPES"
 # training time, and nothing else counts (RunClock).
 STEP_SECONDS_ENV = "HPCYOLO_STEP_SECONDS"
 BOARD_EVERY = 10  # optimizer steps between the running training losses in TensorBoard
+# The plots of a run directory (ultralytics' names, and val_pred_N.jpg), shown in TensorBoard at the end.
+PLOT_FILES = ("results.png", "labels.jpg", "train_batch*.jpg", "val_batch*.jpg", "confusion_matrix*.png",
+              "Box*_curve.png", "val_pred_*.jpg")
 
 
 def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
@@ -83,12 +87,18 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     if d.is_main and cfg.tensorboard:  # a requeued run's events from its resumed batch on replace the earlier ones
         done = pos.epoch * data.batches + pos.batch
         parts.board = StepLosses(EventWriter(run, None if state is None else done + 1), parts.loss_fn.names)
+    if d.is_main:
+        parts.drawings = Background()
+        if state is None:  # a new run: its training labels, as ultralytics' labels.jpg shows them
+            parts.drawings.submit(plot_labels, data.train_set.labels, data.names, run / "labels.jpg")
     print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
               f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
               f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
     try:
         return train_epochs(cfg, d, data, parts, pos, run, stop)
     finally:
+        if parts.drawings is not None:
+            parts.drawings.wait()
         if parts.board is not None:
             parts.board.close()
 
@@ -209,6 +219,7 @@ class Parts:
     writer: ckpt.Writer
     net: torch.nn.Module | None = None  # the model under DDP, once placed
     board: StepLosses | None = None  # rank 0's TensorBoard events (tboard.py), once the run directory is there
+    drawings: Background | None = None  # rank 0's plots, drawn off the loop
 
 
 @dataclass
@@ -378,6 +389,9 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
     last_step = pos.epoch * data.batches + pos.batch - 1
     for i, (imgs, targets, _, metas) in enumerate(meter.timed(train_batches, data.batches - pos.batch),
                                                    start=pos.batch):
+        if parts.drawings is not None and pos.epoch == 0 and i < 3:  # ultralytics' train_batch0..2.jpg
+            parts.drawings.submit(draw_train_batch, imgs.numpy().copy(), targets.numpy().copy(), data.names,
+                                  Path(cfg.run_dir) / f"train_batch{i}.jpg")
         imgs = device_batch(cfg, d, imgs, metas, pos.epoch * data.batches + i)
         record_shape(d, pos.epoch, i, imgs.shape)
         at = pos.epoch * data.batches + i  # the run's batch index: the warm-up and schedule follow it
@@ -462,7 +476,11 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
     broadcast_module(d, parts.ema.module)
     parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
-    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run)
+    # The plots of the run's last validation, as ultralytics draws them: the planned end, the
+    # time budget's, or patience's (its last epoch without a better fitness).
+    last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
+        (cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
+    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run, plots=last)
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
     fitness, seconds = gather_objects(d, (0.1 * metrics["map50"] + 0.9 * metrics["map50_95"],
                                           clock.seconds(pos.global_step)))[0]
@@ -482,6 +500,8 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         if parts.board is not None:  # results.csv's row, and each parameter group's learning rate
             lrs = {f"lr/pg{k}": g["lr"] for k, g in enumerate(parts.optimizer.param_groups)}
             parts.board.writer.scalars(pos.epoch, {**numbers(row), **lrs})
+        if last:
+            parts.drawings.submit(write_val_plots, metrics, data.names, run)
         names = ["last.pt", *(["best.pt"] if improved else [])]
         if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
             names.append(f"epoch{pos.epoch - 1}.pt")  # ultralytics' name: the epoch counted from 0
@@ -492,6 +512,8 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
               f"({box} {train_loss[0]:.3f} {cls} {train_loss[1]:.3f} {third} {train_loss[2]:.3f}) "
               f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
               f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
+        if last:  # per class, as ultralytics ends its training
+            print(table(report(metrics, data.val_batches.labels, data.names)), flush=True)
     # Rank 0's, which decides when the budget is spent: validation, checkpoint and weights.
     pos.end_seconds = max(pos.end_seconds, clock.phase() - started)
 
@@ -509,8 +531,9 @@ def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
         from .plots import plot_results
 
         plot_results(run / rundir.RESULTS, run / rundir.RESULTS_PLOT)
+        parts.drawings.wait()
         if parts.board is not None:
-            for path in (run / rundir.RESULTS_PLOT, *sorted(run.glob("val_pred_*.jpg"))):
+            for path in sorted(p for pattern in PLOT_FILES for p in run.glob(pattern)):
                 parts.board.writer.image(epoch, f"plots/{path.stem}", path)
     print0(d, f"done: results in {run}")
     if d.distributed:
@@ -869,19 +892,40 @@ def cache_folder(cfg: TrainConfig) -> Path:
     return Path(cfg.run_dir) / "cache"
 
 
-def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: list[str], run: Path) -> dict:
+def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: list[str], run: Path,
+                  plots: bool = False) -> dict:
     """The epoch's validation (evaluate.validate, as `hpcyolo val` measures);
-    rank 0 also draws the first cfg.val_images images with their predictions."""
+    rank 0 also draws the first cfg.val_images images with their predictions,
+    and with `plots` its first batches as val_batchN_labels.jpg and
+    val_batchN_pred.jpg (the metrics then hold what the other plots show)."""
     drawn = 0
+    batch_plots = batch_drawer(names, run) if plots else None
 
-    def draw(imgs, preds) -> None:
+    def draw(imgs, metas, preds) -> None:
         nonlocal drawn
         if drawn < cfg.val_images:
             drawn += draw_predictions(imgs, preds, names, run, drawn, cfg.val_images - drawn)
+        if batch_plots is not None:
+            batch_plots(imgs, metas, preds)
 
     metrics = validate(d, model, batches, workers=cfg.workers, on_batch=draw if d.is_main else None,
-                       worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")), end2end=cfg.end2end)
+                       worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")), end2end=cfg.end2end,
+                       plots=plots)
     return metrics or {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
+
+
+def draw_train_batch(imgs: np.ndarray, targets: np.ndarray, names: list[str], path: Path) -> None:
+    """A training batch as the loader made it (uint8 [B, 3, H, W]; targets
+    [M, 6]: index in batch, class, normalised cx, cy, w, h), with its boxes."""
+    from .plots import batch_grid
+
+    h, w = imgs.shape[2:]
+    drawn = []
+    for k in range(len(imgs)):
+        rows = targets[targets[:, 0] == k]
+        cx, cy, bw, bh = rows[:, 2] * w, rows[:, 3] * h, rows[:, 4] * w, rows[:, 5] * h
+        drawn.append((np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1), rows[:, 1].astype(int), None))
+    batch_grid(imgs, drawn, names, path)
 
 
 def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> int:

@@ -1,6 +1,6 @@
 """Commands for the job on the cluster, from a login node: validate, render,
-submit, run (the job on this machine), status, logs, cancel, doctor,
-make-dataset."""
+submit, run (the job on this machine), status, compare, logs, cancel,
+doctor, make-dataset."""
 
 from __future__ import annotations
 
@@ -193,6 +193,36 @@ def status(run: str) -> None:
     from hpcyolo.login.lifecycle import status as run_status
 
     click.echo(run_status(Path(run)))
+
+
+@main.command(short_help="Runs side by side: curves in one PNG, ranked by fitness.")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="compare.png", show_default=True,
+              help="The PNG to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ranking as JSON instead of a table.")
+def compare(runs: tuple[str, ...], output: str, as_json: bool) -> None:
+    """Compare RUNS: run directories, or folders of them (a sweep's runs).
+
+    Writes one PNG with every run's mAP50-95, mAP50 and training-loss curves
+    against epoch, and prints the runs ranked by their best fitness (0.1
+    mAP50 + 0.9 mAP50-95, ultralytics' measure) with the settings of their
+    config.yaml that differ between them.
+
+    \b
+    Examples:
+        hpcyolo compare ~/hpcyolo-runs/shapes-lr0_0.01 ~/hpcyolo-runs/shapes-lr0_0.02
+        hpcyolo compare ~/hpcyolo-runs -o sweep.png
+    """
+    import json
+    from pathlib import Path
+
+    from hpcyolo.login.compare import find_runs, plot, ranking, text_table
+
+    found = find_runs([Path(r) for r in runs])
+    rows = ranking(found)
+    plot(found, Path(output))
+    click.echo(json.dumps(rows) if as_json else text_table(rows))
+    click.echo(f"{len(found)} run(s); curves in {output}", err=True)
 
 
 @main.command(short_help="Print the log of the run's newest job.")

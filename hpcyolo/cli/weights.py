@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
@@ -57,8 +58,11 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--end2end", is_flag=True, help="YOLO26: the NMS-free one-to-one head, its 300 best boxes "
               "(ultralytics' nms=False); without it the one-to-many head and NMS, as ultralytics does by default.")
+@click.option("--plots", type=click.Path(file_okay=False), default=None, help="Also write ultralytics' validation "
+              "plots into this folder: confusion_matrix(_normalized).png, BoxPR/F1/P/R_curve.png, "
+              "val_batchN_labels.jpg beside val_batchN_pred.jpg.")
 def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf: float, iou: float,
-        rect: bool, as_json: bool, end2end: bool) -> None:
+        rect: bool, as_json: bool, end2end: bool, plots: str | None) -> None:
     """Measure WEIGHTS (hpcyolo's or an ultralytics checkpoint) on a dataset split.
 
     mAP50, mAP50-95, precision and recall, overall and per class, computed as
@@ -70,6 +74,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     Examples:
         hpcyolo val RUN/weights/best.pt --data shapes/data.yaml
         hpcyolo val yolov8n.pt --data coco.yaml --imgsz 640 --json
+        hpcyolo val RUN/weights/best.pt --data shapes/data.yaml --plots RUN/val
     """
 
     os.environ.update(this_process_vars(os.environ))
@@ -82,11 +87,14 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     d = setup()
     try:
         result = evaluate(d, weights, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,
-                          rect=rect, end2end=end2end, warn=lambda m: click.echo(m, err=True))
+                          rect=rect, end2end=end2end, warn=lambda m: click.echo(m, err=True),
+                          plots=None if plots is None else Path(plots))
     finally:
         cleanup()
     if result is None:  # not rank 0
         return
+    if plots is not None:
+        click.echo(f"plots in {plots}", err=True)
     if as_json:
         def clean(v):
             if isinstance(v, float):

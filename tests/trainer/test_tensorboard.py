@@ -1,7 +1,8 @@
 """TensorBoard: the event files rank 0 writes (hpcyolo_trainer.tboard, no
 TensorBoard library in the trainer) read back by TensorBoard's own
 EventAccumulator, against results.csv, for a run preempted mid-epoch and
-resumed: each epoch once, no step twice."""
+resumed: each epoch once, no step twice. And the plots such a run leaves,
+by ultralytics' names, each shown in TensorBoard too."""
 
 from __future__ import annotations
 
@@ -58,12 +59,20 @@ def train(run: Path, data: Path, extra_env=None) -> int:
     return launch(argv, 2, env=env)
 
 
-def test_a_preempted_and_resumed_run_shows_results_csv_each_epoch_once(tmp_path):
+PLOTS = ("results.png", "labels.jpg", "train_batch0.jpg", "train_batch1.jpg", "train_batch2.jpg",
+         "confusion_matrix.png", "confusion_matrix_normalized.png", "BoxPR_curve.png", "BoxF1_curve.png",
+         "BoxP_curve.png", "BoxR_curve.png", "val_batch0_labels.jpg", "val_batch0_pred.jpg")
+
+
+def test_a_preempted_and_resumed_run_shows_results_csv_each_epoch_once(tmp_path, capfd):
     data = make_shapes(tmp_path / "shapes", n_train=48, n_val=4, imgsz=64, classes=3, seed=0)
     run = tmp_path / "run"
     # 12 batches an epoch, one optimizer step each: stopped after step 17 (epoch 2, batch 5), resumed.
     assert train(run, data, {DRILL_ENV: "17"}) == EXIT_CODE
+    capfd.readouterr()
     assert train(run, data) == 0
+    out = capfd.readouterr().out
+    assert out.count("           class  images instances       P       R   mAP50 mAP50-95") == 1  # at the end
     files = sorted((run / tboard.FOLDER).iterdir())
     assert len(files) == 2 and all(f.name.startswith("events.out.tfevents.") for f in files)
     ea = accumulator(run / tboard.FOLDER)
@@ -80,5 +89,8 @@ def test_a_preempted_and_resumed_run_shows_results_csv_each_epoch_once(tmp_path)
     # written (it stopped at 17); the resumed job's are 20 and 30 (batches trained).
     steps = [e.step for e in ea.Scalars("train_step/box_loss")]
     assert steps == [10, 20, 30], steps
-    assert "plots/results" in ea.Tags()["images"]
-    assert ea.Images("plots/results")[0].width > 100
+    for name in PLOTS:
+        with Image.open(run / name) as im:
+            im.verify()
+        shown = ea.Images(f"plots/{Path(name).stem}")
+        assert len(shown) == 1 and shown[0].step == 3 and shown[0].width >= 64, name

@@ -1,0 +1,107 @@
+"""The plots ultralytics users read, by ultralytics' names: the confusion
+matrix and the P, R, F1 and PR curves of a validation (checked against the
+metrics they come from), and `hpcyolo val --plots`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from conftest import SHARED
+from PIL import Image
+
+from hpcyolo_trainer.metrics import ConfusionMatrix, DetStats, curves
+
+HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
+VAL_PLOTS = ("confusion_matrix.png", "confusion_matrix_normalized.png", "BoxPR_curve.png", "BoxF1_curve.png",
+             "BoxP_curve.png", "BoxR_curve.png")
+
+
+def test_the_confusion_matrix_counts_as_ultralytics_matrix_does():
+    m = ConfusionMatrix(nc=2)
+    gt = torch.tensor([[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]], dtype=torch.float32)
+    gt_cls = torch.tensor([0, 1, 0])
+    pred = torch.tensor([[0, 0, 10, 10, 0.9, 0],  # object 0, right class
+                         [1, 1, 10, 10, 0.8, 1],  # object 0 again: a detection of nothing (each object once)
+                         [20, 20, 30, 31, 0.7, 0],  # object 1 (class 1) taken for class 0
+                         [60, 60, 70, 70, 0.6, 1],  # nothing there
+                         [40, 40, 50, 50, 0.2, 0]])  # below conf 0.25: ignored, so object 2 is missed
+    m.update(pred, gt, gt_cls)
+    # rows predicted (0, 1, background), columns true (0, 1, background)
+    np.testing.assert_array_equal(m.matrix, [[1, 1, 0], [0, 0, 2], [1, 0, 0]])
+    m.update(torch.zeros((0, 6)), gt[:1], gt_cls[:1])  # an image without detections: its object missed
+    m.update(pred[:1], torch.zeros((0, 4)), torch.zeros(0))  # one without objects: a detection of nothing
+    np.testing.assert_array_equal(m.matrix, [[1, 1, 1], [0, 0, 2], [2, 0, 0]])
+
+
+def test_the_curves_at_their_points():
+    # One class, 2 objects; predictions at confidence 0.9 (hit), 0.6 (miss), 0.3 (hit).
+    state = {"tp": np.array([[1], [0], [1]], bool), "conf": np.array([0.9, 0.6, 0.3], np.float32),
+             "pred_cls": np.zeros(3, np.int32), "target_cls": np.zeros(2, np.int32)}
+    c = curves(state, 1)
+    at = {round(float(x), 3): k for k, x in enumerate(c["x"])}
+    k = at[round(float(c["x"][np.abs(c["x"] - 0.6).argmin()]), 3)]
+    assert c["recall"][0, 0] == 1.0 and c["precision"][0, 0] == 2 / 3  # at confidence 0: every prediction
+    assert abs(c["recall"][0, k] - 0.5) < 0.01 and abs(c["precision"][0, k] - 0.5) < 0.01  # at 0.6
+    assert c["recall"][0, -1] == 0.0  # above every prediction: nothing found
+    assert c["pr"][0, 0] == 1.0 and abs(c["pr"][0, 750] - 2 / 3) < 1e-9  # the envelope at recall 0.75
+
+
+def test_a_model_that_finds_nothing_still_gets_its_plots(tmp_path):
+    from hpcyolo_trainer.plots import write_val_plots
+
+    state = DetStats().state()  # no predictions at all
+    state["target_cls"] = np.array([0, 1, 1], np.int32)
+    c = curves(state, 2)
+    assert c["present"].tolist() == [True, True] and not c["precision"].any() and not c["recall"].any()
+    m = ConfusionMatrix(2)
+    m.update(torch.zeros((0, 6)), torch.tensor([[0, 0, 5, 5], [5, 5, 9, 9]]).float(), torch.tensor([0, 1]))
+    written = write_val_plots({"confusion": m.matrix, "curves": c, "map50": 0.0}, ["a", "b"], tmp_path)
+    assert [p.name for p in written] == list(VAL_PLOTS) and all(p.stat().st_size > 1000 for p in written)
+
+
+def test_the_plots_agree_with_the_metrics_and_hpcyolo_val_writes_them(tmp_path):
+    """Ultralytics' yolov8n fixture on its shapes set: the confusion matrix
+    counts every object once, the PR curve's area is the mAP50, the F1
+    curve's peak is the mean F1 where P and R are reported."""
+    from hpcyolo_trainer.dist import Dist
+    from hpcyolo_trainer.evaluate import ValBatches, validate
+    from hpcyolo_trainer.weights import build_from, read_weights
+
+    w = read_weights(FIXTURE / "model.pt")
+    model = build_from(w)
+    files = sorted((FIXTURE / "images" / "val").iterdir()) if (FIXTURE / "images" / "val").is_dir() else None
+    if files is None:
+        from hpcyolo_trainer.data import load_data_spec
+
+        files = load_data_spec(str(FIXTURE / "data.yaml")).val
+    batches = ValBatches(files, w.nc, 160, 16)
+    s = validate(Dist(0, 0, 1, torch.device("cpu")), model, batches, plots=True)
+    instances = sum(len(np.asarray(lb).reshape(-1, 5)) for lb in batches.labels)
+    m = s["confusion"]
+    assert m[:, :w.nc].sum() == instances == sum(s["per_class_instances"])
+    assert (m[:w.nc, :w.nc].argmax(0) == np.arange(w.nc)).all()  # a trained model: each class mostly itself
+    c = s["curves"]
+    mean_pr = c["pr"][c["present"]].mean(0)
+    area = float(((mean_pr[1:] + mean_pr[:-1]) / 2 * np.diff(c["x"])).sum())
+    assert abs(area - s["map50"]) < 0.01, (area, s["map50"])
+    p, r = np.array(s["per_class_precision"]), np.array(s["per_class_recall"])  # at the max-mean-F1 confidence
+    best = float(np.mean(2 * p * r / (p + r)))
+    assert abs(c["f1"][c["present"]].mean(0).max() - best) < 0.02, best  # the curve's peak, on its grid
+
+    out = tmp_path / "plots"
+    r = subprocess.run([HPCYOLO, "val", str(FIXTURE / "model.pt"), "--data", str(FIXTURE / "data.yaml"),
+                        "--imgsz", "160", "--plots", str(out), "--json"], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["map50"] > 0.5 and f"plots in {out}" in r.stderr
+    for name in [*VAL_PLOTS, "val_batch0_labels.jpg", "val_batch0_pred.jpg"]:
+        with Image.open(out / name) as im:
+            im.verify()
+            assert min(im.size) >= 300, name
