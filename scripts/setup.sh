@@ -36,8 +36,9 @@ python=${PYTHON:-python3}
 # torch==2.13.0 exactly: these machines carry its CPU build locally, while a
 # bare "torch" requirement would pull gigabytes of CUDA wheels.
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-# The export extra (onnx, onnxruntime) too: the test suite checks `hpcyolo export`.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,export]'
+# The export, mlflow and wandb extras too: the test suite checks `hpcyolo export` and
+# reads the trackers' offline runs back with their own clients.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,export,mlflow,wandb]'
 # Bytecode for the editable sources, as a wheel install would have it (some
 # environments set PYTHONDONTWRITEBYTECODE, which makes every start recompile).
 .venv/bin/python -m compileall -q hpcyolo trainer >/dev/null

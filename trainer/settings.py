@@ -350,6 +350,16 @@ SETTINGS: tuple[Setting, ...] = (
       "the running training losses every 10 optimizer steps, the plots at the end; a requeued run continues the "
       "same curves (`tensorboard --logdir RUN` on a login node).", False, "what is logged beside the run",
       key="train.tensorboard", flag="--tensorboard/--no-tensorboard"),
+    S("mlflow", None, str | None, "MLflow tracking (pip install 'hpcyolo[mlflow]'): `local` logs to a store in the "
+      "run directory (RUN/mlruns; `mlflow ui --backend-store-uri RUN/mlruns` on a login node), anything else is a "
+      "tracking URI; the resolved config, world size and Slurm job ids once, every results.csv column per epoch, "
+      "the plots at the end; a requeued job continues the same MLflow run; empty: off.", False,
+      "what is logged beside the run", key="train.mlflow", flag="--mlflow"),
+    S("wandb", None, str | None, "Weights & Biases in offline mode (pip install 'hpcyolo[wandb]'): the project "
+      "name; the run is written into RUN/wandb with no network use (WANDB_MODE=online in the environment logs live), "
+      "what MLflow gets, and the run's end prints the `wandb sync` command for a login node; a requeued job "
+      "continues the same W&B run; empty: off.", False, "what is logged beside the run", key="train.wandb",
+      flag="--wandb"),
     S("log_every", 30.0, float, "Seconds between progress lines in batch logs.", False,
       "how often progress is logged", check_non_negative),
 )

@@ -49,6 +49,7 @@ from .schedule import Schedule, build_optimizer, warmup_batches_for
 from .settings import TrainConfig
 from .syncbn import normalise_across_ranks
 from .tboard import EventWriter, StepLosses
+from .tracking import Tracking, check_installed
 from .weights import Weights, load_into, read_weights
 
 NO_STOP = Decision(NONE)
@@ -69,6 +70,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     run = Path(cfg.run_dir)
     settings = rundir.settings(cfg.to_dict())
     rundir.check_continues(run, settings)  # before anything is written, and before the rendezvous
+    check_installed(settings)  # a tracker asked for and not installed: one line, before anything runs
     d = setup(cfg.dist_timeout)
     cfg = replace(cfg, workers=loader_workers(cfg.workers, d, say_ranks(d)))
     seed_all(cfg.seed + d.rank)
@@ -87,6 +89,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     if d.is_main and cfg.tensorboard:  # a requeued run's events from its resumed batch on replace the earlier ones
         done = pos.epoch * data.batches + pos.batch
         parts.board = StepLosses(EventWriter(run, None if state is None else done + 1), parts.loss_fn.names)
+    if d.is_main and (cfg.mlflow or cfg.wandb):
+        parts.tracking = Tracking(run, cfg.mlflow, cfg.wandb, {**cfg.to_dict(), "world_size": d.world_size})
     if d.is_main:
         parts.drawings = Background()
         if state is None:  # a new run: its training labels, as ultralytics' labels.jpg shows them
@@ -94,13 +98,18 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
               f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
               f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
+    code = None
     try:
-        return train_epochs(cfg, d, data, parts, pos, run, stop)
+        code = train_epochs(cfg, d, data, parts, pos, run, stop)
+        return code
     finally:
         if parts.drawings is not None:
             parts.drawings.wait()
         if parts.board is not None:
             parts.board.close()
+        if parts.tracking is not None:
+            for line in parts.tracking.close(finished=code == 0):
+                print(line, flush=True)
 
 
 def train_epochs(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, run: Path,
@@ -219,6 +228,7 @@ class Parts:
     writer: ckpt.Writer
     net: torch.nn.Module | None = None  # the model under DDP, once placed
     board: StepLosses | None = None  # rank 0's TensorBoard events (tboard.py), once the run directory is there
+    tracking: Tracking | None = None  # rank 0's MLflow and W&B runs (tracking.py)
     drawings: Background | None = None  # rank 0's plots, drawn off the loop
 
 
@@ -497,9 +507,11 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     if d.is_main:
         row = write_results(run, pos.epoch - 1, train_loss, parts.loss_fn.names, metrics,
                             parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
-        if parts.board is not None:  # results.csv's row, and each parameter group's learning rate
-            lrs = {f"lr/pg{k}": g["lr"] for k, g in enumerate(parts.optimizer.param_groups)}
-            parts.board.writer.scalars(pos.epoch, {**numbers(row), **lrs})
+        # results.csv's row, and each parameter group's learning rate
+        values = {**numbers(row), **{f"lr/pg{k}": g["lr"] for k, g in enumerate(parts.optimizer.param_groups)}}
+        for sink in (parts.board and parts.board.writer, parts.tracking):
+            if sink is not None:
+                sink.scalars(pos.epoch, values)
         if last:
             parts.drawings.submit(write_val_plots, metrics, data.names, run)
         names = ["last.pt", *(["best.pt"] if improved else [])]
@@ -532,9 +544,10 @@ def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
 
         plot_results(run / rundir.RESULTS, run / rundir.RESULTS_PLOT)
         parts.drawings.wait()
-        if parts.board is not None:
-            for path in sorted(p for pattern in PLOT_FILES for p in run.glob(pattern)):
-                parts.board.writer.image(epoch, f"plots/{path.stem}", path)
+        for path in sorted(p for pattern in PLOT_FILES for p in run.glob(pattern)):
+            for sink in (parts.board and parts.board.writer, parts.tracking):
+                if sink is not None:
+                    sink.image(epoch, f"plots/{path.stem}", path)
     print0(d, f"done: results in {run}")
     if d.distributed:
         # Rank 0 draws the plot above while the others are done: none leaves

@@ -195,7 +195,7 @@ def status(run: str) -> None:
     click.echo(run_status(Path(run)))
 
 
-@main.command(short_help="Runs side by side: curves in one PNG, ranked by fitness.")
+@main.command(short_help="Runs side by side: curves and a ranking.")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="compare.png", show_default=True,
               help="The PNG to write.")

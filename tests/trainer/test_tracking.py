@@ -1,0 +1,121 @@
+"""MLflow and W&B, offline: a two-rank run preempted mid-epoch and resumed,
+in a network namespace of its own whose one interface is loopback (the
+ranks' rendezvous): no network reachable, so none is used. Read back with
+MLflow's own client, and W&B's offline files with W&B's own record types:
+one tracking run across both jobs, the parameters once, each epoch's
+metrics once and equal to results.csv."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpcyolo.login.shapes import make_shapes
+from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
+
+HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+
+# Runs inside `unshare -n`: loopback up (the rendezvous), then the two jobs.
+JOBS = textwrap.dedent("""
+    import fcntl, json, os, socket, struct, sys
+    from hpcyolo.node.local import launch
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]  # SIOCGIFFLAGS
+    fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))  # SIOCSIFFLAGS: IFF_UP
+    interfaces = [name for _, name in socket.if_nameindex()]
+    argv, drill = json.loads(sys.argv[1]), sys.argv[2]
+    env = {k: v for k, v in os.environ.items() if k != drill} | {"OMP_NUM_THREADS": "1"}
+    codes = [launch(argv, 2, env={**env, drill: "7"}), launch(argv, 2, env=env)]
+    print("RESULT", json.dumps({"interfaces": interfaces, "codes": codes}))
+""")
+
+
+def wandb_history(path: str) -> list[dict]:
+    """The history records of a .wandb file: W&B's header, then records
+    framed as in a LevelDB log (32 KiB blocks; crc, length, type), each a
+    wandb_internal_pb2.Record."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B"
+    pos, out, pending = 7, [], b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # a block's trailer
+            pos += left
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = pb.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                out.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+    return out
+
+
+def test_a_tracker_not_installed_is_one_line_before_anything_runs(monkeypatch):
+    from hpcyolo_trainer import tracking
+    from hpcyolo_trainer.errors import HpcyoloError
+
+    monkeypatch.setitem(tracking.EXTRAS, "wandb", "no_such_module_here")
+    tracking.check_installed({"mlflow": None, "wandb": None})  # off: nothing needed
+    with pytest.raises(HpcyoloError, match=r"^train.wandb \(proj\): the no_such_module_here package is not "
+                                           r"installed; pip install 'hpcyolo\[no_such_module_here\]'$"):
+        tracking.check_installed({"wandb": "proj"})
+
+
+def test_mlflow_and_wandb_offline_continue_one_run_across_a_requeue(tmp_path):
+    import mlflow  # noqa: F401 - the extras the test needs
+
+    data = make_shapes(tmp_path / "shapes", n_train=24, n_val=4, imgsz=64, classes=3, seed=0)
+    run = tmp_path / "run"
+    argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(data), "--model", "n", "--epochs", "3",
+            "--batch", "4", "--nbs", "4", "--imgsz", "64", "--workers", "1", "--close-mosaic", "1",
+            "--mlflow", "local", "--wandb", "shapes-sweep"]
+    r = subprocess.run(["unshare", "-n", sys.executable, "-c", JOBS, json.dumps(argv), DRILL_ENV],
+                       capture_output=True, text=True, timeout=900)
+    result = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result == {"interfaces": ["lo"], "codes": [EXIT_CODE, 0]}, r.stderr[-3000:]
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    assert len(rows) == 3
+    state = json.loads((run / "tracking.json").read_text())
+    assert r.stdout.count(f"wandb sync {run.resolve() / 'wandb'}/offline-run-*-{state['wandb']['id']}") == 2
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient((run / "mlruns").resolve().as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("hpcyolo").experiment_id])
+    assert [x.info.run_id for x in runs] == [state["mlflow"]["run_id"]]  # one run for both jobs
+    (only,) = runs
+    assert only.info.status == "FINISHED" and only.data.tags["slurm_jobs"] == "local,local"
+    params = only.data.params
+    assert (params["world_size"], params["epochs"], params["batch"], params["optimizer"]) == ("2", "3", "4", "auto")
+    for column in ("metrics/mAP50-95", "train/box_loss", "metrics/precision"):
+        history = client.get_metric_history(only.info.run_id, column)
+        assert sorted(m.step for m in history) == [1, 2, 3], column  # each epoch once
+        assert [m.value for m in sorted(history, key=lambda m: m.step)] == \
+            pytest.approx([float(r[column]) for r in rows], abs=1e-6)
+    assert "plots/BoxPR_curve.png" in [a.path for a in client.list_artifacts(only.info.run_id, "plots")]
+
+    offline = sorted(glob.glob(str(run / "wandb" / f"offline-run-*-{state['wandb']['id']}")))
+    assert len(offline) == 2  # one per job, the same W&B run
+    history = [h for d in offline for h in wandb_history(glob.glob(f"{d}/*.wandb")[0]) if "metrics/mAP50-95" in h]
+    assert [h["_step"] for h in history] == [1, 2, 3]
+    assert [h["metrics/mAP50-95"] for h in history] == pytest.approx([float(r["metrics/mAP50-95"]) for r in rows],
+                                                                      abs=1e-6)
