@@ -346,14 +346,14 @@ SETTINGS: tuple[Setting, ...] = (
     S("val_images", 4, int, "Validation images drawn with predictions each epoch.", False,
       "how many validation images are drawn", check_non_negative),
     S("tensorboard", True, bool, "TensorBoard event files in the run directory's tensorboard/, written by rank 0 "
-      "off the training loop: every results.csv column and the learning rate of each parameter group per epoch, "
+      "off the training loop: each epoch's results (every column) and the learning rate of each parameter group, "
       "the running training losses every 10 optimizer steps, the plots at the end; a requeued run continues the "
       "same curves (`tensorboard --logdir RUN` on a login node).", False, "what is logged beside the run",
       key="train.tensorboard", flag="--tensorboard/--no-tensorboard"),
     S("mlflow", None, str | None, "MLflow tracking (pip install 'hpcyolo[mlflow]'): `local` logs to a store in the "
       "run directory (RUN/mlruns; `mlflow ui --backend-store-uri RUN/mlruns` on a login node), anything else is a "
-      "tracking URI; the resolved config, world size and Slurm job ids once, every results.csv column per epoch, "
-      "the plots at the end; a requeued job continues the same MLflow run; empty: off.", False,
+      "tracking URI; the resolved config, world size and Slurm job ids once, every column of each epoch's "
+      "results, the plots at the end; a requeued job continues the same MLflow run; empty: off.", False,
       "what is logged beside the run", key="train.mlflow", flag="--mlflow"),
     S("wandb", None, str | None, "Weights & Biases in offline mode (pip install 'hpcyolo[wandb]'): the project "
       "name; the run is written into RUN/wandb with no network use (WANDB_MODE=online in the environment logs live), "

@@ -60,9 +60,6 @@ SHAPES_ENV = "HPCYOLO_STEP_SHAPES"
 # training time, and nothing else counts (RunClock).
 STEP_SECONDS_ENV = "HPCYOLO_STEP_SECONDS"
 BOARD_EVERY = 10  # optimizer steps between the running training losses in TensorBoard
-# The plots of a run directory (ultralytics' names, and val_pred_N.jpg), shown in TensorBoard at the end.
-PLOT_FILES = ("results.png", "labels.jpg", "train_batch*.jpg", "val_batch*.jpg", "confusion_matrix*.png",
-              "Box*_curve.png", "val_pred_*.jpg")
 
 
 def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
@@ -544,7 +541,7 @@ def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
 
         plot_results(run / rundir.RESULTS, run / rundir.RESULTS_PLOT)
         parts.drawings.wait()
-        for path in sorted(p for pattern in PLOT_FILES for p in run.glob(pattern)):
+        for path in sorted(p for pattern in rundir.PLOT_FILES for p in run.glob(pattern)):
             for sink in (parts.board and parts.board.writer, parts.tracking):
                 if sink is not None:
                     sink.image(epoch, f"plots/{path.stem}", path)

@@ -36,7 +36,7 @@ class Run:
 
     @property
     def fitness(self) -> list[float]:
-        return [0.1 * a + 0.9 * b for a, b in zip(self.column("metrics/mAP50"), self.column("metrics/mAP50-95"))]
+        return [0.1 * a + 0.9 * b for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
 
     @property
     def best(self) -> int:
@@ -97,7 +97,7 @@ def ranking(runs: list[Run]) -> list[dict]:
     for r in runs:
         b = r.best
         table.append({"run": r.name, "path": str(r.path), "fitness": r.fitness[b], "epoch": int(r.rows[b]["epoch"]),
-                      "map50": r.column("metrics/mAP50")[b], "map50_95": r.column("metrics/mAP50-95")[b],
+                      "map50": r.column(rundir.MAP50)[b], "map50_95": r.column(rundir.MAP50_95)[b],
                       "epochs": len(r.rows), "settings": {k: r.config.get(k) for k in keys}})
     return sorted(table, key=lambda row: -row["fitness"])
 
@@ -124,7 +124,7 @@ def plot(runs: list[Run], path: Path) -> None:
     from hpcyolo_trainer.fsutil import atomic_file
 
     losses = [c for c in runs[0].rows[0] if c.startswith("train/")]
-    panels = ["metrics/mAP50-95", "metrics/mAP50", *losses]
+    panels = [rundir.MAP50_95, rundir.MAP50, *losses]
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(5 * cols, 3.6 * rows + 0.6), dpi=100, layout="constrained")

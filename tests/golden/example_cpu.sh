@@ -75,8 +75,8 @@ trap 'terminated=1' TERM
 set +e
 exec 3>&1
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 --cpus-per-task=128 \
-    hpcyolo train --run-dir "$RUN_DIR" --data "$DATA" --model s --epochs 50 --save-every 500 --keep 2 \
-    --signal USR2 --dist-timeout 600 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
+    hpcyolo train --run-dir "$RUN_DIR" --data "$DATA" --model s --epochs 50 --batch 64 --workers 4 \
+    --save-every 500 --keep 2 --signal USR2 --dist-timeout 600 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
 status=${PIPESTATUS[0]}
 exec 3>&-
 set -e

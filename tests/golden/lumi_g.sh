@@ -87,8 +87,8 @@ set +e
 exec 3>&1
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 \
     singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo train \
-    --run-dir "$RUN_DIR" --data "$DATA" --model s --epochs 50 --save-every 500 --keep 2 --signal USR2 \
-    --dist-timeout 600 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
+    --run-dir "$RUN_DIR" --data "$DATA" --model s --epochs 50 --batch 64 --workers 4 --save-every 500 \
+    --keep 2 --signal USR2 --dist-timeout 600 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
 status=${PIPESTATUS[0]}
 exec 3>&-
 set -e
