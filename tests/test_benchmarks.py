@@ -28,6 +28,7 @@ SMOKES = [
     ("bench_trainer.py", ["--runs", "1", "--batches", "4"], "RAM cache, 2 ranks on one node"),
     ("bench_rect_val.py", ["--runs", "1", "--imgsz", "160"], "ratio rect / square"),
     ("bench_finetune.py", ["--epochs", "1", "--train", "16"], "mAP50-95 gained by starting from"),
+    ("bench_logging.py", ["--runs", "1", "--epochs", "2", "--train", "32"], "per-epoch time on / off"),
     ("bench_mosaic_partners.py", ["--sets", "1", "--seeds", "1", "--epochs", "2", "--train", "32"],
      "seed spread"),
     ("bench_ultralytics_train.py", ["--skip-ultralytics", "--epochs", "1", "--train", "16", "--seeds", "1",

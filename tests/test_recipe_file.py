@@ -52,7 +52,8 @@ def test_the_fixtures_args_yaml_reads_as_its_run():
     assert (taken["batch"], taken["nbs"], taken["imgsz"], taken["close_mosaic"]) == (32, 32, 160, 3)
     assert taken["amp"] is False
     assert taken["cache"] == "none" and "end2end" not in taken  # nms: null is ultralytics' default path
-    assert {"project", "name", "device", "plots", "exist_ok", "save_dir", "conf", "iou", "format"} <= set(ignored)
+    assert {"project", "name", "device", "exist_ok", "save_dir", "conf", "iou", "format"} <= set(ignored)
+    assert taken["plots"] is False  # that run drew none: neither will this one
 
 
 @pytest.mark.parametrize("line,key,words", [

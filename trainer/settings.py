@@ -345,6 +345,10 @@ SETTINGS: tuple[Setting, ...] = (
       "values are compared, as the settings they set)", key="train.cfg", flag="--cfg", path="file"),
     S("val_images", 4, int, "Validation images drawn with predictions each epoch.", False,
       "how many validation images are drawn", check_non_negative),
+    U("plots", True, bool, "Draw ultralytics' plots into the run directory (rank 0, on a thread beside the loop): "
+      "labels.jpg and train_batch0..2.jpg at a new run's start; from the last validation confusion_matrix.png and "
+      "confusion_matrix_normalized.png, BoxPR/F1/P/R_curve.png, val_batchN_labels.jpg and val_batchN_pred.jpg.",
+      False, "what is drawn beside the run"),
     S("tensorboard", True, bool, "TensorBoard event files in the run directory's tensorboard/, written by rank 0 "
       "off the training loop: each epoch's results (every column) and the learning rate of each parameter group, "
       "the running training losses every 10 optimizer steps, the plots at the end; a requeued run continues the "

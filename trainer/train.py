@@ -88,7 +88,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         parts.board = StepLosses(EventWriter(run, None if state is None else done + 1), parts.loss_fn.names)
     if d.is_main and (cfg.mlflow or cfg.wandb):
         parts.tracking = Tracking(run, cfg.mlflow, cfg.wandb, {**cfg.to_dict(), "world_size": d.world_size})
-    if d.is_main:
+    if d.is_main and cfg.plots:
         parts.drawings = Background()
         if state is None:  # a new run: its training labels, as ultralytics' labels.jpg shows them
             parts.drawings.submit(plot_labels, data.train_set.labels, data.names, run / "labels.jpg")
@@ -487,7 +487,7 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     # time budget's, or patience's (its last epoch without a better fitness).
     last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
         (cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
-    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run, plots=last)
+    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run, plots=last and cfg.plots)
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
     fitness, seconds = gather_objects(d, (0.1 * metrics["map50"] + 0.9 * metrics["map50_95"],
                                           clock.seconds(pos.global_step)))[0]
@@ -509,7 +509,7 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         for sink in (parts.board and parts.board.writer, parts.tracking):
             if sink is not None:
                 sink.scalars(pos.epoch, values)
-        if last:
+        if last and parts.drawings is not None:  # the last validation's plots, as ultralytics draws them
             parts.drawings.submit(write_val_plots, metrics, data.names, run)
         names = ["last.pt", *(["best.pt"] if improved else [])]
         if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
@@ -539,8 +539,9 @@ def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
         # ranks waiting about a second per epoch (and a signal unanswered).
         from .plots import plot_results
 
+        if parts.drawings is not None:
+            parts.drawings.wait()  # matplotlib draws in one thread at a time
         plot_results(run / rundir.RESULTS, run / rundir.RESULTS_PLOT)
-        parts.drawings.wait()
         for path in sorted(p for pattern in rundir.PLOT_FILES for p in run.glob(pattern)):
             for sink in (parts.board and parts.board.writer, parts.tracking):
                 if sink is not None:
