@@ -203,13 +203,15 @@ def report(s: dict, labels: list, names: list[str]) -> dict:
             "recall": s["recall"], "map50": s["map50"], "map50_95": s["map50_95"], "classes": classes}
 
 
-def batch_drawer(names: list[str], folder: Path, batches: int = 3):
+def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None):
     """validate's on_batch that draws this rank's first `batches` batches as
     ultralytics' val_batchN_labels.jpg and val_batchN_pred.jpg (predictions
-    above 0.25 confidence) in `folder`."""
+    above 0.25 confidence) in `folder`; `run(fn, *args)` draws (the trainer
+    hands its plot thread's submit; default: at once)."""
     from .plots import batch_grid
 
     drawn = 0
+    run = run or (lambda fn, *args: fn(*args))
 
     def draw(imgs, metas, preds) -> None:
         nonlocal drawn
@@ -221,10 +223,10 @@ def batch_drawer(names: list[str], folder: Path, batches: int = 3):
             xyxy = xywh2xyxy(torch.from_numpy(lb[:, 1:5])).numpy() * (w0, h0, w0, h0) * gain + (left, top, left, top)
             labels.append((xyxy, lb[:, 0].astype(int), None))
         kept = [p[p[:, 4] > 0.25].float().cpu().numpy() for p in preds]
-        x = imgs.numpy()
-        batch_grid(x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
-        batch_grid(x, [(p[:, :4], p[:, 5].astype(int), p[:, 4]) for p in kept], names,
-                   Path(folder) / f"val_batch{drawn}_pred.jpg")
+        x = imgs.numpy().copy()  # the loader's batch: drawn maybe later
+        run(batch_grid, x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
+        run(batch_grid, x, [(p[:, :4], p[:, 5].astype(int), p[:, 4]) for p in kept], names,
+            Path(folder) / f"val_batch{drawn}_pred.jpg")
         drawn += 1
 
     return draw

@@ -487,7 +487,8 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     # time budget's, or patience's (its last epoch without a better fitness).
     last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
         (cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
-    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run, plots=last and cfg.plots)
+    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
+                            plots=last and cfg.plots, drawings=parts.drawings)
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
     fitness, seconds = gather_objects(d, (0.1 * metrics["map50"] + 0.9 * metrics["map50_95"],
                                           clock.seconds(pos.global_step)))[0]
@@ -509,13 +510,13 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         for sink in (parts.board and parts.board.writer, parts.tracking):
             if sink is not None:
                 sink.scalars(pos.epoch, values)
-        if last and parts.drawings is not None:  # the last validation's plots, as ultralytics draws them
-            parts.drawings.submit(write_val_plots, metrics, data.names, run)
         names = ["last.pt", *(["best.pt"] if improved else [])]
         if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
             names.append(f"epoch{pos.epoch - 1}.pt")  # ultralytics' name: the epoch counted from 0
         for name in names:
             save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.names)
+        if last and parts.drawings is not None:  # the last validation's plots, after its weights
+            parts.drawings.submit(write_val_plots, metrics, data.names, run)
         box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
         print(f"epoch {pos.epoch}/{pos.epochs}: loss {train_loss.sum():.3f} "
               f"({box} {train_loss[0]:.3f} {cls} {train_loss[1]:.3f} {third} {train_loss[2]:.3f}) "
@@ -904,13 +905,14 @@ def cache_folder(cfg: TrainConfig) -> Path:
 
 
 def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: list[str], run: Path,
-                  plots: bool = False) -> dict:
+                  plots: bool = False, drawings: Background | None = None) -> dict:
     """The epoch's validation (evaluate.validate, as `hpcyolo val` measures);
     rank 0 also draws the first cfg.val_images images with their predictions,
-    and with `plots` its first batches as val_batchN_labels.jpg and
-    val_batchN_pred.jpg (the metrics then hold what the other plots show)."""
+    and with `plots` (every rank alike) its first batches as
+    val_batchN_labels.jpg and val_batchN_pred.jpg, on its plot thread
+    `drawings` (the metrics then hold what the other plots show)."""
     drawn = 0
-    batch_plots = batch_drawer(names, run) if plots else None
+    batch_plots = batch_drawer(names, run, run=drawings.submit) if plots and drawings is not None else None
 
     def draw(imgs, metas, preds) -> None:
         nonlocal drawn
