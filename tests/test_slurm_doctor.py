@@ -141,3 +141,16 @@ def test_signal_self_test_passes_on_the_testbed(slurm_env, tmp_path):
     assert "PASS  signal             SIGUSR2 reached the task through srun" in r.stdout
     assert "PASS  requeue            scontrol requeue worked" in r.stdout
     assert not any((tmp_path / "runs").iterdir())  # nothing left behind after a pass
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_a_slow_gemm_is_named_and_fails_only_on_gpus(cuda):
+    from hpcyolo.node.preflight import slow_ranks
+
+    times = [("node1", 0, 0.005), ("node1", 1, 0.006), ("node2", 2, 0.0055), ("node2", 3, 0.0136)]
+    line, ok = slow_ranks(times, cuda)
+    assert "median 6.0 ms per rank; SLOW rank 3 on node2: 13.6 ms" in line
+    assert ok is (not cuda)
+    assert ("not counted as a failure" in line) is (not cuda)
+    line, ok = slow_ranks(times[:3], cuda)
+    assert ok and "SLOW" not in line
