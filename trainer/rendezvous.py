@@ -78,3 +78,18 @@ def _raise_if_port_taken(e: RuntimeError) -> None:
     if "address already in use" in text.lower() or "EADDRINUSE" in text:
         raise HpcyoloError(port_in_use_message(os.environ.get("MASTER_ADDR", "127.0.0.1"),
                                                os.environ.get("MASTER_PORT", "?"))) from None
+
+
+def side_store(seconds: float):
+    """A second client of the rendezvous store, for a thread beside the
+    training loop (the watchdog): its keys under this job start's own
+    prefix, each operation given up after `seconds` (a stopped rank 0
+    cannot answer: its process hosts the store)."""
+    import torch.distributed as dist
+
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
+    job = os.environ.get(JOB_ENV) or os.environ.get("TORCHELASTIC_RUN_ID", "local")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("SLURM_RESTART_COUNT", "0"))
+    store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=seconds),
+                          wait_for_workers=False)
+    return dist.PrefixStore(f"hpcyolo/{job}/watchdog/{restart}/", store)

@@ -307,3 +307,37 @@ def checkpointed(code: int, marker: str | None = None) -> bool:
     killed, and srun may then report their signal instead. Asked by the
     job's last step (hpcyolo.node.job.end), on every path of a job."""
     return code == EXIT_CODE or (marker is not None and os.path.exists(marker))
+
+
+# == the job's health: hangs, slow ranks, failures ===========================
+
+HANGS = "hangs"  # + /JOB-RESTART/: each rank's stacks (rank-R.txt) and the verdict (blame.json) of a hang
+STRAGGLERS = "stragglers.csv"  # a row per slow rank named (hpcyolo_trainer.stragglers)
+FAILURES = "failures.csv"  # a row per job start that failed on a rank or node (hpcyolo.node.job.end)
+STRAGGLER_COLUMNS = ("time", "job", "step", "rank", "host", "ms", "median_ms", "on")
+FAILURE_COLUMNS = ("time", "job", "restart", "nodes", "ranks", "reason", "retried", "lost_steps")
+
+
+def hang_folder(run_dir: Path | str, job: str, restart: str) -> Path:
+    return Path(run_dir) / HANGS / f"{job}-{restart}"
+
+
+def append_row(path: Path, columns: tuple[str, ...], row: dict) -> None:
+    """One CSV row (the header first in a new file), appended whole."""
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    if not path.exists():
+        writer.writeheader()
+    writer.writerow({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **row})
+    with open(path, "a") as f:
+        f.write(out.getvalue())
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []

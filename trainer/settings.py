@@ -320,6 +320,19 @@ SETTINGS: tuple[Setting, ...] = (
       help="Signal that asks for a checkpoint and a requeue (the site's preemption.signal)."),
     S("dist_timeout", 600, int, "Seconds a collective may wait before the job gives up (hang protection).", False,
       "how long a collective may wait", check_positive, key="run.dist_timeout", flag="--dist-timeout"),
+    S("hang_factor", 10.0, float, "The hang watchdog: a step (or a validation, a checkpoint) taking more than this "
+      "many times the median of its kind so far in the job ends the job (exit 79) with every rank's stacks in "
+      "RUN/hangs/ and the rank that did not arrive named; a job's first steps, first validation and first "
+      "checkpoint are left to dist_timeout; 0: off.", False, "when a hung job is ended", check_non_negative,
+      key="run.hang_factor", flag="--hang-factor"),
+    S("hang_min", 60.0, float, "The hang watchdog's floor: no step or phase is called hung before this many "
+      "seconds.", False, "when a hung job is ended", check_positive, key="run.hang_min", flag="--hang-min"),
+    S("straggler_every", 50, int, "Every this many optimizer steps the ranks share their data wait and forward "
+      "time (one all-gather of two numbers); 0: off.", False, "how often slow ranks are looked for",
+      check_non_negative, key="run.straggler_every", flag="--straggler-every"),
+    S("straggler_margin", 0.25, float, "A rank slower than the ranks' median by more than this share, 3 intervals "
+      "in a row, is named in the log (host, rank, data or compute) and recorded in RUN/stragglers.csv.", False,
+      "which ranks are named as slow", check_non_negative, key="run.straggler_margin", flag="--straggler-margin"),
     U("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
     U("fraction", 1.0, float, "Train on this fraction of the training images: the first of them in file-name "
       "order, the same on every rank and after a resume.", True, "the images trained on", check_share),

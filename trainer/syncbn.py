@@ -18,6 +18,8 @@ requires; in eval mode it is plain BatchNorm (the running statistics).
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -58,12 +60,18 @@ class CrossRankBatchNorm2d(nn.BatchNorm2d):
 
 class _SumOverRanks(torch.autograd.Function):
     """The sum of a tensor over all ranks, differentiable: each rank's input
-    reaches every rank's output, so its gradient is the sum of theirs."""
+    reaches every rank's output, so its gradient is the sum of theirs.
+    `forward_seconds` adds up the forward all-reduces' time (a rank's wait
+    for the others: the straggler report subtracts it from the forward pass)."""
+
+    forward_seconds = 0.0
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         out = x.clone()
+        start = time.perf_counter()
         dist.all_reduce(out)
+        _SumOverRanks.forward_seconds += time.perf_counter() - start
         return out
 
     @staticmethod
@@ -75,6 +83,11 @@ class _SumOverRanks(torch.autograd.Function):
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return _SumOverRanks.apply(x)
+
+
+def forward_wait() -> float:
+    """Seconds this process spent so far in the forward passes' all-reduces."""
+    return _SumOverRanks.forward_seconds
 
 
 def normalise_across_ranks(model: nn.Module, device: torch.device) -> nn.Module:

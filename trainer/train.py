@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from . import families, rundir
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dataset import DataSpec, check_labels
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
+from .drills import Drills
 from .ema import ModelEMA
 from .errors import HpcyoloError
 from .evaluate import ValBatches, batch_drawer, report, table, validate
@@ -47,9 +48,11 @@ from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_e
 from .scale import rescale, step_size
 from .schedule import Schedule, build_optimizer, warmup_batches_for
 from .settings import TrainConfig
+from .stragglers import Stragglers
 from .syncbn import normalise_across_ranks
 from .tboard import EventWriter, StepLosses
 from .tracking import Tracking, check_installed
+from .watchdog import Off, Watchdog
 from .weights import Weights, load_into, read_weights
 
 NO_STOP = Decision(NONE)
@@ -69,7 +72,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     rundir.check_continues(run, settings)  # before anything is written, and before the rendezvous
     check_installed(settings)  # a tracker asked for and not installed: one line, before anything runs
     d = setup(cfg.dist_timeout)
-    cfg = replace(cfg, workers=loader_workers(cfg.workers, d, say_ranks(d)))
+    everyone = say_ranks(d)
+    cfg = replace(cfg, workers=loader_workers(cfg.workers, d, everyone))
     seed_all(cfg.seed + d.rank)
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
@@ -81,6 +85,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     pos.epochs = resumed_plan(cfg, state, pos)
     apply_plan(parts, pos)
     parts.net = data_parallel(parts.model, d)
+    health(cfg, d, parts, run, [host for *_, host, _, _ in everyone])
     if d.distributed:
         settle_buckets(parts.net, parts.model, parts.loss_fn, cfg.imgsz, d.device, parts.amp, parts.amp_dtype)
     if d.is_main and cfg.tensorboard:  # a requeued run's events from its resumed batch on replace the earlier ones
@@ -100,6 +105,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         code = train_epochs(cfg, d, data, parts, pos, run, stop)
         return code
     finally:
+        parts.watch.close()
         if parts.drawings is not None:
             parts.drawings.wait()
         if parts.board is not None:
@@ -227,6 +233,9 @@ class Parts:
     board: StepLosses | None = None  # rank 0's TensorBoard events (tboard.py), once the run directory is there
     tracking: Tracking | None = None  # rank 0's MLflow and W&B runs (tracking.py)
     drawings: Background | None = None  # rank 0's plots, drawn off the loop
+    watch: Watchdog | Off = Off()  # the hang watchdog (watchdog.py)
+    stragglers: Stragglers | None = None  # the slow-rank report (stragglers.py)
+    drills: Drills | None = None  # the health drills set for this rank (drills.py)
 
 
 @dataclass
@@ -394,6 +403,7 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
     meter = Throughput(d.device)  # this process's part of the epoch: timing, never compared
     # Each epoch ends with an optimizer step, and a checkpoint follows one: pos.batch starts a step's batches.
     last_step = pos.epoch * data.batches + pos.batch - 1
+    waited = meter.wait
     for i, (imgs, targets, _, metas) in enumerate(meter.timed(train_batches, data.batches - pos.batch),
                                                    start=pos.batch):
         if parts.drawings is not None and pos.epoch == 0 and i < 3:  # ultralytics' train_batch0..2.jpg
@@ -404,7 +414,8 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         at = pos.epoch * data.batches + i  # the run's batch index: the warm-up and schedule follow it
         last_micro = at - last_step >= parts.schedule.accumulate(at) or i + 1 == data.batches
         pos.loss_sum += forward_backward(parts.net, parts.loss_fn, imgs, targets.to(d.device, non_blocking=True),
-                                         parts.amp, parts.amp_dtype, parts.scaler, reduce=last_micro)
+                                         parts.amp, parts.amp_dtype, parts.scaler, reduce=last_micro,
+                                         span=forward_span(parts, pos.global_step))
         if not last_micro:
             continue
         parts.schedule.apply(parts.optimizer, at)
@@ -413,11 +424,19 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         pos.global_step, pos.batch, pos.epoch_seconds = pos.global_step + 1, i + 1, time.time() - t0
         now = clock.seconds(pos.global_step)
         step_seconds, pos.run_seconds = now - pos.run_seconds, now
+        parts.watch.beat(pos.global_step)
+        if parts.drills is not None:
+            parts.drills.after_step(pos.global_step)
+        if parts.stragglers is not None:
+            for line in parts.stragglers.step(meter.wait - waited, pos.global_step):
+                print(line, flush=True)
+            waited = meter.wait
         progress.update(i + 1, pos.loss_sum / (i + 1))
         if parts.board is not None and pos.global_step % BOARD_EVERY == 0:
             parts.board.add(pos.epoch * data.batches + i + 1, pos.loss_sum / (i + 1))
         if cfg.save_every and pos.global_step % cfg.save_every == 0:
-            save_state(d, cfg, parts, pos)
+            with parts.watch.phase("checkpoint"):
+                save_state(d, cfg, parts, pos)
         stopped = stop_if_asked(cfg, d, parts, pos, stop, step_seconds)  # all ranks agree, after the optimizer step
         if stopped is not None:
             return stopped
@@ -454,7 +473,10 @@ def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: 
     # Rank 0's clock decides for every rank; in the same all-reduce as the stop request.
     budget = cfg.time is not None and d.is_main and \
         pos.run_seconds + step_seconds + 1.5 * pos.end_seconds > cfg.time * 3600
-    now, pos.time_up = agreed_stop(d, stop, pos.global_step, budget)
+    with parts.watch.phase("stop drill") if stop.drill else nullcontext():  # a drill may hold for a signal
+        now, pos.time_up = agreed_stop(d, stop, pos.global_step, budget)
+    if now.action != NONE:
+        parts.watch.pause()  # a preemption or a stop is handled: nothing is bounded any more
     where = f"at epoch {pos.epoch + 1}, batch {pos.batch}"
     if now.action == STOP:
         print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be requeued"
@@ -487,8 +509,9 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     # time budget's, or patience's (its last epoch without a better fitness).
     last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
         (cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
-    metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
-                            plots=last and cfg.plots, drawings=parts.drawings)
+    with parts.watch.phase("validation"):
+        metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
+                                plots=last and cfg.plots, drawings=parts.drawings)
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
     fitness, seconds = gather_objects(d, (0.1 * metrics["map50"] + 0.9 * metrics["map50_95"],
                                           clock.seconds(pos.global_step)))[0]
@@ -501,7 +524,8 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     if improved or pos.best_fitness == 0:  # ultralytics' rule: an early stretch of zero fitness counts as improving
         pos.best_epoch = pos.epoch
     pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
-    save_state(d, cfg, parts, pos)
+    with parts.watch.phase("checkpoint"):
+        save_state(d, cfg, parts, pos)
     if d.is_main:
         row = write_results(run, pos.epoch - 1, train_loss, parts.loss_fn.names, metrics,
                             parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
@@ -532,6 +556,7 @@ def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
     """The run trained every epoch: no marker of an earlier preemption stays
     behind, rank 0 plots results.csv (and shows the plots in TensorBoard at
     `epoch`), and every rank leaves (exit 0)."""
+    parts.watch.pause()  # the end: plots and a barrier, nothing to bound
     parts.writer.wait()
     if d.is_main:
         for marker in rundir.preempt_markers(run):
@@ -678,17 +703,55 @@ def data_parallel(model, d: Dist):
     """`model` under DDP where there are several ranks, else as it is."""
     if not d.distributed:
         return model
-    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    # broadcast_buffers off: the forward pass has no collective (the straggler
+    # report times it). Rank 0's buffers, the ones checkpointed and validated
+    # (end_epoch broadcasts its EMA), are the same either way: DDP broadcast them from rank 0.
+    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None, broadcast_buffers=False)
 
 
-def forward_backward(net, loss_fn, imgs, targets, amp: bool, amp_dtype, scaler, reduce: bool = True) -> torch.Tensor:
+def health(cfg: TrainConfig, d: Dist, parts: Parts, run: Path, hosts: list[str]) -> None:
+    """The hang watchdog, the slow-rank report and the drills, where set."""
+    if cfg.hang_factor > 0:
+        from .rendezvous import side_store
+        from .watchdog import ANSWER_SECONDS
+
+        job, restart = os.environ.get("SLURM_JOB_ID", "local"), os.environ.get("SLURM_RESTART_COUNT", "0")
+        store = functools.partial(side_store, ANSWER_SECONDS + 5) if d.distributed else None
+        parts.watch = Watchdog(d.rank, hosts, rundir.hang_folder(run, job, restart), cfg.hang_factor,
+                               cfg.hang_min, store)
+    if cfg.straggler_every > 0 and d.distributed:
+        job = os.environ.get("SLURM_JOB_ID", "local")
+        parts.stragglers = Stragglers(d, hosts, cfg.straggler_every, cfg.straggler_margin, record=lambda row: \
+                                      rundir.append_row(run / rundir.STRAGGLERS, rundir.STRAGGLER_COLUMNS,
+                                                        {**row, "job": job}))
+    parts.drills = Drills.from_env(d.rank, hosts[d.rank])
+
+
+def forward_span(parts: Parts, done: int):
+    """Around a step's forward pass: its time for the straggler report, and
+    the drills that act inside a step; nothing where neither is set."""
+    if parts.stragglers is None and parts.drills is None:
+        return nullcontext()
+    return _forward_span(parts, done)
+
+
+@contextmanager
+def _forward_span(parts: Parts, done: int):
+    with parts.stragglers.forward() if parts.stragglers is not None else nullcontext():
+        if parts.drills is not None:
+            parts.drills.in_step(done)
+        yield
+
+
+def forward_backward(net, loss_fn, imgs, targets, amp: bool, amp_dtype, scaler, reduce: bool = True,
+                     span=nullcontext()) -> torch.Tensor:
     """Forward and backward of this rank's share of one global batch; the
     gradients add up until the optimizer step. `reduce=False` (a batch that
     is not the last one before the step) keeps DDP from all-reducing them
     yet. Returns the loss items (box, cls, dfl)."""
     sync = nullcontext() if reduce or not isinstance(net, DDP) else net.no_sync()
     with sync:
-        with torch.autocast(imgs.device.type, dtype=amp_dtype, enabled=amp):
+        with span, torch.autocast(imgs.device.type, dtype=amp_dtype, enabled=amp):
             loss, items = loss_fn(net(imgs), targets)
         scaler.scale(loss).backward()
     return items
@@ -798,8 +861,8 @@ def say_ranks(d: Dist) -> list[tuple]:
     device, the CPUs it may run on), in rank order."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     cpus = frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1))
-    everyone = gather_objects(d, (d.rank, d.local_rank, local_world, d.world_size, socket.gethostname(),
-                                  str(d.device), cpus))
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's name: the one to exclude
+    everyone = gather_objects(d, (d.rank, d.local_rank, local_world, d.world_size, host, str(d.device), cpus))
     if d.distributed:
         for rank, local, local_world, world, host, device, _ in everyone:
             print0(d, f"rank {rank}: local rank {local} of {local_world} on host {host}, world size {world}, "

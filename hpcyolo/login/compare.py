@@ -18,7 +18,8 @@ from hpcyolo_trainer.errors import HpcyoloError
 
 # Settings that say where or how a run ran, not what it trained: never "differing".
 NOT_COMPARED = {"run_dir", "cache_dir", "signal", "dist_timeout", "log_every", "save_every", "keep", "val_images",
-                "tensorboard", "dataset", "workers", "cfg"}
+                "tensorboard", "dataset", "workers", "cfg", "hang_factor", "hang_min", "straggler_every",
+                "straggler_margin"}
 
 
 @dataclass

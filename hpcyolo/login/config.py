@@ -360,6 +360,10 @@ class Run:
                                    "settings: hpcyolo_trainer.rundir); false refuses to touch one (a requeued job always "
                                    "resumes its own run).")
     dist_timeout: setting_type("run.dist_timeout") = setting("run.dist_timeout")
+    hang_factor: setting_type("run.hang_factor") = setting("run.hang_factor")
+    hang_min: setting_type("run.hang_min") = setting("run.hang_min")
+    straggler_every: setting_type("run.straggler_every") = setting("run.straggler_every")
+    straggler_margin: setting_type("run.straggler_margin") = setting("run.straggler_margin")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,137 @@
+"""The hang watchdog and the slow-rank report: their rules, and real
+two-rank runs (gloo) with a rank stalled, stopped (SIGSTOP) and slowed by
+the drills (hpcyolo_trainer.drills)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcyolo.login.shapes import make_shapes
+from hpcyolo_trainer import rundir
+from hpcyolo_trainer.stragglers import STREAK, Stragglers
+from hpcyolo_trainer.watchdog import HANG_EXIT_CODE, HANG_LEARN, Watchdog, verdict
+
+HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+HOSTS = ["n1", "n1", "n2", "n2"]
+HOST = socket.gethostname()
+
+
+def place(rank, where, waiting, step=7):
+    return {"rank": rank, "host": HOSTS[rank], "step": step, "phase": "train", "where": where, "waiting": waiting,
+            "waited": 9.0}
+
+
+def test_a_rank_that_does_not_answer_is_blamed_with_its_node(tmp_path):
+    answers = {r: place(r, "forward_backward (train.py:1)", True) for r in (0, 1, 2)}
+    line, blame = verdict(answers, HOSTS, answers[0], 4.0, tmp_path)
+    assert blame["ranks"] == [3] and blame["nodes"] == ["n2"]
+    assert "rank 3 on n2 did not answer" in line and "ranks 0, 1, 2 on n1, n2 wait in a collective" in line
+
+
+def test_a_rank_stuck_outside_a_collective_is_blamed_while_the_others_wait(tmp_path):
+    answers = {r: place(r, "forward_backward (train.py:1)", True) for r in (0, 2, 3)}
+    answers[1] = place(1, "drill_stall (drills.py:9)", False)
+    line, blame = verdict(answers, HOSTS, answers[0], 4.0, tmp_path)
+    assert blame["ranks"] == [1] and blame["nodes"] == ["n1"]
+    assert "rank 1 on n1 is stuck in drill_stall" in line
+
+
+def test_every_rank_alike_blames_no_node(tmp_path):
+    answers = {r: place(r, "all_reduce (dist.py:1)", True) for r in range(4)}
+    line, blame = verdict(answers, HOSTS, answers[0], 4.0, tmp_path)
+    assert blame["ranks"] == [] and blame["nodes"] == []
+    assert "no single rank or node to blame" in line
+
+
+def test_nothing_is_bounded_before_it_was_timed_and_nothing_while_stopping(tmp_path):
+    w = Watchdog(0, ["h"], tmp_path, factor=10, floor=0.5, tick=3600)
+    try:
+        assert w.bound() is None  # the start
+        for step in range(1, HANG_LEARN + 1):  # the first step after the start is not timed
+            w.beat(step)
+            assert w.bound() is None
+        w.beat(HANG_LEARN + 1)
+        assert w.bound() == 0.5  # the floor: the steps took microseconds
+        with w.phase("validation"):
+            assert w.bound() is None  # the job's first validation
+        with w.phase("validation"):
+            assert w.bound() == 0.5
+        w.pause()
+        assert w.bound() is None
+    finally:
+        w.close()
+
+
+def test_a_slow_rank_is_named_after_a_streak_and_a_noisy_one_is_not():
+    class D:
+        world_size, is_main, distributed = 3, True, False
+        device = type("dev", (), {"type": "cpu"})()
+
+    s = Stragglers(D(), ["a", "b", "c"], every=10, margin=0.25)
+    slow = [(0.001, 0.020), (0.001, 0.021), (0.001, 0.060)]
+    for k in range(STREAK - 1):
+        assert s.judge(slow, 10 * (k + 1), 10) == []
+    lines = s.judge(slow, 30, 10)
+    assert len(lines) == 1 and "rank 2 on c: 61.0 ms per step" in lines[0] and "waiting on compute" in lines[0]
+    assert s.judge(slow, 40, 10) == []  # named once per streak
+    noisy = [(0.001, 0.020), (0.001, 0.021), (0.001, 0.024)]
+    assert all(s.judge(noisy, 50 + k, 10) == [] for k in range(5))
+    data = [(0.001, 0.020), (0.030, 0.020), (0.001, 0.021)]
+    lines = [line for k in range(STREAK) for line in s.judge(data, 100 + k, 10)]
+    assert len(lines) == 1 and "rank 1 on b" in lines[0] and "waiting on data" in lines[0]
+
+
+def two_ranks(tmp_path: Path, env: dict, *extra: str, timeout: float = 300) -> tuple[int, str, float]:
+    data = make_shapes(tmp_path / "shapes", n_train=64, n_val=4, imgsz=64, classes=2, seed=0)
+    argv = [HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(data), "--model", "n",
+            "--epochs", "1", "--batch", "4", "--nbs", "4", "--imgsz", "64", "--workers", "0", "--no-plots",
+            "--no-tensorboard", *extra]
+    out = tmp_path / "out.txt"
+    script = f"import sys; from hpcyolo.node.local import launch; sys.exit(launch({argv!r}, 2, grace=5))"
+    start = time.monotonic()
+    with open(out, "w") as f:
+        code = subprocess.run([sys.executable, "-c", script], stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                              env={**os.environ, **env, "OMP_NUM_THREADS": "1"}).returncode
+    return code, out.read_text(), time.monotonic() - start
+
+
+def test_a_stalled_rank_ends_the_job_within_the_bound_and_its_stack_shows_where(tmp_path):
+    code, out, _ = two_ranks(tmp_path, {"HPCYOLO_DRILL_STALL": "1:8"}, "--hang-min", "3", "--hang-factor", "5")
+    assert code == HANG_EXIT_CODE, out
+    line = next(x for x in out.splitlines() if x.startswith("hpcyolo: hang:"))
+    assert "after step 8" in line and f"rank 1 on {HOST} is stuck in drill_stall" in line, line
+    assert f"rank 0 on {HOST} waits in a collective at forward" in line, line
+    folder = rundir.hang_folder(tmp_path / "run", "local", "0")
+    assert "drill_stall" in (folder / "rank-1.txt").read_text()
+    assert "forward_backward" in (folder / "rank-0.txt").read_text()
+    assert json.loads((folder / "blame.json").read_text())["ranks"] == [1]
+
+
+def test_a_stopped_rank_is_named_as_not_answering(tmp_path):
+    code, out, _ = two_ranks(tmp_path, {"HPCYOLO_DRILL_FREEZE": "1:8"}, "--hang-min", "3", "--hang-factor", "5")
+    assert code == HANG_EXIT_CODE, out
+    line = next(x for x in out.splitlines() if x.startswith("hpcyolo: hang:"))
+    assert f"rank 1 on {HOST} did not answer" in line, line
+    folder = rundir.hang_folder(tmp_path / "run", "local", "0")
+    assert (folder / "rank-0.txt").is_file() and not (folder / "rank-1.txt").exists()
+
+
+def test_a_slowed_rank_is_named_as_a_straggler_and_recorded(tmp_path):
+    code, out, _ = two_ranks(tmp_path, {"HPCYOLO_DRILL_SLOW": "1:0.1"}, "--straggler-every", "2")
+    assert code == 0, out
+    named = [x for x in out.splitlines() if x.startswith("straggler:")]
+    assert named and all(f"rank 1 on {HOST}" in x and "waiting on compute" in x for x in named), out
+    rows = rundir.read_rows(tmp_path / "run" / rundir.STRAGGLERS)
+    assert len(rows) == len(named) and {r["rank"] for r in rows} == {"1"}
+
+
+def test_no_straggler_in_an_even_run(tmp_path):
+    code, out, _ = two_ranks(tmp_path, {}, "--straggler-every", "2")
+    assert code == 0, out
+    assert "straggler:" not in out and not (tmp_path / "run" / rundir.STRAGGLERS).exists()

@@ -1,0 +1,69 @@
+"""Drills for the watchdog, the straggler report and the failure retry:
+what a hung, slow, stopped or killed rank does, on purpose, so that tests
+(and a user rehearsing a cluster) can watch the job's answer. Each is an
+environment variable (docs/architecture.md lists them with the others):
+
+- HPCYOLO_DRILL_SLOW=RANK:SECONDS: that rank sleeps SECONDS in each step,
+  inside its forward pass (a throttled GPU, a noisy neighbour);
+- HPCYOLO_DRILL_STALL=RANK:STEP: after optimizer step STEP that rank blocks
+  for good inside its next forward pass, alive (its stack shows the drill);
+- HPCYOLO_DRILL_FREEZE=RANK:STEP: after optimizer step STEP that rank sends
+  itself SIGSTOP, as `kill -STOP PID` would;
+- HPCYOLO_DRILL_KILL=HOST:STEP: after optimizer step STEP every rank on HOST
+  sends itself SIGKILL (a node lost); on other hosts nothing happens, so a
+  job retried without HOST runs through.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+SLOW_ENV, STALL_ENV = "HPCYOLO_DRILL_SLOW", "HPCYOLO_DRILL_STALL"
+FREEZE_ENV, KILL_ENV = "HPCYOLO_DRILL_FREEZE", "HPCYOLO_DRILL_KILL"
+
+
+def _pair(env, name: str) -> tuple[str, float] | None:
+    value = env.get(name)
+    if not value:
+        return None
+    who, _, number = value.rpartition(":")
+    return who, float(number)
+
+
+class Drills:
+    """The drills set for this rank; `from_env` gives None when none is."""
+
+    def __init__(self, rank: int, host: str, env):
+        slow, stall, freeze, kill = (_pair(env, n) for n in (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV))
+        self.slow = slow[1] if slow and slow[0] == str(rank) else 0.0
+        self.stall = int(stall[1]) if stall and stall[0] == str(rank) else None
+        self.freeze = int(freeze[1]) if freeze and freeze[0] == str(rank) else None
+        self.kill = int(kill[1]) if kill and kill[0] == host else None
+
+    @classmethod
+    def from_env(cls, rank: int, host: str, env=os.environ) -> Drills | None:
+        return cls(rank, host, env) if any(env.get(n) for n in (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV)) else None
+
+    def in_step(self, done: int) -> None:
+        """Inside the forward pass of the step after optimizer step `done`."""
+        if self.slow:
+            time.sleep(self.slow)
+        if self.stall is not None and done == self.stall:
+            drill_stall(done)
+
+    def after_step(self, step: int) -> None:
+        if self.freeze is not None and step == self.freeze:
+            print(f"drill: rank stopping itself (SIGSTOP) after step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if self.kill is not None and step == self.kill:
+            print(f"drill: killing this rank (SIGKILL) after step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def drill_stall(step: int) -> None:
+    """Blocks for good: a rank stuck inside a step, alive."""
+    print(f"drill: stalling inside the step after step {step}", flush=True)
+    while True:
+        time.sleep(1)
