@@ -118,6 +118,17 @@ def requeue(job_id: int, env: Mapping[str, str] | None = None) -> None:
     _check(run(argv, env=env), argv)
 
 
+def exclude_nodes(job_id: int, nodes: list[str], env: Mapping[str, str] | None = None) -> str:
+    """Add `nodes` to the job's excluded nodes (ExcNodeList, which a requeue
+    keeps), so that its next start avoids them; returns the new list."""
+    before = show_job(job_id, env).get("ExcNodeList", "(null)")
+    known = [] if before in ("(null)", "") else hostnames(before, env)
+    wanted = ",".join(dict.fromkeys([*known, *nodes]))
+    argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={wanted}"]
+    _check(run(argv, env=env), argv)
+    return wanted
+
+
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
     argv = ["scontrol", "show", "hostnames", nodelist]
     return _check(run(argv, env=env if env is not None else os.environ), argv).split()

@@ -225,8 +225,9 @@ def task_pid(job_id: int, rank: int) -> int:
 
 
 def test_e_killed_rank_ends_the_job_named_in_one_line(tmp_path, shapes, slurm_env, scratch_root):
-    job_id = submit(site_file(tmp_path, scratch_root), job_file(tmp_path, "train-e", shapes, epochs=LONG), slurm_env,
-                    tmp_path)
+    """With preemption.max_failures 0 a killed rank is not retried (test_slurm_health retries one)."""
+    job_id = submit(site_file(tmp_path, scratch_root, max_failures=0),
+                    job_file(tmp_path, "train-e", shapes, epochs=LONG), slurm_env, tmp_path)
     wait_for_log(tmp_path, "train-e", job_id, slurm_env, lambda log: f"epoch 1/{LONG}: loss" in log, 600,
                  "the first epoch")
     os.kill(task_pid(job_id, 1), signal.SIGKILL)  # rank 1: node1's second task
@@ -235,8 +236,10 @@ def test_e_killed_rank_ends_the_job_named_in_one_line(tmp_path, shapes, slurm_en
     assert time.monotonic() - killed < 60
     log = job_log(tmp_path, "train-e", job_id)
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", log[-3000:]
-    assert "hpcyolo: rank 1 on node1 failed first (Killed); the training step ended with exit" in log, log[-3000:]
+    assert "hpcyolo: rank 1 on node1: Killed; not retried: preemption.max_failures is 0" in log, log[-3000:]
     assert "Traceback" not in log and "stopping for preemption" not in log and "requeueing" not in log
+    run = tmp_path / "runs" / "train-e"
+    assert [(r["nodes"], r["retried"]) for r in rundir.read_rows(run / rundir.FAILURES)] == [("node1", "no")]
     assert leftovers(scratch_root) == []
 
 

@@ -318,6 +318,13 @@ STRAGGLER_COLUMNS = ("time", "job", "step", "rank", "host", "ms", "median_ms", "
 FAILURE_COLUMNS = ("time", "job", "restart", "nodes", "ranks", "reason", "retried", "lost_steps")
 
 
+LEDGER = "ledger"  # JOB-RESTART.times (the batch script's stamps) and .json (the trainer's): ledger.py
+
+
+def ledger_file(run_dir: Path | str, job: str, restart: str, suffix: str) -> Path:
+    return Path(run_dir) / LEDGER / f"{job}-{restart}{suffix}"
+
+
 def hang_folder(run_dir: Path | str, job: str, restart: str) -> Path:
     return Path(run_dir) / HANGS / f"{job}-{restart}"
 

@@ -36,6 +36,7 @@ from .ema import ModelEMA
 from .errors import HpcyoloError
 from .evaluate import ValBatches, batch_drawer, report, table, validate
 from .fsutil import write_atomic
+from .ledger import Ledger
 from .loss import DetectionLoss, EndToEndLoss
 from .model import ALIASES, build_model
 from .photometric import gains_of, hsv_jitter_batch
@@ -71,7 +72,13 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     settings = rundir.settings(cfg.to_dict())
     rundir.check_continues(run, settings)  # before anything is written, and before the rendezvous
     check_installed(settings)  # a tracker asked for and not installed: one line, before anything runs
+    ledger = Ledger(None)
+    ledger.mark("rendezvous")
     d = setup(cfg.dist_timeout)
+    ledger.mark("setup")
+    if d.is_main:
+        job, restart = os.environ.get("SLURM_JOB_ID", "local"), os.environ.get("SLURM_RESTART_COUNT", "0")
+        ledger.path = rundir.ledger_file(run, job, restart, ".json")
     everyone = say_ranks(d)
     cfg = replace(cfg, workers=loader_workers(cfg.workers, d, everyone))
     seed_all(cfg.seed + d.rank)
@@ -83,6 +90,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     parts = build(cfg, d, data, state, weights)
     pos = resume(parts, state, d)
     pos.epochs = resumed_plan(cfg, state, pos)
+    parts.ledger, ledger.steps = ledger, dict.fromkeys(ledger.steps, pos.global_step)
     apply_plan(parts, pos)
     parts.net = data_parallel(parts.model, d)
     health(cfg, d, parts, run, [host for *_, host, _, _ in everyone])
@@ -106,6 +114,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
         return code
     finally:
         parts.watch.close()
+        ledger.mark("exit")
+        ledger.write()
         if parts.drawings is not None:
             parts.drawings.wait()
         if parts.board is not None:
@@ -119,6 +129,8 @@ def train_epochs(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Posit
                  stop: StopFlag) -> int:
     """Train from `pos` to the planned end (or a stop); returns the exit code."""
     clock = RunClock(pos.run_seconds)
+    parts.ledger.mark("loop")
+    parts.ledger.write()
     loader = train_loader(cfg, d, data, pos)
     train_batches = iter(loader)
     try:
@@ -236,6 +248,7 @@ class Parts:
     watch: Watchdog | Off = Off()  # the hang watchdog (watchdog.py)
     stragglers: Stragglers | None = None  # the slow-rank report (stragglers.py)
     drills: Drills | None = None  # the health drills set for this rank (drills.py)
+    ledger: Ledger = Ledger(None)  # where this start's time goes (ledger.py): rank 0 writes it
 
 
 @dataclass
@@ -425,6 +438,7 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         now = clock.seconds(pos.global_step)
         step_seconds, pos.run_seconds = now - pos.run_seconds, now
         parts.watch.beat(pos.global_step)
+        parts.ledger.step(pos.global_step)
         if parts.drills is not None:
             parts.drills.after_step(pos.global_step)
         if parts.stragglers is not None:
@@ -435,8 +449,9 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         if parts.board is not None and pos.global_step % BOARD_EVERY == 0:
             parts.board.add(pos.epoch * data.batches + i + 1, pos.loss_sum / (i + 1))
         if cfg.save_every and pos.global_step % cfg.save_every == 0:
-            with parts.watch.phase("checkpoint"):
+            with parts.watch.phase("checkpoint"), parts.ledger.timed("checkpoint"):
                 save_state(d, cfg, parts, pos)
+            parts.ledger.checkpointed(pos.global_step)
         stopped = stop_if_asked(cfg, d, parts, pos, stop, step_seconds)  # all ranks agree, after the optimizer step
         if stopped is not None:
             return stopped
@@ -487,7 +502,9 @@ def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: 
         # Said before the checkpoint's barrier: once a rank exits, srun may end the others.
         print0(d, f"stopping for preemption ({now.reason}) {where}: writing a checkpoint, then exit "
                   f"{PREEMPT_EXIT_CODE}")
-        save_state(d, cfg, parts, pos, preempted=now.reason)
+        with parts.ledger.timed("checkpoint"):
+            save_state(d, cfg, parts, pos, preempted=now.reason)
+        parts.ledger.checkpointed(pos.global_step)
         return finish(d, PREEMPT_EXIT_CODE, keep_scratch=now.requeue)
     return None
 
@@ -509,7 +526,7 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     # time budget's, or patience's (its last epoch without a better fitness).
     last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
         (cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
-    with parts.watch.phase("validation"):
+    with parts.watch.phase("validation"), parts.ledger.timed("validation"):
         metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
                                 plots=last and cfg.plots, drawings=parts.drawings)
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
@@ -524,8 +541,9 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     if improved or pos.best_fitness == 0:  # ultralytics' rule: an early stretch of zero fitness counts as improving
         pos.best_epoch = pos.epoch
     pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
-    with parts.watch.phase("checkpoint"):
+    with parts.watch.phase("checkpoint"), parts.ledger.timed("checkpoint"):
         save_state(d, cfg, parts, pos)
+    parts.ledger.checkpointed(pos.global_step)
     if d.is_main:
         row = write_results(run, pos.epoch - 1, train_loss, parts.loss_fn.names, metrics,
                             parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
@@ -537,8 +555,9 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         names = ["last.pt", *(["best.pt"] if improved else [])]
         if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
             names.append(f"epoch{pos.epoch - 1}.pt")  # ultralytics' name: the epoch counted from 0
-        for name in names:
-            save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.names)
+        with parts.ledger.timed("checkpoint"):
+            for name in names:
+                save_weights(run / rundir.WEIGHTS / name, parts.ema.module, cfg, data.names)
         if last and parts.drawings is not None:  # the last validation's plots, after its weights
             parts.drawings.submit(write_val_plots, metrics, data.names, run)
         box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
@@ -557,6 +576,7 @@ def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
     behind, rank 0 plots results.csv (and shows the plots in TensorBoard at
     `epoch`), and every rank leaves (exit 0)."""
     parts.watch.pause()  # the end: plots and a barrier, nothing to bound
+    parts.ledger.mark("finish")
     parts.writer.wait()
     if d.is_main:
         for marker in rundir.preempt_markers(run):

@@ -181,15 +181,31 @@ _run_dir_arg = click.argument("run", metavar="RUN", type=click.Path(file_okay=Fa
 
 @main.command(short_help="Where a run stands: job, state, checkpoints.")
 @_run_dir_arg
-def status(run: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the ledger (seconds per part, goodput), the failures "
+              "and the slow ranks as JSON.")
+def status(run: str, as_json: bool) -> None:
     """Where the run in directory RUN stands: its job, Slurm's state, epochs and checkpoints.
+
+    Then the failures retried, the slow ranks named, and where the hours of
+    all its jobs went (queued, staging, preflight, rendezvous, training,
+    validation, checkpoint stalls, work lost to restarts, idle before a
+    requeue), with the goodput: the share of the allocated time that
+    advanced training.
 
     \b
     Example:
         hpcyolo status /shared/runs/shapes
+        hpcyolo status --json /shared/runs/shapes
     """
     from pathlib import Path
 
+    if as_json:
+        import json
+
+        from hpcyolo.login.lifecycle import ledger_json
+
+        click.echo(json.dumps(ledger_json(Path(run))))
+        return
     from hpcyolo.login.lifecycle import status as run_status
 
     click.echo(run_status(Path(run)))

@@ -215,8 +215,11 @@ def job() -> None:
               help="What started the job (recorded with the start).")
 @click.option("--resume", is_flag=True, help="The job asks to continue the run in --run-dir (run.resume: true).")
 @click.option("--log", default=None, help="The job's output file, recorded for `hpcyolo logs`.")
+@click.option("--began", default=None, help="When the batch script began (epoch seconds): the "
+              "start's first stamp in the run's ledger (`hpcyolo status`).")
 @click.argument("train_options", nargs=-1, type=click.UNPROCESSED)
-def job_begin(run_dir: str, via: str, resume: bool, log: str | None, train_options: tuple[str, ...]) -> None:
+def job_begin(run_dir: str, via: str, resume: bool, log: str | None, began: str | None,
+              train_options: tuple[str, ...]) -> None:
     """Refuse a run directory this job may not use; else record the start.
 
     At the job's first start (SLURM_RESTART_COUNT 0), a run directory that
@@ -239,7 +242,12 @@ def job_begin(run_dir: str, via: str, resume: bool, log: str | None, train_optio
 
         params = train.make_context("hpcyolo train", list(train_options)).params
         request = rundir.settings(train_config(**params).to_dict())
-    begin(Path(run_dir), via=via, resume=resume, request=request, log=log or None)
+    stamp = None
+    try:
+        stamp = float((began or "").replace(",", "."))  # bash's EPOCHREALTIME has the locale's decimal mark
+    except ValueError:
+        pass
+    begin(Path(run_dir), via=via, resume=resume, request=request, log=log or None, began=stamp)
 
 
 @job.command(name="end")
@@ -250,18 +258,26 @@ def job_begin(run_dir: str, via: str, resume: bool, log: str | None, train_optio
 @click.option("--srun-errors", type=click.Path(dir_okay=False), default=None,
               help="srun's stderr of the training step: names the task that failed first.")
 @click.option("--torchrun", is_flag=True, help="srun's tasks are torchruns (one per node), not ranks.")
-def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str | None, torchrun: bool) -> None:
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
+              help="The run directory: the hang watchdog's verdict, the failures so far, the ledger.")
+@click.option("--max-failures", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Retries after a rank or node failed (the site's preemption.max_failures).")
+def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str | None, torchrun: bool,
+            run_dir: str | None, max_failures: int) -> None:
     """Say what the training step's exit means; print `requeue` or the job's exit code.
 
     A checkpoint (exit 75, or the marker) with requeues left prints
     `requeue`: the script then requeues the job and keeps the node-local
-    scratch for it. Anything else prints the code the job ends with, after
-    one line on stderr saying why (the rank that failed first, where srun's
-    errors name it).
+    scratch for it. A rank or node that failed (killed by a signal, a node
+    failure, a hang the watchdog blames on some ranks) with retries left
+    (--max-failures) adds the failed nodes to the job's excluded nodes,
+    records the failure in RUN/failures.csv and prints `requeue` too.
+    Anything else prints the code the job ends with, after one line on
+    stderr saying why (the rank that failed first, where srun's errors name it).
     """
     import os
 
-    from hpcyolo.node.job import end, failed_first, job_id, restarts
+    from hpcyolo.node.job import end, failed_first, job_id, node_failure, record_failure, restarts
 
     errors = ""
     if srun_errors:
@@ -270,8 +286,26 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
                 errors = f.read()
         except OSError:
             pass
+    failure, before = None, 0
+    if run_dir and os.environ.get("SLURM_JOB_ID") and status not in (0, 75):
+        from pathlib import Path
+
+        from hpcyolo_trainer import rundir
+        from hpcyolo_trainer.watchdog import read_blame
+
+        slurm_job, restart = os.environ["SLURM_JOB_ID"], str(restarts(os.environ))
+        failure = node_failure(status, errors, read_blame(rundir.hang_folder(run_dir, slurm_job, restart)))
+        before = sum(1 for row in rundir.read_rows(Path(run_dir) / rundir.FAILURES)
+                     if row["job"] == slurm_job and row["retried"] == "yes")
     ending = end(status, marker, job=job_id(os.environ), restart=restarts(os.environ), max_requeues=max_requeues,
-                 failed_first=failed_first(errors, torchrun))
+                 failed_first=failed_first(errors, torchrun), failure=failure, failures_before=before,
+                 max_failures=max_failures)
+    if failure is not None:
+        record_failure(Path(run_dir), slurm_job, restart, failure, retried=ending.requeue)
+    if ending.exclude:
+        from hpcyolo import slurm
+
+        slurm.exclude_nodes(int(slurm_job), list(ending.exclude))
     if ending.message:
         print(f"hpcyolo: {ending.message}", file=sys.stderr, flush=True)
     print("requeue" if ending.requeue else ending.code)

@@ -291,7 +291,12 @@ class PreemptionSite:
     signal: setting_type("site:preemption.signal") = setting("site:preemption.signal")
     grace: int = spec(120, doc="Seconds before the time limit to send it (--signal=SIG@grace); 0: none.",
                       check=check_non_negative)
-    max_requeues: int = spec(3, doc="How often a job may requeue itself after preemption or time-out.",
+    max_requeues: int = spec(3, doc="How often a job may requeue itself after preemption or time-out (its "
+                                    "requeues after failures count too).", check=check_non_negative)
+    max_failures: int = spec(2, doc="How often a job whose rank or node failed (killed by a signal, a node "
+                                    "failure, a hang the watchdog blames on some ranks) requeues itself without the "
+                                    "failed node(s) and resumes from its newest checkpoint; a user's error (bad "
+                                    "config, missing data, out of memory, an exception) never does.",
                              check=check_non_negative)
     sigterm: Literal["requeue", "stop"] = spec(
         "requeue", doc="On SIGTERM: requeue: checkpoint and requeue when Slurm says it is requeueing, preempting or "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcyolo import slurm
+from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError, SlurmError
 from hpcyolo_trainer.rundir import Start  # noqa: F401  (a start of a job, as callers of starts() know it)
 from hpcyolo_trainer.rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
@@ -150,7 +151,37 @@ def status(run: Path) -> str:
         lines.append(f"log       unknown: {unreachable}, and RUN/{RECORD} records no log path")
     else:
         lines.append(f"log       unknown: {NO_LOG_PATH}")
+    lines += health(run)
     return "\n".join(lines)
+
+
+def health(run: Path) -> list[str]:
+    """The failures and slow ranks recorded, and the ledger's table (where the hours went)."""
+    from hpcyolo_trainer import ledger
+
+    lines = []
+    for row in rundir.read_rows(run / rundir.FAILURES):
+        lost = f", {row['lost_steps']} step(s) lost" if row.get("lost_steps") else ""
+        lines.append(f"failure   job {row['job']} start {row['restart']}: {row['reason']} "
+                     f"({'retried without ' + row['nodes'] if row['retried'] == 'yes' else 'not retried'}{lost})")
+    slow = rundir.read_rows(run / rundir.STRAGGLERS)
+    if slow:
+        named = ", ".join(sorted({f"rank {r['rank']} on {r['host']}" for r in slow}))
+        lines.append(f"slow      {len(slow)} straggler streak(s): {named} (RUN/{rundir.STRAGGLERS})")
+    starts = ledger.read_starts(run / rundir.LEDGER)
+    if starts:
+        lines.append(ledger.table(starts))
+    return lines
+
+
+def ledger_json(run: Path) -> dict:
+    """`hpcyolo status --json`: the ledger's figures, in seconds."""
+    from hpcyolo_trainer import ledger
+
+    starts = ledger.read_starts(run / rundir.LEDGER)
+    return {"run": str(run.resolve()), "starts": len(starts), **ledger.account(starts),
+            "failures": rundir.read_rows(run / rundir.FAILURES),
+            "stragglers": rundir.read_rows(run / rundir.STRAGGLERS)}
 
 
 NO_LOG_PATH = (f"Slurm no longer knows the job, and RUN/{RECORD} records no log path (a script rendered by an "

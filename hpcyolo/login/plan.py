@@ -17,6 +17,7 @@ from hpcyolo.login.shell import Expand, Raw, Var
 from hpcyolo.node.distenv import PORT_BASE, PORT_SPAN
 from hpcyolo.node.job import STAGED, staged_yaml, task_env
 from hpcyolo.slurm import format_time, limit_seconds, parse_time
+from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
@@ -73,6 +74,7 @@ class JobPlan:
     stage: bool  # copy the dataset into node-local scratch first (data.stage)
     sigterm: str  # the site's preemption.sigterm: requeue (when Slurm says so) or stop
     max_requeues: int  # requeues after a checkpoint before the script stops asking
+    max_failures: int  # retries after a rank or node failed, without the failed node(s)
     preempt_exit_code: int = PREEMPT_EXIT_CODE
     port_base: int = PORT_BASE  # MASTER_PORT = port_base + SLURM_JOB_ID % port_span (distenv.default_port)
     port_span: int = PORT_SPAN
@@ -102,7 +104,7 @@ class JobPlan:
         only the same run may be continued (a custom entrypoint's run
         directory is its own)."""
         words = [*self.step_prefix, "hpcyolo", "job", "begin", "--run-dir", Var("RUN_DIR"),
-                 "--log", Raw('"$LOG_FILE"')]
+                 "--log", Raw('"$LOG_FILE"'), "--began", Raw('"$job_began"')]
         if self.resume:
             words.append("--resume")
             if not self.job.entrypoint:
@@ -111,11 +113,17 @@ class JobPlan:
         return tuple(words)
 
     @property
+    def ledger_file(self) -> Raw:
+        """This start's stamps in the run's ledger (hpcyolo_trainer.ledger), as a shell word."""
+        return Raw(f'"{rundir.ledger_file("$RUN_DIR", "$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}", ".times")}"')
+
+    @property
     def end_argv(self) -> tuple[str, ...]:
         """`hpcyolo job end`: what the training step's exit status means."""
         words = [*self.step_prefix, "hpcyolo", "job", "end", "--status", Raw('"$status"'),
                  "--marker", Raw('"$HPCYOLO_PREEMPT_MARKER"'), "--max-requeues", str(self.max_requeues),
-                 "--srun-errors", Raw('"$srun_errors"')]
+                 "--srun-errors", Raw('"$srun_errors"'), "--run-dir", Var("RUN_DIR"),
+                 "--max-failures", str(self.max_failures)]
         return tuple(words + (["--torchrun"] if self.launcher == "torchrun" else []))
 
     @property
@@ -182,6 +190,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         extra_sbatch=tuple(site.slurm.extra_sbatch), container=site.container.runtime,
         master_suffix=site.network.master_suffix, resume=job.run.resume, preflight=job.preflight,
         stage=job.data.stage, sigterm=site.preemption.sigterm, max_requeues=site.preemption.max_requeues,
+        max_failures=site.preemption.max_failures,
         launcher=launcher, nodes=job.resources.nodes, max_nodes=job.resources.max_nodes, gpus_per_node=gpus,
         procs_per_node=procs, tasks_per_node=tasks, world_size=world, cpus_per_task=cpus_per_task, omp_threads=omp,
         time=format_time(parse_time(job.resources.time)), signal=signal,

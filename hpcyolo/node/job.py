@@ -20,7 +20,10 @@ one call per task, one call):
    the script): a checkpoint to requeue from, a checkpoint with no requeue
    left, a failure (naming the rank that failed first, where srun said), or
    success; and whether the node-local scratch stays: only for the start
-   that a requeue brings.
+   that a requeue brings. A failure of a rank or node (killed, crashed, lost,
+   or blamed by the hang watchdog) is retried up to the site's
+   preemption.max_failures times, without the failed node(s), from the
+   newest checkpoint; a user's error never is.
 
 Torch-free: the script runs `hpcyolo job begin` and `hpcyolo job end` in
 its batch shell.
@@ -68,7 +71,7 @@ def restarts(env) -> int:
 # == 1. begin ================================================================
 
 def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume_how: str = rundir.RESUME_HOW,
-          log: str | None = None, record: bool = True, env=os.environ) -> None:
+          log: str | None = None, record: bool = True, began: float | None = None, env=os.environ) -> None:
     """The run directory at a start of the job. A run started there before
     this start is continued only by a requeue of this job, or where `resume`
     asks to continue it and `request` (the training command's settings; None
@@ -91,6 +94,30 @@ def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume
     else:
         line = rundir.start_line(job, restart, host, via="" if via == "sbatch" else via, log=log)
     rundir.record_start(run_dir, line)
+    if began is not None and env.get("SLURM_JOB_ID"):
+        start_ledger(run_dir, env["SLURM_JOB_ID"], str(restarts(env)), began, env)
+
+
+def start_ledger(run_dir: Path, job: str, restart: str, began: float, env) -> None:
+    """This start's stamps in the run's ledger (hpcyolo_trainer.ledger):
+    Slurm's submit and start times, and the script's first stamp; the
+    script appends the others."""
+    import time
+
+    from hpcyolo import slurm
+    from hpcyolo_trainer.errors import SlurmError
+
+    lines = []
+    try:
+        info = slurm.show_job(int(job), env=env)
+        for key, name in (("SubmitTime", "submit"), ("StartTime", "start")):
+            lines.append(f"{name} {time.mktime(time.strptime(info[key], '%Y-%m-%dT%H:%M:%S')):.3f}")
+    except (SlurmError, KeyError, ValueError):
+        pass  # the ledger then starts at the script's first stamp
+    path = rundir.ledger_file(run_dir, job, restart, ".times")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write("".join(f"{line}\n" for line in lines) + f"begin {began:.6f}\n")
 
 
 # == 2. the trainer's variables ==============================================
@@ -114,13 +141,59 @@ class Ending:
     code: int  # the job's exit code
     requeue: bool  # the job starts again (Slurm requeues it): the node-local scratch stays for it
     message: str | None  # one line for the job's log, after the path's own "hpcyolo: "
+    exclude: tuple[str, ...] = ()  # nodes the requeued job must avoid (a failure retried without them)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A training step that ended because a rank or a node failed, not
+    because of the user's code or settings: worth a retry without `nodes`."""
+    nodes: tuple[str, ...]
+    ranks: str
+    reason: str
+
+
+# How srun reports a task that a signal ended: a rank or node failing, not the user's code.
+_DIED = ("Killed", "Segmentation fault", "Bus error", "Aborted", "Illegal instruction")
+_NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+_OOM = ("oom-kill", "oom_kill", "Out Of Memory", "out of memory")
+
+
+def node_failure(code: int, srun_stderr: str, blame: dict | None = None) -> Failure | None:
+    """The failure of a rank or node that ended the step, or None: the hang
+    watchdog's verdict where it ended the step (exit HANG_EXIT_CODE; a hang
+    every rank shares is the code's, not a node's), else srun's report of the
+    first task a signal ended or of a node failure. A task the kernel's OOM
+    killer ended, an exception or a refusal (exit 1, 2) is the user's."""
+    from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
+
+    if code == HANG_EXIT_CODE:
+        if blame and blame.get("nodes"):
+            return Failure(tuple(blame["nodes"]), ",".join(map(str, blame.get("ranks", []))),
+                           f"hang: {blame.get('reason', 'a rank did not arrive')}")
+        return None
+    if any(word in srun_stderr for word in _OOM):
+        return None
+    for line in srun_stderr.splitlines():
+        m = _NODE_FAILURE.search(line)
+        if m:
+            return Failure((m[1],), "", f"node failure on {m[1]}")
+        m = _SRUN_ERROR.fullmatch(line.strip())
+        if m and m[3] != f"Exited with exit code {PEER_LOST_EXIT_CODE}":
+            if m[3] in _DIED:
+                return Failure((m[1],), m[2], f"rank {m[2]} on {m[1]}: {m[3]}")
+            return None  # the first task to fail exited by itself: its code's or the user's error
+    return None
 
 
 def end(code: int, marker: str | None, *, job: str, restart: int, max_requeues: int, failed_first: str | None = None,
-        how_to_continue: str = "resubmit with run.resume: true to go on") -> Ending:
+        how_to_continue: str = "resubmit with run.resume: true to go on", failure: Failure | None = None,
+        failures_before: int = 0, max_failures: int = 0) -> Ending:
     """What the training command's exit `code` means for the job: requeue
     after a checkpoint while requeues are left (`max_requeues` counts them;
-    0 where nothing requeues), else pass the code on, saying why."""
+    0 where nothing requeues); requeue without the failed nodes after a
+    rank's or node's `failure` while `max_failures` is more than the
+    `failures_before` retried; else pass the code on, saying why."""
     if rundir.checkpointed(code, marker):
         reason = _first_line(marker) or f"exit {EXIT_CODE}"
         if restart < max_requeues:
@@ -130,9 +203,34 @@ def end(code: int, marker: str | None, *, job: str, restart: int, max_requeues: 
         return Ending(EXIT_CODE, False, f"checkpointed ({reason}){limit}; {how_to_continue}")
     if code == 0:
         return Ending(0, False, None)
+    if failure is not None:
+        nodes = ", ".join(failure.nodes)
+        if failures_before < max_failures:
+            return Ending(0, True, f"{failure.reason}; requeueing job {job} without {nodes} to resume from its "
+                                   f"newest checkpoint (failure {failures_before + 1} of preemption.max_failures "
+                                   f"{max_failures})", exclude=failure.nodes)
+        return Ending(code, False, f"{failure.reason}; not retried: preemption.max_failures is {max_failures}"
+                                   f"{' and was reached' if max_failures else ''}; {how_to_continue}")
     if failed_first:
         return Ending(code, False, f"{failed_first}; the training step ended with exit {code}")
     return Ending(code, False, f"the training step ended with exit {code}")
+
+
+def record_failure(run_dir: Path, job: str, restart: str, failure: Failure, retried: bool) -> None:
+    """A row of RUN/failures.csv: the node(s), rank(s), reason, whether it was
+    retried, and the steps lost (trained past the newest checkpoint, from the
+    trainer's ledger)."""
+    import json
+
+    lost = ""
+    try:
+        steps = json.loads(rundir.ledger_file(run_dir, job, restart, ".json").read_text())["steps"]
+        lost = str(steps["reached"] - steps["checkpoint"])
+    except (OSError, ValueError, KeyError):
+        pass
+    rundir.append_row(run_dir / rundir.FAILURES, rundir.FAILURE_COLUMNS,
+                      {"job": job, "restart": restart, "nodes": " ".join(failure.nodes), "ranks": failure.ranks,
+                       "reason": failure.reason, "retried": "yes" if retried else "no", "lost_steps": lost})
 
 
 def _first_line(path: str | None) -> str | None:

@@ -16,6 +16,7 @@
 #SBATCH --mem-per-gpu=224G
 
 set -euo pipefail
+job_began=$EPOCHREALTIME  # the first stamp of this start in the run's ledger (`hpcyolo status`)
 
 # ---- software environment ----
 export PYTHONUNBUFFERED=1
@@ -43,9 +44,12 @@ SCRATCH_DIR="/dev/shm/hpcyolo-${SLURM_JOB_USER}/golden"
 # with run.resume: true in the job spec, by the same run): nothing is
 # written before. Then the start is recorded, with the log's path (`hpcyolo logs`).
 LOG_FILE=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p') || LOG_FILE=
-hpcyolo job begin --run-dir "$RUN_DIR" --log "$LOG_FILE" || exit 2
+hpcyolo job begin --run-dir "$RUN_DIR" --log "$LOG_FILE" --began "$job_began" || exit 2
 # The script that ran, with the umask's mode (cp would keep the spooled copy's 0700).
 cat "$0" > "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
+# The ledger of this start (`hpcyolo status`: where the hours went): a stamp as each part begins.
+LEDGER="$RUN_DIR/ledger/$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}.times"
+stamp() { echo "$1 $EPOCHREALTIME" >> "$LEDGER" 2>/dev/null || true; }
 # What the trainer reads besides its options: the marker it leaves once its
 # checkpoint is written (srun may report another rank's kill instead of exit 75),
 # the scratch to remove when no requeue follows.
@@ -53,6 +57,7 @@ export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART
 export HPCYOLO_SCRATCH_DIR="$SCRATCH_DIR"
 
 # ---- stage the dataset into node-local scratch, once per node ----
+stamp stage
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=256 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
     hpcyolo stage --data "$DATA" --dest "$SCRATCH_DIR/data"
 DATA="$SCRATCH_DIR/data/data.yaml"
@@ -68,19 +73,22 @@ terminated=
 trap 'terminated=1' TERM
 set +e
 exec 3>&1
+stamp train
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=32 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
     hpcyolo train --run-dir "$RUN_DIR" --data "$DATA" --model s --epochs 50 --batch 64 --workers 4 \
     --save-every 500 --keep 2 --signal USR2 --dist-timeout 600 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
 status=${PIPESTATUS[0]}
+stamp end
 exec 3>&-
 set -e
 
 # ---- the end: requeue after a checkpoint, or say how the step ended ----
 # It prints `requeue`, or the code to end with (nothing if it could not run: then the step's).
 ending=$(hpcyolo job end --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3 \
-    --srun-errors "$srun_errors") || ending=
+    --srun-errors "$srun_errors" --run-dir "$RUN_DIR" --max-failures 2) || ending=
 rm -f "$srun_errors"
 if [ "$ending" = requeue ]; then
+    stamp exit
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
 fi
@@ -91,4 +99,5 @@ if [ -z "$terminated" ]; then
     srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=256 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
         hpcyolo stage --remove "$SCRATCH_DIR" || echo "hpcyolo: could not remove $SCRATCH_DIR on every node" >&2
 fi
+stamp exit
 exit "$status"

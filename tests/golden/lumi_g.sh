@@ -17,6 +17,7 @@
 #SBATCH --output=%x-%j.out
 
 set -euo pipefail
+job_began=$EPOCHREALTIME  # the first stamp of this start in the run's ledger (`hpcyolo status`)
 
 # ---- software environment ----
 set +u  # module and activate scripts are not written for `set -u`
@@ -59,9 +60,12 @@ SCRATCH_DIR="/tmp/hpcyolo-${SLURM_JOB_USER}/golden"
 # written before. Then the start is recorded, with the log's path (`hpcyolo logs`).
 LOG_FILE=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p') || LOG_FILE=
 singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo job begin \
-    --run-dir "$RUN_DIR" --log "$LOG_FILE" || exit 2
+    --run-dir "$RUN_DIR" --log "$LOG_FILE" --began "$job_began" || exit 2
 # The script that ran, with the umask's mode (cp would keep the spooled copy's 0700).
 cat "$0" > "$RUN_DIR/sbatch-$SLURM_JOB_ID.sh"
+# The ledger of this start (`hpcyolo status`: where the hours went): a stamp as each part begins.
+LEDGER="$RUN_DIR/ledger/$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}.times"
+stamp() { echo "$1 $EPOCHREALTIME" >> "$LEDGER" 2>/dev/null || true; }
 # What the trainer reads besides its options: the marker it leaves once its
 # checkpoint is written (srun may report another rank's kill instead of exit 75),
 # the scratch to remove when no requeue follows.
@@ -69,6 +73,7 @@ export HPCYOLO_PREEMPT_MARKER="$RUN_DIR/.preempted-$SLURM_JOB_ID-${SLURM_RESTART
 export HPCYOLO_SCRATCH_DIR="$SCRATCH_DIR"
 
 # ---- stage the dataset into node-local scratch, once per node ----
+stamp stage
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=56 \
     singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo stage \
     --data "$DATA" --dest "$SCRATCH_DIR/data"
@@ -85,20 +90,24 @@ terminated=
 trap 'terminated=1' TERM
 set +e
 exec 3>&1
+stamp train
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 \
     singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo train \
     --run-dir "$RUN_DIR" --data "$DATA" --model s --epochs 50 --batch 64 --workers 4 --save-every 500 \
     --keep 2 --signal USR2 --dist-timeout 600 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
 status=${PIPESTATUS[0]}
+stamp end
 exec 3>&-
 set -e
 
 # ---- the end: requeue after a checkpoint, or say how the step ended ----
 # It prints `requeue`, or the code to end with (nothing if it could not run: then the step's).
 ending=$(singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo job end \
-    --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3 --srun-errors "$srun_errors") || ending=
+    --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3 --srun-errors "$srun_errors" \
+    --run-dir "$RUN_DIR" --max-failures 2) || ending=
 rm -f "$srun_errors"
 if [ "$ending" = requeue ]; then
+    stamp exit
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
 fi
@@ -110,4 +119,5 @@ if [ -z "$terminated" ]; then
         singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo stage \
         --remove "$SCRATCH_DIR" || echo "hpcyolo: could not remove $SCRATCH_DIR on every node" >&2
 fi
+stamp exit
 exit "$status"

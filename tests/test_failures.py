@@ -1,0 +1,70 @@
+"""What a failed training step means for the job: which failures retry
+without their node(s), which never retry, and the ledger's arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+from hpcyolo.node.job import end, node_failure
+from hpcyolo_trainer.ledger import account, read_starts
+from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
+
+KILLED = "srun: error: node2: tasks 2-3: Killed\nsrun: error: node1: tasks 0-1: Exited with exit code 76\n"
+
+
+def test_a_rank_killed_by_a_signal_is_a_node_failure():
+    failure = node_failure(137, KILLED)
+    assert failure.nodes == ("node2",) and failure.ranks == "2-3" and "Killed" in failure.reason
+    assert node_failure(1, "srun: error: node1: task 0: Segmentation fault\n").nodes == ("node1",)
+    assert node_failure(1, "srun: error: Node failure on node3\n").nodes == ("node3",)
+
+
+def test_a_users_error_never_retries():
+    assert node_failure(1, "srun: error: node1: tasks 0-1: Exited with exit code 1\n") is None
+    assert node_failure(2, "srun: error: node1: task 0: Exited with exit code 2\n") is None
+    assert node_failure(137, "slurmstepd: error: Detected 1 oom_kill event in StepId=5.0\n" + KILLED) is None
+    assert node_failure(HANG_EXIT_CODE, "", {"ranks": [], "nodes": [], "reason": "every rank alike"}) is None
+
+
+def test_a_hang_blamed_on_a_node_retries_without_it():
+    blame = {"ranks": [3], "nodes": ["node2"], "reason": "did not answer"}
+    failure = node_failure(HANG_EXIT_CODE, "srun: error: node1: tasks 0-2: Exited with exit code 79\n", blame)
+    assert failure.nodes == ("node2",) and failure.reason.startswith("hang:")
+
+
+def test_failures_retry_up_to_max_failures_then_stop():
+    failure = node_failure(137, KILLED)
+    first = end(137, None, job="7", restart=0, max_requeues=3, failure=failure, failures_before=0, max_failures=1)
+    assert first.requeue and first.exclude == ("node2",) and first.code == 0
+    again = end(137, None, job="7", restart=1, max_requeues=3, failure=failure, failures_before=1, max_failures=1)
+    assert not again.requeue and again.code == 137 and "max_failures is 1 and was reached" in again.message
+    never = end(137, None, job="7", restart=0, max_requeues=3, failure=failure, failures_before=0, max_failures=0)
+    assert not never.requeue and never.code == 137
+
+
+def write_start(folder, name, stamps, trainer=None):
+    (folder / f"{name}.times").write_text("".join(f"{k} {v}\n" for k, v in stamps.items()))
+    if trainer:
+        (folder / f"{name}.json").write_text(json.dumps(trainer))
+
+
+def test_the_ledger_tiles_each_start_and_moves_recomputed_steps_to_lost(tmp_path):
+    write_start(tmp_path, "5-0", {"submit": 90, "start": 100, "begin": 100.5, "stage": 102, "train": 110,
+                                  "end": 150, "exit": 151},
+                {"times": {"process": 111, "rendezvous": 113, "setup": 114, "loop": 120, "exit": 149},
+                 "seconds": {"validation": 5, "checkpoint": 2}, "updated": 149,
+                 "steps": {"resumed": 0, "reached": 100, "checkpoint": 80}})
+    write_start(tmp_path, "5-1", {"begin": 171, "train": 172, "end": 200, "exit": 200.5},
+                {"times": {"process": 172.5, "rendezvous": 174, "setup": 175, "loop": 176, "finish": 198,
+                           "exit": 199}, "seconds": {"validation": 4, "checkpoint": 0}, "updated": 199,
+                 "steps": {"resumed": 80, "reached": 150, "checkpoint": 150}})
+    figures = account(read_starts(tmp_path))
+    parts = figures["parts"]
+    assert figures["wall"] == 151 - 100.5 + 200.5 - 171
+    assert abs(figures["booked"] - figures["wall"]) < 1e-9  # the parts tile the jobs' time
+    assert parts["queued"] == 10 and parts["idle"] == 20
+    assert parts["staging"] == 8 and parts["startup"] == 2 + 1.5 and parts["rendezvous"] == 1 + 1
+    # the first start's loop: 29 s, 7 of them validation and checkpoint; 20 of its 100 steps done again
+    assert abs(parts["lost"] - 22 * 20 / 100) < 1e-9
+    assert abs(parts["training"] - (22 - 4.4 + 22 - 4)) < 1e-9
+    assert parts["finish"] == 1 and parts["launch"] == 1 + 1 + 0.5 + 1
