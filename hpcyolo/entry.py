@@ -27,31 +27,32 @@ def main() -> int | None:
     if args[:1] == ["stage"]:
         known = _stage_args(args[1:])
         if known is not None:
-            data, dest, workers = known
+            data, dest, workers, signal = known
             marker = current_marker(data, dest)
             if marker is not None:
                 claim(dest)
                 say(already_staged(data, dest, marker))
                 return 0
-            if _plain(data, dest):
-                _exit(_stage(data, dest, workers))
+            if _plain(data, dest) and _handled(signal):
+                _exit(_stage(data, dest, workers, signal))
     from hpcyolo.cli import main as cli
 
     return cli()
 
 
-def _stage_args(args: list[str]) -> tuple[str, str, int | None] | None:
-    """`--data DATA --dest DEST [--workers N]` in any order, each once; None
-    for anything else (--help, --remove, --data=X, ...), which click reads."""
+def _stage_args(args: list[str]) -> tuple[str, str, int | None, str | None] | None:
+    """`--data DATA --dest DEST [--workers N] [--signal NAME]` in any order,
+    each once; None for anything else (--help, --remove, --data=X, ...),
+    which click reads."""
     options = dict(zip(args[::2], args[1::2]))
     if len(args) % 2 or len(options) != len(args) // 2 or not {"--data", "--dest"} <= options.keys() or \
-            not options.keys() <= {"--data", "--dest", "--workers"} or \
+            not options.keys() <= {"--data", "--dest", "--workers", "--signal"} or \
             any(not value or value.startswith("-") for value in options.values()):
         return None
     workers = options.get("--workers")
     if workers is not None and not (workers.isascii() and workers.isdigit() and int(workers) >= 1):
         return None
-    return options["--data"], options["--dest"], None if workers is None else int(workers)
+    return options["--data"], options["--dest"], None if workers is None else int(workers), options.get("--signal")
 
 
 def _plain(data: str, dest: str) -> bool:
@@ -61,13 +62,21 @@ def _plain(data: str, dest: str) -> bool:
         (not os.path.lexists(dest) or os.path.isdir(dest) and os.access(dest, os.R_OK))
 
 
-def _stage(data: str, dest: str, workers: int | None) -> int:
+def _handled(signal: str | None) -> bool:
+    """Whether click's check of --signal would pass (a first stage only: the
+    settings' table costs imports that a requeued job's answer does without)."""
+    from hpcyolo_trainer.settings import SIGNALS
+
+    return signal is None or signal in SIGNALS
+
+
+def _stage(data: str, dest: str, workers: int | None, signal: str | None) -> int:
     """`hpcyolo stage` as the click command runs it (hpcyolo.cli), errors included."""
     from hpcyolo.node.stage import stage
     from hpcyolo_trainer.errors import HpcyoloError, printable
 
     try:
-        stage(data, dest, workers=workers)
+        stage(data, dest, workers=workers, signal=signal)
     except HpcyoloError as e:
         print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr)
         return e.exit_code

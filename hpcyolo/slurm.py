@@ -194,6 +194,16 @@ def associations(user: str) -> subprocess.CompletedProcess:
     return run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=account,qos"], timeout=ASK_TIMEOUT)
 
 
+def config() -> subprocess.CompletedProcess:
+    """`scontrol show config`: `Key = value` lines (PreemptType, PreemptMode, KillWait, ...)."""
+    return run(["scontrol", "show", "config"], timeout=ASK_TIMEOUT)
+
+
+def partition(name: str | None) -> subprocess.CompletedProcess:
+    """`scontrol show partition [NAME] -o`: a line of Key=Value words per partition (GraceTime, PreemptMode)."""
+    return run(["scontrol", "show", "partition", *([name] if name else []), "-o"], timeout=ASK_TIMEOUT)
+
+
 def one_task(options: list[str], command: list[str], *, timeout: float) -> subprocess.CompletedProcess:
     """`srun OPTIONS COMMAND`: one step (an allocation of its own), as doctor
     runs it to look at a compute node."""

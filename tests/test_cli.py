@@ -123,8 +123,10 @@ def test_exec_missing_command():
 
 
 @pytest.mark.parametrize("args, read", [
-    (["--data", "d.yaml", "--dest", "/s/data"], ("d.yaml", "/s/data", None)),
-    (["--dest", "/s/data", "--workers", "8", "--data", "d.yaml"], ("d.yaml", "/s/data", 8)),
+    (["--data", "d.yaml", "--dest", "/s/data"], ("d.yaml", "/s/data", None, None)),
+    (["--dest", "/s/data", "--workers", "8", "--data", "d.yaml"], ("d.yaml", "/s/data", 8, None)),
+    (["--signal", "USR1", "--data", "d.yaml", "--dest", "/s/data"], ("d.yaml", "/s/data", None, "USR1")),
+    (["--data", "d.yaml", "--dest", "/s/data", "--signal", "-9"], None),
     (["--data=d.yaml", "--dest", "/s/data"], None),  # click's syntax: click reads it
     (["--data", "d.yaml"], None),
     (["--data", "d.yaml", "--dest", "/s/data", "--data", "e.yaml"], None),

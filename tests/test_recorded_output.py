@@ -146,3 +146,76 @@ def test_the_preemption_exit_code_is_named_once():
 
     assert "75" not in Path(doctor.__file__).read_text().replace("0.75", "")
     assert preemption.EXIT_CODE == 75
+
+
+# == the preemption check: scontrol show config and show partition (the testbed's, Slurm 22.05) ==
+
+def preemption_site(tmp_path, **preemption):
+    spec = {**SITE, "slurm": {**SITE["slurm"], "partition": "preemptible"},
+            "preemption": {"signal": "USR2", "grace": 60, **preemption}}
+    return load_site(write(tmp_path / "preempt-site.yaml", yaml.safe_dump(spec)))
+
+
+def test_scontrol_config_and_partition_lines():
+    config = doctor.parse_config(recorded("scontrol_show_config.txt"))
+    assert (config["PreemptType"], config["PreemptMode"], config["KillWait"]) == \
+        ("preempt/partition_prio", "REQUEUE", "5 sec")
+    partitions = recorded("scontrol_show_partition.txt")
+    assert doctor.parse_partition(partitions, "preemptible")["GraceTime"] == "30"
+    assert doctor.parse_partition(partitions, None)["PartitionName"] == "debug"  # Default=YES
+    assert doctor.parse_partition(partitions, "gpu") == {}
+
+
+def test_a_checkpoint_is_estimated_from_the_published_size_without_torch():
+    nbytes, counted = doctor.checkpoint_estimate("n", "sgd")
+    assert nbytes == 3_157_200 * 12 and counted.startswith("yolov8n, 3.2 M parameters x 12 B")
+    assert doctor.checkpoint_estimate("yolo11x", "adamw")[0] == 56_966_176 * 16
+    assert "not measured" in counted
+
+
+@pytest.mark.parametrize("partition, params, speed, status, words", [
+    ("preemptible", "", 300e6, "PASS", "SIGKILL 30 s later (GraceTime); a checkpoint ~51 MB"),
+    ("preemptible", "", 1e6, "FAIL", "longer than the 30 s Slurm leaves"),
+    ("preemptible", "", 4e6, "WARN", "under 3x of the 30 s Slurm leaves"),
+    ("preemptible", "preempt_send_user_signal", 300e6, "PASS", "at preemption SIGUSR2 and SIGTERM"),
+    ("preemptible", "", "Permission denied", "WARN", "write time is unknown"),
+    ("debug", "", 300e6, "PASS", "jobs of debug are not preempted (PreemptType preempt/partition_prio, "
+                                 "PreemptMode OFF)"),
+    ("nograce", "", 100e6, "FAIL", "SIGKILL 5 s later (KillWait, no GraceTime)"),
+], ids=["grace", "slow", "tight", "user-signal", "unwritable", "not-preempted", "killwait"])
+def test_the_preemption_check(tmp_path, partition, params, speed, status, words):
+    config = recorded("scontrol_show_config.txt")
+    if params:
+        config += f"PreemptParameters       = {params}\n"
+    lines = recorded("scontrol_show_partition.txt")
+    lines += lines.splitlines()[1].replace("preemptible", "nograce").replace("GraceTime=30", "GraceTime=0") + "\n"
+    part = doctor.parse_partition(lines, partition)
+    estimate = doctor.checkpoint_estimate("n", "auto")
+    if partition == "nograce":
+        estimate = doctor.checkpoint_estimate("yolov8x", "auto")  # ~1.1 GB: 11 s at 100 MB/s, KillWait is 5
+    check = doctor.preemption_check(preemption_site(tmp_path), doctor.parse_config(config), part, estimate, speed,
+                                    "/runs")
+    assert check.status == status and words in check.detail, check
+    assert bool(check.fix) == (status != "PASS")
+
+
+def test_sigterm_stop_without_the_users_signal_fails(tmp_path):
+    check = doctor.preemption_check(preemption_site(tmp_path, sigterm="stop"),
+                                    doctor.parse_config(recorded("scontrol_show_config.txt")),
+                                    doctor.parse_partition(recorded("scontrol_show_partition.txt"), "preemptible"),
+                                    doctor.checkpoint_estimate("n", "auto"), 300e6, "/runs")
+    assert check.status == "FAIL" and "stops without a checkpoint" in check.detail
+    assert "preempt_send_user_signal" in check.fix
+
+
+def test_the_preemption_check_asks_slurm_and_times_the_runs_storage(tmp_path, monkeypatch):
+    monkeypatch.setattr(slurm, "config", lambda: answer("scontrol_show_config.txt"))
+    monkeypatch.setattr(slurm, "partition", lambda name: answer("scontrol_show_partition.txt"))
+    site = load_site(write(tmp_path / "s.yaml", yaml.safe_dump({**SITE, "slurm": {**SITE["slurm"], "partition":
+                                                                "preemptible"}, "storage": {"runs": str(tmp_path)}})))
+    check = doctor.check_preemption(site, None)
+    assert check.status in ("PASS", "WARN") and f"fsynced in {tmp_path}" in check.detail, check
+    assert "for the default model" in check.detail
+    assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]  # the test file is gone
+    monkeypatch.setattr(slurm, "config", lambda: answer("scancel_denied.txt", code=1))
+    assert doctor.check_preemption(site, None).status == "SKIP"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,65 @@ def test_two_jobs_sharing_nodes_do_not_collide(tmp_path, slurm_env):
         ports |= {r["env"]["MASTER_PORT"] for r in reports}
         hosts.append({r["host"] for r in reports})
     assert len(ports) == 2 and hosts[0] == hosts[1]  # same nodes, different ports
+
+
+STAGED_DATA = "import os; open(os.environ['HPCYOLO_RUN_DIR'] + '/trained-on', 'w').write(os.environ['HPCYOLO_DATA'])"
+
+
+def staging_job(tmp_path: Path, slurm_env, name: str):
+    """A job whose stage step holds (the stall drill) once its files are copied: (job id, site spec, stall file,
+    log_says(words, timeout))."""
+    stall = tmp_path / "stall"
+    stall.write_text("")
+    spec = yaml.safe_load(make_testbed_site(tmp_path, max_requeues=2).read_text())
+    spec["storage"]["scratch"] = str(tmp_path / "scratch")
+    spec["environment"] = {"env": {"HPCYOLO_DRILL_STAGE_STALL": str(stall)}}
+    site = write(tmp_path / "stage-site.yaml", yaml.safe_dump(spec))
+    job = job_spec(tmp_path, name, ["python3", "-c", STAGED_DATA], nodes=2, tasks=1,
+                   data={"yaml": str(COCO8), "stage": True})
+    job_id = submit(site, job, slurm_env, tmp_path)
+
+    def log_says(words: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while words not in job_log(tmp_path, name, job_id):
+            state = slurm.show_job(job_id, env=slurm_env).get("JobState")
+            assert state not in slurm.FINAL_STATES and time.monotonic() < deadline, \
+                f"{state}, no {words!r}:\n{job_log(tmp_path, name, job_id)[-3000:]}"
+            time.sleep(0.5)
+        return job_log(tmp_path, name, job_id)
+
+    log_says("drill: the files are copied", 120)
+    return job_id, spec, stall, log_says
+
+
+def test_the_sites_signal_during_staging_requeues_and_the_next_start_stages(tmp_path, slurm_env):
+    """The site's signal (scancel --signal: to the job steps, as --signal=SIG@T
+    sends it) while `hpcyolo stage` copies: the stage stops (exit 75, the
+    preemption marker), the batch script requeues the job, and the requeued
+    start stages the dataset from the beginning and runs to the end."""
+    job_id, spec, stall, log_says = staging_job(tmp_path, slurm_env, "stagestop")
+    slurm.cancel(job_id, f"--signal={spec['preemption']['signal']}", env=slurm_env)
+    log_says("requeueing job", 60)
+    stall.unlink()  # the requeued start stages without a stall
+    info = slurm.wait(job_id, timeout=180, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "stagestop", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    signal = f"SIG{spec['preemption']['signal']}"
+    assert f"stopped by {signal}" in log and "the partial copy was removed" in log
+    assert f"checkpointed ({signal} while staging, before the copy was complete); requeueing job {job_id}" in log
+    assert "hpcyolo stage: staged " in log.partition("requeueing job")[2] and "Traceback" not in log
+    run = tmp_path / "runs" / "stagestop"
+    assert (run / "trained-on").read_text().endswith("/data/data.yaml")  # the staged copy, not COCO8
+    assert "restart 1" in (run / "hpcyolo-run").read_text()
+
+
+def test_a_cancel_during_staging_stops_without_a_requeue(tmp_path, slurm_env):
+    job_id, _, stall, _ = staging_job(tmp_path, slurm_env, "stagecancel")
+    slurm.cancel(job_id, env=slurm_env)
+    info = slurm.wait(job_id, timeout=120, env=slurm_env)
+    stall.unlink()
+    log = job_log(tmp_path, "stagecancel", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), log[-3000:]
+    assert "requeueing" not in log and "stopped by" not in log and "Traceback" not in log
+    assert not list((tmp_path / "runs" / "stagecancel").glob(".preempted-*"))
+    assert not list((tmp_path / "scratch").rglob(".data.partial-*"))  # the partial copy was removed

@@ -154,3 +154,26 @@ def test_a_slow_gemm_is_named_and_fails_only_on_gpus(cuda):
     assert ("not counted as a failure" in line) is (not cuda)
     line, ok = slow_ranks(times[:3], cuda)
     assert ok and "SLOW" not in line
+
+
+def test_the_preemption_path_of_the_live_cluster(slurm_env, tmp_path):
+    """The testbed's preemptible partition: preempt/partition_prio in REQUEUE
+    mode with a 30 s GraceTime, no preempt_send_user_signal; its default
+    partition is never preempted."""
+    from testbed.slurm_testbed import GRACE_TIME, PREEMPTIBLE
+
+    spec = yaml.safe_load(TESTBED.read_text())
+    spec["storage"]["runs"] = str(tmp_path / "runs")
+    spec["slurm"]["partition"] = PREEMPTIBLE
+    job = write(tmp_path / "job.yaml", json.dumps({"name": "d", "resources": {"nodes": 1, "time": "00:05:00"},
+                                                   "data": {"yaml": str(tmp_path / "none.yaml")},
+                                                   "train": {"model": "yolo11s", "optimizer": "sgd"}}))
+    write(tmp_path / "none.yaml", "path: .\ntrain: images\nval: images\nnames: {0: a}\n")
+    r = doctor(write(tmp_path / "site.yaml", yaml.safe_dump(spec)), job, env=slurm_env)
+    line = next((x for x in r.stdout.splitlines() if x[6:].startswith("preemption")), "")
+    assert line.startswith("PASS  preemption         "), r.stdout + r.stderr
+    assert (f"{PREEMPTIBLE}: PreemptMode REQUEUE (preempt/partition_prio); at preemption SIGTERM only (no "
+            f"preempt_send_user_signal in PreemptParameters), SIGKILL {GRACE_TIME} s later (GraceTime)") in line
+    assert "yolo11s, 9.5 M parameters x 12 B" in line and f"fsynced in {tmp_path / 'runs'}" in line
+    r = doctor(TESTBED, env=slurm_env)
+    assert "PASS  preemption         jobs of debug are not preempted" in r.stdout, r.stdout

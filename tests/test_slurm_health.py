@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 from conftest import VENV_BIN, job_log, submit, write
-from test_slurm_train import leftovers, scratch_root, site_file, task_pid, wait_for_log  # noqa: F401 (a fixture)
+from test_slurm_train import leftovers, site_file, task_pid, wait_for_log
 
 from hpcyolo import slurm
 from hpcyolo_trainer import rundir
@@ -23,6 +26,14 @@ from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
 pytestmark = pytest.mark.slurm
 LONG = 1000  # epochs: far more than the jobs below run before they are stopped
 HANG_MIN = 5.0  # run.hang_min of these jobs (the default, 60 s, would make the tests a minute longer each)
+
+
+@pytest.fixture
+def scratch_root():
+    """Node-local scratch of this test's jobs, in /dev/shm as on the testbed's site."""
+    root = Path("/dev/shm") / f"hpcyolo-test-{uuid.uuid4().hex[:8]}"
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def job(tmp_path, name, data, nodes=1, epochs=LONG, run=None, every_steps=0):

@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -399,3 +400,56 @@ def test_cli_stage_lanes_agree(tmp_path, dest):
     assert r.returncode == 2 and "is a directory" in r.stderr
     r = hpcyolo("stage", "--dest", dest)
     assert r.returncode == 2 and "give --data and --dest" in r.stderr
+
+
+def stalled_stage(data: Path, dest: Path, tmp_path: Path, *extra: str, env: dict | None = None):
+    """`hpcyolo stage` held by the stall drill once its files are copied (the copy partial)."""
+    stall = tmp_path / "stall"
+    stall.write_text("")
+    marker = tmp_path / "run" / ".preempted-1-0"
+    marker.parent.mkdir(exist_ok=True)
+    env = {**os.environ, st.STALL_ENV: str(stall), "HPCYOLO_PREEMPT_MARKER": str(marker), **(env or {})}
+    env.pop("SLURM_JOB_ID", None)
+    exe = os.path.join(os.path.dirname(sys.executable), "hpcyolo")
+    proc = subprocess.Popen([exe, "stage", "--data", str(data), "--dest", str(dest), *extra], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(dest.parent.glob(f".{dest.name}.partial-*/dataset/images")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the drill's wait
+    return proc, stall, marker
+
+
+@pytest.mark.parametrize("workers", [None, "3"])
+def test_the_sites_signal_stops_staging_for_a_requeue(data, dest, tmp_path, workers):
+    """The site's signal while copying: the partial copy removed, the
+    preemption marker written, exit 75 (the batch script requeues); the
+    next stage copies from the beginning and completes."""
+    extra = ("--workers", workers) if workers else ()
+    proc, stall, marker = stalled_stage(data, dest, tmp_path, "--signal", "USR1", *extra)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(30) == 75
+    err = proc.stderr.read()
+    assert "stopped by SIGUSR1" in err and "the partial copy was removed" in err and "Traceback" not in err, err
+    assert marker.read_text().startswith("SIGUSR1 while staging")
+    assert not dest.exists() and not list(dest.parent.glob(".data.partial-*"))
+    stall.unlink()
+    r = hpcyolo("stage", "--data", data, "--dest", dest, "--signal", "USR1")
+    assert r.returncode == 0 and "staged 25 files" in r.stderr, r.stderr
+    assert same_tree(data.parent, dest / "dataset")
+
+
+def test_sigterm_of_a_cancel_stops_staging_without_a_requeue(data, dest, tmp_path):
+    """SIGTERM that is no preemption (outside Slurm here, as a cancel is
+    inside): the partial copy removed, no marker, exit 143."""
+    proc, stall, marker = stalled_stage(data, dest, tmp_path, "--signal", "USR1")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 143
+    assert not marker.exists() and not dest.exists() and not list(dest.parent.glob(".data.partial-*"))
+    stall.unlink()
+
+
+def test_stage_signal_option_is_checked(data, dest):
+    r = hpcyolo("stage", "--data", data, "--dest", dest, "--signal", "KILL")
+    assert r.returncode == 2 and "Invalid value for '--signal'" in r.stderr

@@ -10,6 +10,7 @@ import click
 
 from hpcyolo.cli.group import main, this_process_vars
 from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.settings import SIGNALS
 
 
 @main.command(short_help="Copy a dataset into node-local scratch.")
@@ -23,7 +24,10 @@ from hpcyolo_trainer.errors import HpcyoloError
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes that stat and copy the "
               "files in parallel; from Lustre or NFS, where each file waits on the servers, more than the CPUs "
               "pay off.  [default: one per CPU, 2 to 16; one below 1024 files]")
-def stage(data: str | None, dest: str | None, remove: str | None, workers: int | None) -> None:
+@click.option("--signal", type=click.Choice(SIGNALS), default=None,
+              help="The site's preemption signal: it stops the stage for a requeue (exit 75, the preemption "
+              "marker written), as SIGTERM does when Slurm is preempting, requeueing or timing out the job.")
+def stage(data: str | None, dest: str | None, remove: str | None, workers: int | None, signal: str | None) -> None:
     """Copy a dataset into node-local scratch, once per node.
 
     Run as one task per node (the sbatch script does this); other tasks on
@@ -39,7 +43,9 @@ def stage(data: str | None, dest: str | None, remove: str | None, workers: int |
         hpcyolo stage --data /lustre/coco/coco.yaml --dest /dev/shm/$USER/coco
 
     Train with DEST/data.yaml. One line on stderr when the copy starts and
-    one when it ends (files, bytes, seconds, MB/s, node).
+    one when it ends (files, bytes, seconds, MB/s, node). Stopped for a
+    preemption or requeue, it removes the partial copy and exits 75; a
+    cancel (SIGTERM) removes it and exits 143.
     """
     from hpcyolo.node import stage as staging
 
@@ -48,7 +54,7 @@ def stage(data: str | None, dest: str | None, remove: str | None, workers: int |
         return
     if not (data and dest):
         raise click.UsageError("give --data and --dest (or --remove DIR)")
-    staging.stage(data, dest, workers=workers)
+    staging.stage(data, dest, workers=workers, signal=signal)
 
 
 def _setting_option(name: str):

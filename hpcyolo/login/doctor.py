@@ -383,6 +383,148 @@ def check_layout(plan, version: tuple[int, int] | None) -> Check:
     return Check("layout", "PASS", text)
 
 
+# == the preemption path: Slurm's grace against a checkpoint's write ===========
+
+# Bytes per parameter that a checkpoint holds: the weights and the EMA (float32
+# each) and the optimizer's state: SGD's and MuSGD's momentum (one float32),
+# AdamW's two moments; `auto` picks AdamW or MuSGD, so the larger.
+OPTIMIZER_BYTES = {"sgd": 4, "musgd": 4, "adamw": 8, "auto": 8}
+# The test file doctor writes (and fsyncs) in storage.runs to time its storage.
+SPEED_PROBE_BYTES = 32 << 20
+# A grace below this many checkpoint writes warns: the ranks first finish
+# their optimizer step and agree, and the batch script must still requeue.
+GRACE_MARGIN = 3
+
+
+def parse_config(out: str) -> dict[str, str]:
+    """`scontrol show config`'s `Key = value` lines as a dict."""
+    pairs = (line.split("=", 1) for line in out.splitlines() if " = " in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def parse_partition(out: str, name: str | None) -> dict[str, str]:
+    """The line of partition `name` (the default one for None) of `scontrol
+    show partition -o`, as Key=Value fields; {} when there is none."""
+    for line in out.splitlines():
+        fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if fields.get("PartitionName") == name or name is None and fields.get("Default") == "YES":
+            return fields
+    return {}
+
+
+def published_parameters(model: str) -> int:
+    """The detector's parameter count as its family module publishes it
+    (ultralytics' count, 80 classes), read from the module's source: the
+    module imports torch, which doctor does not."""
+    import ast
+
+    import hpcyolo_trainer
+    from hpcyolo_trainer import registry
+
+    name = registry.ALIASES.get(model, model)
+    family, scale = name[:-1], name[-1]
+    tree = ast.parse((Path(hpcyolo_trainer.__file__).parent / "families" / f"{family}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PUBLISHED_PARAMETERS":
+            return ast.literal_eval(node.value)[scale]
+    raise HpcyoloError(f"families/{family}.py has no PUBLISHED_PARAMETERS")
+
+
+def checkpoint_estimate(model: str, optimizer: str) -> tuple[int, str]:
+    """(bytes, how they were counted) of a checkpoint of `model` trained with `optimizer`."""
+    from hpcyolo_trainer import registry
+
+    name = registry.ALIASES.get(model, model)
+    params = published_parameters(name)
+    per = 8 + OPTIMIZER_BYTES[optimizer]
+    return params * per, (f"{name}, {params / 1e6:.1f} M parameters x {per} B: weights, EMA and optimizer "
+                          f"{optimizer}'s state, estimated from the published size, not measured")
+
+
+def write_speed(folder: str, nbytes: int = SPEED_PROBE_BYTES) -> float | str:
+    """Bytes per second of a test file written and fsynced in `folder`
+    (made first), removed after; or why it could not be written."""
+    data = os.urandom(nbytes)  # not zeros: compressing filesystems would flatter them
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hpcyolo-doctor-speed-") as f:
+            start = time.monotonic()
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            seconds = time.monotonic() - start
+    except OSError as e:
+        return e.strerror or str(e)
+    return nbytes / max(seconds, 1e-6)
+
+
+def check_preemption(site: SiteConfig, job: JobSpec | None) -> Check:
+    """The preemption path on the live cluster: how Slurm stops a job of the
+    partition and how long it leaves, against a checkpoint's write."""
+    code, out = _ask(slurm.config)
+    if code != 0:
+        return Check("preemption", "SKIP", f"scontrol show config does not answer ({out.strip()[:100]})")
+    config = parse_config(out)
+    code, out = _ask(slurm.partition, site.slurm.partition)
+    part = parse_partition(out, site.slurm.partition) if code == 0 else {}
+    root = _expand(site.storage.runs)
+    speed = write_speed(root) if root is not None else f"{site.storage.runs}: a variable in it is not set here"
+    from hpcyolo_trainer import registry
+
+    model, optimizer = (job.train.model, job.train.optimizer) if job else (None, None)
+    if model not in registry.CHOICES:  # no job, or a model the weights decide (train.weights)
+        model = registry.DEFAULT
+    optimizer = optimizer if optimizer in OPTIMIZER_BYTES else "auto"
+    return preemption_check(site, config, part, checkpoint_estimate(model, optimizer), speed, root,
+                            job_given=job is not None and job.train.model == model)
+
+
+def preemption_check(site: SiteConfig, config: dict[str, str], part: dict[str, str], estimate: tuple[int, str],
+                     speed: float | str, where: str | None, job_given: bool = True) -> Check:
+    """The check from what Slurm said (`config`: scontrol show config;
+    `part`: the partition's line), the checkpoint's estimated size and the
+    write speed measured in `where` (or why it is not known)."""
+    ptype, mode = config.get("PreemptType"), (part.get("PreemptMode") or config.get("PreemptMode") or "").upper()
+    if not ptype:
+        return Check("preemption", "SKIP", "scontrol show config names no PreemptType")
+    name = part.get("PartitionName") or site.slurm.partition or "the default partition"
+    if ptype == "preempt/none" or mode.startswith("OFF") or not mode:
+        return Check("preemption", "PASS", f"jobs of {name} are not preempted (PreemptType {ptype}, PreemptMode "
+                     f"{mode or 'unset'}); the time limit's signal comes {site.preemption.grace} s before the end")
+    if "SUSPEND" in mode or mode == "GANG":
+        return Check("preemption", "PASS", f"{name}: a preempted job is suspended ({ptype}, PreemptMode {mode}), "
+                     "not stopped: nothing to checkpoint")
+    grace = int(part.get("GraceTime") or 0)
+    kill_wait = int((config.get("KillWait") or "30").split()[0])
+    window, whence = (grace, "GraceTime") if grace else (kill_wait, "KillWait, no GraceTime")
+    user_signal = "preempt_send_user_signal" in config.get("PreemptParameters", "")
+    how = (f"SIG{site.preemption.signal} and SIGTERM (preempt_send_user_signal)" if user_signal else
+           "SIGTERM only (no preempt_send_user_signal in PreemptParameters)")
+    text = f"{name}: PreemptMode {mode} ({ptype}); at preemption {how}, SIGKILL {window} s later ({whence})"
+    if not user_signal and site.preemption.sigterm == "stop":
+        return Check("preemption", "FAIL", f"{text}; with preemption.sigterm: stop a preempted job stops without "
+                     "a checkpoint and is not requeued by hpcyolo",
+                     "set preemption.sigterm: requeue (hpcyolo then asks Slurm why SIGTERM came), or ask the "
+                     "admins for PreemptParameters=preempt_send_user_signal")
+    nbytes, counted = estimate
+    if not job_given:
+        counted += ", for the default model: give the JOB with its train.model for its own"
+    if isinstance(speed, str):
+        return Check("preemption", "WARN", f"{text}; a checkpoint ~{nbytes / 1e6:.0f} MB ({counted}), but its "
+                     f"write time is unknown: cannot write a test file in {where}: {speed}",
+                     "fix storage.runs (see its check), then run doctor again")
+    seconds = nbytes / speed
+    text += (f"; a checkpoint ~{nbytes / 1e6:.0f} MB ({counted}) writes in ~{seconds:.1f} s at {speed / 1e6:.0f} "
+             f"MB/s ({SPEED_PROBE_BYTES >> 20} MB written and fsynced in {where})")
+    fix = (f"ask the admins for a longer GraceTime on {name}, write runs to faster storage (storage.runs), or "
+           "checkpoint often (checkpoint.every_steps) so a preemption without one loses little")
+    if seconds > window:
+        return Check("preemption", "FAIL", f"{text}: longer than the {window} s Slurm leaves", fix)
+    if seconds * GRACE_MARGIN > window:
+        return Check("preemption", "WARN", f"{text}: under {GRACE_MARGIN}x of the {window} s Slurm leaves (the "
+                     "ranks first finish their step)", fix)
+    return Check("preemption", "PASS", text)
+
 def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None, plan=None) -> list[Check]:
     """Every check; `data`: the job's data YAML, resolved (plan.data);
     `plan`: the job's plan, whose layout is explained."""
@@ -395,6 +537,8 @@ def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None, plan=
         partition = check_partition(site, job)
         partition_ok = partition[0].status == "PASS"
         checks += [*partition, check_account(site)]
+        if partition_ok:
+            checks.append(check_preemption(site, job))
     checks += [check_runs_writable(site), check_logs(site), check_interface(site, use_srun=partition_ok),
                check_scratch(site, job, data)]
     if data:

@@ -17,10 +17,19 @@ later stage of the same source (a requeued job on the same node) finds the
 marker and returns at once. The marker records what was stat'ed of the source;
 whether a copy is still current is decided in hpcyolo_trainer.staged, which the
 `hpcyolo` command asks before importing this module (or yaml, or click).
+
+A stop while staging: the site's preemption signal, or a SIGTERM that Slurm
+says is a preemption, a requeue or the time limit (the trainer's rule:
+hpcyolo.node.slurm_stop), removes the partial copy, leaves the preemption
+marker (HPCYOLO_PREEMPT_MARKER) and exits EXIT_CODE (75): the batch script
+then requeues the job as after a checkpoint, and the next start stages again
+from the beginning (a copy counts only once it is complete and checked).
+Any other SIGTERM (scancel) removes the partial copy and exits 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -35,6 +44,7 @@ from hpcyolo.node.archive import archive_yaml, list_archive, run_tar
 from hpcyolo.node.treecopy import Manifest, copy_tree, first_difference, walk
 from hpcyolo_trainer.dataset import SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml, split_entries
 from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.preemption import EXIT_CODE, mark_preempted
 from hpcyolo_trainer.staged import (MARKER, OWNER, already_staged, claim, current_marker, is_current, node_name,
                                     read_marker, remove, say, source_identity)
 from hpcyolo_trainer.yamlfile import dump_yaml, loads
@@ -44,6 +54,10 @@ from hpcyolo_trainer.yamlfile import dump_yaml, loads
 MARGIN_BYTES = 64 << 20
 MARGIN_FRACTION = 0.02
 GiB = 1 << 30
+# A drill for tests: a file; while it exists, a stage that copies waits once
+# its files are copied, before the copy is checked and put in place (a job
+# can then be signalled while it stages, however small its dataset).
+STALL_ENV = "HPCYOLO_DRILL_STAGE_STALL"
 
 
 def _inside(path: str, root: str) -> bool:
@@ -163,17 +177,24 @@ def _watched(data_yaml: Path, spec: dict, root: Path) -> set[str]:
 
 # == stage ===================================================================
 
-def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> Path:
+def stage(data: str | Path, dest: str | Path, *, workers: int | None = None, signal: str | None = None) -> Path:
     """Stage `data` (a data YAML or a tar archive) into `dest` unless this
     node already holds a current copy; returns the staged data YAML.
     `workers`: processes that stat and copy the files (None: one per CPU,
-    2 to 16, for 1024 files or more)."""
+    2 to 16, for 1024 files or more). `signal`: the site's preemption signal
+    (USR2, ...): it stops the stage for a requeue (SystemExit(EXIT_CODE)),
+    as a SIGTERM does when Slurm is preempting, requeueing or timing out."""
     dest = Path(os.path.abspath(dest))
     marker = current_marker(data, dest)  # a requeued job: no lock, no YAML
     if marker is not None:
         claim(dest)
         say(already_staged(data, dest, marker))
         return dest / "data.yaml"
+    with _stops(signal, dest):
+        return _stage_locked(data, dest, workers)
+
+
+def _stage_locked(data: str | Path, dest: Path, workers: int | None) -> Path:
     source = resolve_source(data)
     _check_apart(source, dest)
     lock_path = dest.parent / f".{dest.name}.lock"
@@ -192,6 +213,64 @@ def stage(data: str | Path, dest: str | Path, *, workers: int | None = None) -> 
             return dest / "data.yaml"
         _clear(dest, stale=marker is not None)
         return _copy(source, dest, workers)
+
+
+class _Stopped(BaseException):
+    """Raised by the signal handler: unwind (the partial copy is removed on
+    the way), then exit EXIT_CODE for a requeue."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@contextlib.contextmanager
+def _stops(signal_name: str | None, dest: Path):
+    """SIGTERM and the site's signal while staging. Unwinding, not dying on
+    the spot, removes the partial copy, which on a tmpfs holds the node's
+    memory. The site's signal, and a SIGTERM for which Slurm says the job is
+    being preempted, requeued or timed out (what makes the trainer
+    checkpoint), end in SystemExit(EXIT_CODE) with the preemption marker
+    written: the batch script requeues. Another SIGTERM (scancel) ends in
+    SystemExit(143). The copy's forked workers inherit the handler and let
+    it be: their parent decides, and kills them as it unwinds."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+    stopping: list[str] = []
+
+    def handler(signum, frame):
+        if os.getpid() != pid or stopping:  # a copy worker, or a second signal while unwinding
+            return
+        if signum == signal.SIGTERM:
+            from hpcyolo.node.slurm_stop import sigterm_decision
+            from hpcyolo_trainer.preemption import CHECKPOINT
+
+            decision = sigterm_decision(os.environ)
+            stopping.append(decision.reason)
+            if decision.action != CHECKPOINT:
+                raise SystemExit(128 + signum)
+            raise _Stopped(decision.reason)
+        stopping.append(f"SIG{signal_name}")
+        raise _Stopped(stopping[0])
+
+    signums = {signal.SIGTERM}
+    if signal_name and signal_name != "TERM":
+        signums.add(getattr(signal, f"SIG{signal_name}"))
+    old = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    except _Stopped as e:
+        mark_preempted(f"{e.reason} while staging, before the copy was complete")
+        say(f"stopped by {e.reason} on {node_name()} before {dest} was complete; the partial copy was removed. "
+            f"Exit {EXIT_CODE}: the job is requeued, and its next start stages again")
+        raise SystemExit(EXIT_CODE) from None
+    finally:
+        for signum, previous in old.items():
+            signal.signal(signum, previous)
 
 
 def remove_stale(dest: Path) -> list[Path]:
@@ -259,7 +338,6 @@ def glob_escape(name: str) -> str:
 
 def _copy(source: Source, dest: Path, workers: int | None) -> Path:
     partial = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    restore = _exit_on_sigterm()
     try:
         os.mkdir(partial)
         staged = _copy_archive(source, dest, partial, workers) if source.flags is not None else \
@@ -270,24 +348,16 @@ def _copy(source: Source, dest: Path, workers: int | None) -> Path:
                            f"{e.filename or ''}{': ' if e.filename else ''}{e.strerror}") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-        restore()
     return staged
 
 
-def _exit_on_sigterm():
-    """scancel and the time limit send SIGTERM: unwind (removing the partial
-    copy, which on a tmpfs holds the node's memory) instead of dying on the
-    spot. Returns what puts the old handler back."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, old)
+def _drill_stall() -> None:
+    """STALL_ENV's drill: wait while its file exists."""
+    path = os.environ.get(STALL_ENV)
+    if path and os.path.exists(path):
+        say(f"drill: the files are copied; waiting while {path} exists, before the copy is checked")
+        while os.path.exists(path):
+            time.sleep(0.1)
 
 
 def _copy_tree_source(source: Source, dest: Path, partial: Path, workers: int | None) -> Path:
@@ -303,7 +373,9 @@ def _copy_tree_source(source: Source, dest: Path, partial: Path, workers: int | 
             "they are copied as links, so training reads their targets from where they are")
     say(f"copying {root} ({len(m.files)} files, {m.nbytes / 1e6:.1f} MB) to {dest} on {node_name()}")
     os.mkdir(partial / "dataset")
-    _verify(m, copy_tree(root, partial / "dataset", m, workers), dest)
+    copied = copy_tree(root, partial / "dataset", m, workers)
+    _drill_stall()
+    _verify(m, copied, dest)
     text = source.path.read_text(encoding="utf-8")
     staged_root = dest / "dataset"
     _finish(source, dest, partial, _staged_yaml_text(text, spec, staged_root,
@@ -326,6 +398,7 @@ def _copy_archive(source: Source, dest: Path, partial: Path, workers: int | None
     # -m: fresh mtimes (no utime per file, no clock-skew warnings); owners are
     # the user's, whoever packed the archive.
     run_tar(source.path, source.flags or (), "--extract", "-m", "--no-same-owner", "-C", str(partial / "dataset"))
+    _drill_stall()
     _verify(m, walk(partial / "dataset", workers), dest)
     real = Path(os.path.realpath(partial))  # dataset_root() resolves symlinks
     yaml_path = real / "dataset" / member

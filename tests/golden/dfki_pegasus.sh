@@ -58,8 +58,29 @@ export HPCYOLO_SCRATCH_DIR="$SCRATCH_DIR"
 
 # ---- stage the dataset into node-local scratch, once per node ----
 stamp stage
+# Stopped by the site's signal, or by a SIGTERM of a preemption, requeue or
+# time limit, `hpcyolo stage` exits 75 and leaves the marker: the job is
+# requeued as after a checkpoint. SIGTERM reaches this shell too: trapped,
+# bash waits for the step instead of dying before the requeue.
+trap ':' TERM
+status=0
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=256 "--container-image=/netscratch/${USER}/containers/hpcyolo.sqsh" "--container-mounts=/netscratch/${USER}:/netscratch/${USER},/ds:/ds:ro" \
-    hpcyolo stage --data "$DATA" --dest "$SCRATCH_DIR/data"
+    hpcyolo stage --data "$DATA" --dest "$SCRATCH_DIR/data" --signal USR2 || status=$?
+if [ "$status" = 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
+    srun_errors=
+    ending=$(hpcyolo job end --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3 \
+        --srun-errors "$srun_errors" --run-dir "$RUN_DIR" --max-failures 2) || ending=
+    stamp exit
+    if [ "$ending" = requeue ]; then
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
+    exit "${ending:-$status}"
+elif [ "$status" != 0 ]; then
+    stamp exit
+    exit "$status"
+fi
+trap - TERM
 DATA="$SCRATCH_DIR/data/data.yaml"
 
 # ---- train ----
