@@ -68,7 +68,8 @@ def test_a_stopped_rank_ends_the_job_within_the_bound_named_with_the_others_stac
     assert bound >= HANG_MIN and took < bound + 30, (took, line)  # the bound, the answers' wait, srun's teardown
     assert "rank 3 on node2 did not answer" in line and "wait in a collective" in line, line
     folder = rundir.hang_folder(tmp_path / "runs" / "stop", str(job_id), "0")
-    assert sorted(p.name for p in folder.glob("rank-*.txt")) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    # Rank 3 may leave its own once Slurm's teardown sends it SIGCONT (with SIGTERM): after the verdict.
+    assert {"rank-0.txt", "rank-1.txt", "rank-2.txt"} <= {p.name for p in folder.glob("rank-*.txt")}
     assert "thread hpcyolo-watchdog" in (folder / "rank-0.txt").read_text()
     assert json.loads((folder / "blame.json").read_text())["nodes"] == ["node2"]
     assert "not retried: preemption.max_failures is 0" in log and "Traceback" not in log
@@ -96,9 +97,10 @@ def test_a_slowed_rank_is_named_and_an_even_run_names_none(tmp_path, shapes, slu
     log = job_log(tmp_path, "slow", job_id)
     assert info["JobState"] == "COMPLETED", log[-3000:]
     named = [line for line in log.splitlines() if line.startswith("straggler:")]
-    # 12 steps, an interval of 2: named once the third interval is slow (after step 6)
+    # 12 steps, an interval of 2: named after 3 slow intervals, within the first 5 (the job's first step,
+    # slow on every rank, may hide the first)
     assert named and all(" rank 0 on " in line and "waiting on compute" in line for line in named), log[-3000:]
-    assert "to step 6," in named[0], named[0]
+    assert int(named[0].split(" to step ")[1].split(",")[0]) <= 10, named[0]
     rows = rundir.read_rows(tmp_path / "runs" / "slow" / rundir.STRAGGLERS)
     assert [r["rank"] for r in rows] == ["0"] * len(named)
 
@@ -113,18 +115,16 @@ def test_a_slowed_rank_is_named_and_an_even_run_names_none(tmp_path, shapes, slu
 
 def test_preempted_once_and_failed_once_the_run_completes_without_the_node_and_the_ledger_adds_up(
         tmp_path, shapes, slurm_env, scratch_root):
-    # 48 images, 8 a step: 6 steps an epoch, 4 epochs. The drill checkpoints after step 3 and requeues;
-    # the second start's ranks are killed in its epoch 3; the third start runs without their node.
-    site = site_file(tmp_path, scratch_root, env={"HPCYOLO_DRILL_PREEMPT_STEP": "3"})
+    # 48 images, 8 a step: 6 steps an epoch, 4 epochs, checkpoints every 4 steps and at each epoch's end.
+    # A drill checkpoints after step 3 and requeues; in the second start (on node1: an idle testbed gives
+    # a one-node job its first node) both ranks kill themselves after step 14, 2 steps past the checkpoint
+    # of step 12; the third start runs without node1, where the kill drill does nothing.
+    failed_node = "node1"
+    site = site_file(tmp_path, scratch_root, env={"HPCYOLO_DRILL_PREEMPT_STEP": "3",
+                                                  "HPCYOLO_DRILL_KILL": f"{failed_node}:14"})
     spec = job(tmp_path, "ledger", shapes, epochs=4, every_steps=4)
     job_id = submit(site, spec, slurm_env, tmp_path)
     submitted = slurm.show_job(job_id, env=slurm_env)["SubmitTime"]
-    wait_for_log(tmp_path, "ledger", job_id, slurm_env, lambda log: "resumed from ckpt-" in log and
-                 "epoch 2/4: loss" in log.split("resumed from ckpt-")[1], 600, "the second start's epoch 2")
-    first = slurm.show_job(job_id, env=slurm_env)
-    failed_node = first["NodeList"]
-    for rank in (0, 1):
-        os.kill(task_pid(job_id, rank), signal.SIGKILL)
     info = slurm.wait(job_id, timeout=600, env=slurm_env, poll=0.5, settled=lambda i: i.get("Restarts") == "2")
     log = job_log(tmp_path, "ledger", job_id)
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "2"), log[-3000:]
@@ -132,7 +132,7 @@ def test_preempted_once_and_failed_once_the_run_completes_without_the_node_and_t
     assert f"Killed; requeueing job {job_id} without {failed_node} to resume from its newest checkpoint" in log
     run = tmp_path / "runs" / "ledger"
     rows = rundir.read_rows(run / rundir.FAILURES)
-    assert [(r["nodes"], r["retried"]) for r in rows] == [(failed_node, "yes")] and int(rows[0]["lost_steps"]) >= 0
+    assert [(r["nodes"], r["retried"], r["lost_steps"]) for r in rows] == [(failed_node, "yes", "2")]
 
     status = subprocess.run([str(VENV_BIN / "hpcyolo"), "status", str(run)], capture_output=True, text=True,
                             env=slurm_env)

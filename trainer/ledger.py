@@ -68,6 +68,7 @@ class Ledger:
         self.seconds = {"validation": 0.0, "checkpoint": 0.0}
         self.steps = {"resumed": resumed_step, "reached": resumed_step, "checkpoint": resumed_step}
         self._written = 0.0
+        self._fd: int | None = None
 
     def mark(self, part: str) -> None:
         self.times[part] = time.time()
@@ -82,7 +83,15 @@ class Ledger:
             self.seconds[part] += time.monotonic() - start
 
     def step(self, step: int) -> None:
+        """After each optimizer step: the step overwrites the .step file in
+        place (one small write, no sync: a killed job's last step is
+        known), and the whole record is rewritten every EVERY seconds."""
         self.steps["reached"] = step
+        if self.path is not None:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path.with_suffix(".step"), os.O_WRONLY | os.O_CREAT, 0o644)
+            os.pwrite(self._fd, f"{step:>12}\n".encode(), 0)
         if time.monotonic() - self._written > self.EVERY:
             self.write()
 
@@ -115,13 +124,25 @@ def read_starts(folder: Path) -> list[dict]:
                 stamps.setdefault(name, float(value.replace(",", ".")))  # EPOCHREALTIME in the locale's words
             except ValueError:
                 continue
-        try:
-            trainer = json.loads(times.with_suffix(".json").read_text())
-        except (OSError, ValueError):
-            trainer = None
+        trainer = read_trainer(times.with_suffix(".json"))
         if "begin" in stamps:
             starts.append({"name": times.stem, "stamps": stamps, "trainer": trainer})
     return sorted(starts, key=lambda s: s["stamps"]["begin"])
+
+
+def read_trainer(path: Path) -> dict | None:
+    """A start's trainer record, its steps reached taken from the .step file
+    where that is further (a killed job's record is a minute old at most)."""
+    try:
+        trainer = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        reached = int(path.with_suffix(".step").read_text().split()[0])
+        trainer["steps"]["reached"] = max(trainer["steps"]["reached"], reached)
+    except (OSError, ValueError, IndexError, KeyError):
+        pass
+    return trainer
 
 
 def account(starts: list[dict]) -> dict:

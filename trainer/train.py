@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import getpass
 import hashlib
+import inspect
 import math
 import os
 import random
@@ -723,10 +724,14 @@ def data_parallel(model, d: Dist):
     """`model` under DDP where there are several ranks, else as it is."""
     if not d.distributed:
         return model
-    # broadcast_buffers off: the forward pass has no collective (the straggler
-    # report times it). Rank 0's buffers, the ones checkpointed and validated
-    # (end_epoch broadcasts its EMA), are the same either way: DDP broadcast them from rank 0.
-    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None, broadcast_buffers=False)
+    # No buffer broadcast before each forward pass (the straggler report times
+    # the forward): rank 0's buffers, the ones checkpointed and validated
+    # (end_epoch broadcasts its EMA), are the same either way, as DDP
+    # broadcast them from rank 0. torch 2.13 names it forward_sync_buffers.
+    device_ids = [d.device.index] if d.device.type == "cuda" else None
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return DDP(model, device_ids=device_ids, forward_sync_buffers=False)
+    return DDP(model, device_ids=device_ids, broadcast_buffers=False)
 
 
 def health(cfg: TrainConfig, d: Dist, parts: Parts, run: Path, hosts: list[str]) -> None:

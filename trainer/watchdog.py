@@ -159,6 +159,8 @@ class Watchdog:
                         others.remove(r)
                     time.sleep(0.2)
             except Exception as e:  # the store is rank 0's: a stopped rank 0 cannot answer
+                if read_blame(self.folder) is not None:
+                    return None  # a verdict was given (this rank was stopped, and continued at the job's end)
                 master = os.environ.get("MASTER_ADDR", "?")
                 blame = {"ranks": [0], "nodes": [self.hosts[0]],
                          "reason": f"the rendezvous store on rank 0 ({master}) does not answer ({type(e).__name__})"}

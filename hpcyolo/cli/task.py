@@ -276,8 +276,9 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
     `requeue`: the script then requeues the job and keeps the node-local
     scratch for it. A rank or node that failed (killed by a signal, a node
     failure, a hang the watchdog blames on some ranks) with retries left
-    (--max-failures) adds the failed nodes to the job's excluded nodes,
-    records the failure in RUN/failures.csv and prints `requeue` too.
+    (--max-failures) is recorded in RUN/failures.csv; the job is requeued
+    here, the failed nodes added to its excluded nodes (Slurm takes them
+    only from a pending job), and `requeued` printed.
     Anything else prints the code the job ends with, after one line on
     stderr saying why (the rank that failed first, where srun's errors name it).
     """
@@ -308,10 +309,17 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
                  max_failures=max_failures)
     if failure is not None:
         record_failure(Path(run_dir), slurm_job, restart, failure, retried=ending.requeue)
-    if ending.exclude:
-        from hpcyolo import slurm
-
-        slurm.exclude_nodes(int(slurm_job), list(ending.exclude))
     if ending.message:
         print(f"hpcyolo: {ending.message}", file=sys.stderr, flush=True)
+    if ending.exclude:  # Slurm takes a job's excluded nodes only while it is pending: requeue first
+        import signal
+
+        from hpcyolo import slurm
+
+        # The requeue sends the job's processes SIGTERM (SIGKILL KillWait later): this one has an update to make.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        slurm.requeue(int(slurm_job))
+        slurm.exclude_nodes(int(slurm_job), list(ending.exclude))
+        print("requeued")
+        return
     print("requeue" if ending.requeue else ending.code)

@@ -220,14 +220,12 @@ def record_failure(run_dir: Path, job: str, restart: str, failure: Failure, retr
     """A row of RUN/failures.csv: the node(s), rank(s), reason, whether it was
     retried, and the steps lost (trained past the newest checkpoint, from the
     trainer's ledger)."""
-    import json
+    from hpcyolo_trainer.ledger import read_trainer
 
     lost = ""
-    try:
-        steps = json.loads(rundir.ledger_file(run_dir, job, restart, ".json").read_text())["steps"]
-        lost = str(steps["reached"] - steps["checkpoint"])
-    except (OSError, ValueError, KeyError):
-        pass
+    trainer = read_trainer(rundir.ledger_file(run_dir, job, restart, ".json"))
+    if trainer is not None:
+        lost = str(trainer["steps"]["reached"] - trainer["steps"]["checkpoint"])
     rundir.append_row(run_dir / rundir.FAILURES, rundir.FAILURE_COLUMNS,
                       {"job": job, "restart": restart, "nodes": " ".join(failure.nodes), "ranks": failure.ranks,
                        "reason": failure.reason, "retried": "yes" if retried else "no", "lost_steps": lost})

@@ -120,6 +120,9 @@ if [ "$ending" = requeue ]; then
     stamp exit
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
+elif [ "$ending" = requeued ]; then  # after a failure: requeued without the failed node(s)
+    stamp exit
+    exit 0
 fi
 status=${ending:-$status}
 # Every ending but a requeue: remove the node-local scratch on every node
