@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 # (benchmark, its smallest arguments, a line of its summary)
@@ -29,6 +28,7 @@ SMOKES = [
     ("bench_rect_val.py", ["--runs", "1", "--imgsz", "160"], "ratio rect / square"),
     ("bench_finetune.py", ["--epochs", "1", "--train", "16"], "mAP50-95 gained by starting from"),
     ("bench_logging.py", ["--runs", "1", "--epochs", "2", "--train", "32"], "per-epoch time on / off"),
+    ("bench_health.py", ["--runs", "1", "--epochs", "1", "--train", "64", "--every", "1"], "on / off"),
     ("bench_mosaic_partners.py", ["--sets", "1", "--seeds", "1", "--epochs", "2", "--train", "32"],
      "seed spread"),
     ("bench_ultralytics_train.py", ["--skip-ultralytics", "--epochs", "1", "--train", "16", "--seeds", "1",

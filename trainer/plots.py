@@ -328,39 +328,3 @@ def _rectangle(xy, w, h, colour):
     from matplotlib.patches import Rectangle
 
     return Rectangle(xy, w, h, fill=False, edgecolor=colour, linewidth=0.6, alpha=0.5)
-
-
-class Background:
-    """Plots drawn off the training loop, one after another, on one daemon
-    thread: the loop only hands over the arrays. A plot that fails is a
-    warning, never a stopped run."""
-
-    def __init__(self):
-        import queue
-
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = None
-
-    def submit(self, fn, *args) -> None:
-        import threading
-
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._drain, name="plots", daemon=True)
-            self._thread.start()
-        self._queue.put((fn, args))
-
-    def wait(self) -> None:
-        """Draw what is queued; the next submit starts a new thread."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-
-    def _drain(self) -> None:
-        while (item := self._queue.get()) is not None:
-            fn, args = item
-            try:
-                fn(*args)
-            except Exception as e:  # noqa: BLE001 - a plot must never stop training
-                print(f"hpcyolo: warning: {getattr(fn, '__name__', 'plot')} failed ({type(e).__name__}: {e})",
-                      flush=True)

@@ -20,12 +20,12 @@ again), so no step appears twice.
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import struct
-import threading
 import time
 from pathlib import Path
+
+from .background import Background
 
 FOLDER = "tensorboard"  # in the run directory
 
@@ -131,43 +131,34 @@ class EventWriter:
         folder.mkdir(parents=True, exist_ok=True)
         now = time.time()
         self.path = folder / f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.hpcyolo"
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._file = open(self.path, "ab")
-        self._thread = threading.Thread(target=self._drain, name="tensorboard", daemon=True)
-        self._queue.put(version_event(now))
+        self._thread = Background("tensorboard")
+        self._thread.submit(self._write, version_event(now))
         if resumed_at is not None:
-            self._queue.put(restart_event(now, resumed_at))
-        self._thread.start()
+            self._thread.submit(self._write, restart_event(now, resumed_at))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        self._queue.put(("scalars", time.time(), step, values))
+        self._thread.submit(self._write_scalars, time.time(), step, values)
 
     def image(self, step: int, tag: str, path: Path) -> None:
         """A PNG or JPEG file as an image summary (read and encoded on the thread)."""
-        self._queue.put(("image", time.time(), step, (tag, Path(path))))
+        self._thread.submit(self._write_image, time.time(), step, tag, Path(path))
 
     def close(self) -> None:
         """Write what is queued and close the file."""
-        self._queue.put(None)
-        self._thread.join()
-
-    def _drain(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                self._file.write(record(item if isinstance(item, bytes) else self._encode(*item)))
-                if self._queue.empty():
-                    self._file.flush()
-            except Exception as e:  # noqa: BLE001 - a log that fails must never stop training
-                print(f"hpcyolo: warning: TensorBoard event not written ({type(e).__name__}: {e})", flush=True)
+        self._thread.wait()
         self._file.close()
 
-    @staticmethod
-    def _encode(kind: str, wall_time: float, step: int, payload) -> bytes:
-        if kind == "scalars":
-            return summary_event(wall_time, step, [scalar_value(k, float(v)) for k, v in payload.items()])
-        tag, path = payload
+    def _write(self, event: bytes) -> None:
+        self._file.write(record(event))
+        self._file.flush()
+
+    def _write_scalars(self, wall_time: float, step: int, values: dict[str, float]) -> None:
+        self._write(summary_event(wall_time, step, [scalar_value(k, float(v)) for k, v in values.items()]))
+
+    def _write_image(self, wall_time: float, step: int, tag: str, path: Path) -> None:
         png, height, width = _png(path)
-        return summary_event(wall_time, step, [image_value(tag, png, height, width)])
+        self._write(summary_event(wall_time, step, [image_value(tag, png, height, width)]))
 
 
 def _png(path: Path) -> tuple[bytes, int, int]:

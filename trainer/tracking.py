@@ -20,12 +20,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import queue
 import secrets
-import threading
 import time
 from pathlib import Path
 
+from .background import Background
 from .errors import HpcyoloError
 from .fsutil import write_atomic
 
@@ -57,7 +56,6 @@ class Tracking:
 
     def __init__(self, run: Path, mlflow: str | None, wandb: str | None, params: dict):
         self.run = Path(run)
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: list = []
         state = self._state()
         params = {**params, "slurm_cluster": os.environ.get("SLURM_CLUSTER_NAME", "none")}
@@ -69,8 +67,7 @@ class Tracking:
                     raise HpcyoloError(f"train.{setting} ({value}): {type(e).__name__}: "
                                        f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
         write_atomic(self.run / STATE, json.dumps(state, indent=1).encode())
-        self._thread = threading.Thread(target=self._drain, name="tracking", daemon=True)
-        self._thread.start()
+        self._thread = Background("tracking")
 
     def _state(self) -> dict:
         try:
@@ -79,16 +76,15 @@ class Tracking:
             return {}
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        self._queue.put(("scalars", step, values))
+        self._thread.submit(self._log, "scalars", step, values)
 
     def image(self, step: int, tag: str, path: Path) -> None:
-        self._queue.put(("image", step, (tag, Path(path))))
+        self._thread.submit(self._log, "image", step, (tag, Path(path)))
 
     def close(self, finished: bool) -> list[str]:
         """Write what is queued and end this job's part of the tracking runs
         (finished: the run is done); returns lines to print (wandb sync)."""
-        self._queue.put(None)
-        self._thread.join()
+        self._thread.wait()
         lines = []
         for sink in self._sinks:
             try:
@@ -97,15 +93,13 @@ class Tracking:
                 lines.append(f"hpcyolo: warning: {type(sink).__name__.strip('_')} not closed ({type(e).__name__}: {e})")
         return lines
 
-    def _drain(self) -> None:
-        while (item := self._queue.get()) is not None:
-            kind, step, payload = item
-            for sink in self._sinks:
-                try:
-                    getattr(sink, kind)(step, payload)
-                except Exception as e:  # noqa: BLE001 - a tracker must never stop training
-                    print(f"hpcyolo: warning: {type(sink).__name__.strip('_')}: {kind} at step {step} not logged "
-                          f"({type(e).__name__}: {e})", flush=True)
+    def _log(self, kind: str, step: int, payload) -> None:
+        for sink in self._sinks:  # each tracker apart: one that fails does not keep the others from logging
+            try:
+                getattr(sink, kind)(step, payload)
+            except Exception as e:  # noqa: BLE001 - a tracker must never stop training
+                print(f"hpcyolo: warning: {type(sink).__name__.strip('_')}: {kind} at step {step} not logged "
+                      f"({type(e).__name__}: {e})", flush=True)
 
 
 def _flat(params: dict) -> dict[str, str]:

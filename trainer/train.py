@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from . import checkpoint as ckpt
 from . import families, rundir
+from .background import Background
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dataset import DataSpec, check_labels
 from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
@@ -41,7 +42,7 @@ from .ledger import Ledger
 from .loss import DetectionLoss, EndToEndLoss
 from .model import ALIASES, build_model
 from .photometric import gains_of, hsv_jitter_batch
-from .plots import Background, plot_labels, write_val_plots
+from .plots import plot_labels, write_val_plots
 from .preemption import CHECKPOINT
 from .preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from .preemption import NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision, StopFlag, mark_preempted
@@ -531,7 +532,7 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
                                 plots=last and cfg.plots, drawings=parts.drawings)
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
-    fitness, seconds = gather_objects(d, (0.1 * metrics["map50"] + 0.9 * metrics["map50_95"],
+    fitness, seconds = gather_objects(d, (rundir.fitness(metrics["map50"], metrics["map50_95"]),
                                           clock.seconds(pos.global_step)))[0]
     improved = fitness > pos.best_fitness
     pos.epoch, pos.batch, pos.epoch_seconds = pos.epoch + 1, 0, 0.0

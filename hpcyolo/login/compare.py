@@ -37,7 +37,7 @@ class Run:
 
     @property
     def fitness(self) -> list[float]:
-        return [0.1 * a + 0.9 * b for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
+        return [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
 
     @property
     def best(self) -> int:
