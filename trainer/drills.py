@@ -11,7 +11,10 @@ environment variable (docs/architecture.md lists them with the others):
   itself SIGSTOP, as `kill -STOP PID` would;
 - HPCYOLO_DRILL_KILL=HOST:STEP: after optimizer step STEP every rank on HOST
   sends itself SIGKILL (a node lost); on other hosts nothing happens, so a
-  job retried without HOST runs through.
+  job retried without HOST runs through;
+- HPCYOLO_DRILL_VAL_SIGNAL=BATCH: before its validation batch BATCH (its
+  own count, from 0) every rank sends itself the site's signal, once, in a
+  process that did not resume (a resumed run validates through).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 
 SLOW_ENV, STALL_ENV = "HPCYOLO_DRILL_SLOW", "HPCYOLO_DRILL_STALL"
 FREEZE_ENV, KILL_ENV = "HPCYOLO_DRILL_FREEZE", "HPCYOLO_DRILL_KILL"
+VAL_SIGNAL_ENV = "HPCYOLO_DRILL_VAL_SIGNAL"
+ALL = (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV, VAL_SIGNAL_ENV)
 
 
 def _pair(env, name: str) -> tuple[str, float] | None:
@@ -41,10 +46,12 @@ class Drills:
         self.stall = int(stall[1]) if stall and stall[0] == str(rank) else None
         self.freeze = int(freeze[1]) if freeze and freeze[0] == str(rank) else None
         self.kill = int(kill[1]) if kill and kill[0] == host else None
+        val_signal = env.get(VAL_SIGNAL_ENV)
+        self.val_signal = int(val_signal) if val_signal else None
 
     @classmethod
     def from_env(cls, rank: int, host: str, env=os.environ) -> Drills | None:
-        return cls(rank, host, env) if any(env.get(n) for n in (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV)) else None
+        return cls(rank, host, env) if any(env.get(n) for n in ALL) else None
 
     def in_step(self, done: int) -> None:
         """Inside the forward pass of the step after optimizer step `done`."""
@@ -60,6 +67,14 @@ class Drills:
         if self.kill is not None and step == self.kill:
             print(f"drill: killing this rank (SIGKILL) after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+    def in_validation(self, batch: int, signal_name: str) -> None:
+        """Before validation batch `batch` of this rank."""
+        if self.val_signal is not None and batch == self.val_signal:
+            self.val_signal = None  # once
+            print(f"drill: SIG{signal_name} to this rank before its validation batch {batch}", flush=True)
+            os.kill(os.getpid(), getattr(signal, f"SIG{signal_name}"))
 
 
 def drill_stall(step: int) -> None:

@@ -116,9 +116,13 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
     return stats, preds
 
 
+INTERRUPTED = {"interrupted": True}  # what validate() returns on every rank when a rank was asked to stop
+
+
 @torch.no_grad()
 def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
-             worker_init=None, on_batch=None, end2end: bool = False, plots: bool = False) -> dict | None:
+             worker_init=None, on_batch=None, end2end: bool = False, plots: bool = False,
+             interrupted=None) -> dict | None:
     """The metrics of `model` on `batches` (rank 0; None elsewhere), as
     ultralytics' validator computes them: every rank predicts every
     world_size-th batch, rank 0 merges the states in batch order. The one
@@ -126,25 +130,32 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     `on_batch(images, metas, predictions)` sees each of this rank's batches.
     `end2end`: the one-to-one head's detections, without NMS (YOLO26).
     `plots`: also what the plots show, `confusion` (ConfusionMatrix.matrix
-    over all ranks' images) and `curves` (metrics.curves)."""
+    over all ranks' images) and `curves` (metrics.curves).
+    `interrupted()`, asked before each batch: True stops this rank's share
+    there (a preemption signal), and every rank then returns INTERRUPTED."""
     model.eval()
     mine = range(d.rank, len(batches), d.world_size)
     loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
                         worker_init_fn=worker_init)
-    states, confusion = [], ConfusionMatrix(batches.nc) if plots else None
+    states, confusion, stopped = [], ConfusionMatrix(batches.nc) if plots else None, False
     for k, (x, metas) in zip(mine, loader):
+        if interrupted is not None and interrupted():
+            stopped = True
+            break
         stats, preds = batch_stats(model, x, metas, d.device, conf, iou, end2end, confusion)
         states.append((k, stats.state()))
         if on_batch is not None:
             on_batch(x, metas, preds)
-    gathered = gather_objects(d, (states, None if confusion is None else confusion.matrix))
+    gathered = gather_objects(d, (states, None if confusion is None else confusion.matrix, stopped))
+    if any(s for _, _, s in gathered):
+        return INTERRUPTED
     if not d.is_main:
         return None
-    ordered = [state for _, state in sorted((pair for rank, _ in gathered for pair in rank), key=lambda p: p[0])]
+    ordered = [state for _, state in sorted((pair for rank, _, _ in gathered for pair in rank), key=lambda p: p[0])]
     merged = DetStats.merge(ordered)
     summary = DetStats.summary(merged, batches.nc, method="ultralytics")
     if plots:
-        summary["confusion"] = sum(matrix for _, matrix in gathered)
+        summary["confusion"] = sum(matrix for _, matrix, _ in gathered)
         summary["curves"] = curves(merged, batches.nc)
     return summary
 

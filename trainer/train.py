@@ -36,7 +36,7 @@ from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_rank
 from .drills import Drills
 from .ema import ModelEMA
 from .errors import HpcyoloError
-from .evaluate import ValBatches, batch_drawer, report, table, validate
+from .evaluate import INTERRUPTED, ValBatches, batch_drawer, report, table, validate
 from .fsutil import write_atomic
 from .ledger import Ledger
 from .loss import DetectionLoss, EndToEndLoss
@@ -96,6 +96,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     apply_plan(parts, pos)
     parts.net = data_parallel(parts.model, d)
     health(cfg, d, parts, run, [host for *_, host, _, _ in everyone])
+    if state is not None and parts.drills is not None:
+        parts.drills.val_signal = None  # a resumed run validates through
     if d.distributed:
         settle_buckets(parts.net, parts.model, parts.loss_fn, cfg.imgsz, d.device, parts.amp, parts.amp_dtype)
     if d.is_main and cfg.tensorboard:  # a requeued run's events from its resumed batch on replace the earlier ones
@@ -147,7 +149,9 @@ def train_epochs(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Posit
                 return stopped
             if pos.time_up:  # the batches the workers prepare will not be trained: free their CPU for validation
                 stop_workers(train_batches)
-            end_epoch(cfg, d, data, parts, pos, run, clock)
+            stopped = end_epoch(cfg, d, data, parts, pos, run, clock, stop)
+            if stopped is not None:
+                return stopped
             if cfg.time is not None and pos.epoch >= pos.epochs:
                 print0(d, f"stopping: the time budget of {cfg.time:g} h holds no further epoch "
                           f"({pos.run_seconds / 3600:.4f} h trained in {pos.epoch} epochs); weights written")
@@ -481,7 +485,7 @@ def device_batch(cfg: TrainConfig, d: Dist, imgs: torch.Tensor, metas, step: int
 
 
 def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: StopFlag,
-                  step_seconds: float = 0.0) -> int | None:
+                  step_seconds: float = 0.0, where: str | None = None) -> int | None:
     """The ranks' agreed answer to a stop request (agreed_stop): None to go
     on, else the exit code, after a checkpoint where the answer asks for one.
     Also whether the time budget is spent (pos.time_up): whether another
@@ -494,7 +498,7 @@ def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: 
         now, pos.time_up = agreed_stop(d, stop, pos.global_step, budget)
     if now.action != NONE:
         parts.watch.pause()  # a preemption or a stop is handled: nothing is bounded any more
-    where = f"at epoch {pos.epoch + 1}, batch {pos.batch}"
+    where = where or f"at epoch {pos.epoch + 1}, batch {pos.batch}"
     if now.action == STOP:
         print0(d, f"hpcyolo: job cancelled: stopping {where} without a checkpoint; it will not be requeued"
                if now.reason == "cancelled" else
@@ -512,11 +516,15 @@ def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: 
 
 
 def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, run: Path,
-              clock: RunClock) -> None:
+              clock: RunClock, stop: StopFlag) -> int | None:
     """After an epoch's last batch (or the last the time budget allowed):
     validate the EMA weights, plan the epochs anew where `time` is set,
     checkpoint the start of the next epoch, and on rank 0 the results.csv
-    row, last.pt, best.pt (when fitness improved) and the epoch's line."""
+    row, last.pt, best.pt (when fitness improved) and the epoch's line.
+    A stop asked for during the validation ends it within a batch: the
+    checkpoint then holds the epoch's trained end, and a resumed run
+    validates the epoch from its start. Returns the exit code of such a
+    stop, else None."""
     started = clock.phase()
     train_loss = reduce_mean(d, pos.loss_sum / max(pos.batch, 1))
     train_seconds, speed = pos.epoch_seconds, pos.speed
@@ -528,9 +536,16 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     # time budget's, or patience's (its last epoch without a better fitness).
     last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
         (cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
-    with parts.watch.phase("validation"), parts.ledger.timed("validation"):
-        metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
-                                plots=last and cfg.plots, drawings=parts.drawings)
+    asked = validation_stop(cfg, parts, stop)
+    while True:
+        with parts.watch.phase("validation"), parts.ledger.timed("validation"):
+            metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
+                                    plots=last and cfg.plots, drawings=parts.drawings, interrupted=asked)
+        if metrics is not INTERRUPTED:
+            break
+        stopped = stop_if_asked(cfg, d, parts, pos, stop, where=f"during epoch {pos.epoch + 1}'s validation")
+        if stopped is not None:
+            return stopped
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
     fitness, seconds = gather_objects(d, (rundir.fitness(metrics["map50"], metrics["map50_95"]),
                                           clock.seconds(pos.global_step)))[0]
@@ -571,6 +586,20 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
             print(table(report(metrics, data.val_batches.labels, data.names)), flush=True)
     # Rank 0's, which decides when the budget is spent: validation, checkpoint and weights.
     pos.end_seconds = max(pos.end_seconds, clock.phase() - started)
+    return None
+
+
+def validation_stop(cfg: TrainConfig, parts: Parts, stop: StopFlag):
+    """What a validation asks before each of its batches: whether a signal
+    came (and the drill that sends one, where set)."""
+    batches = iter(range(1 << 62))
+
+    def asked() -> bool:
+        if parts.drills is not None:
+            parts.drills.in_validation(next(batches), cfg.signal)
+        return stop.requested
+
+    return asked
 
 
 def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
@@ -994,7 +1023,7 @@ def cache_folder(cfg: TrainConfig) -> Path:
 
 
 def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: list[str], run: Path,
-                  plots: bool = False, drawings: Background | None = None) -> dict:
+                  plots: bool = False, drawings: Background | None = None, interrupted=None) -> dict:
     """The epoch's validation (evaluate.validate, as `hpcyolo val` measures);
     rank 0 also draws the first cfg.val_images images with their predictions,
     and with `plots` (every rank alike) its first batches as
@@ -1012,7 +1041,7 @@ def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: 
 
     metrics = validate(d, model, batches, workers=cfg.workers, on_batch=draw if d.is_main else None,
                        worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")), end2end=cfg.end2end,
-                       plots=plots)
+                       plots=plots, interrupted=interrupted)
     return metrics or {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
 
 

@@ -135,3 +135,43 @@ def test_no_straggler_in_an_even_run(tmp_path):
     code, out, _ = two_ranks(tmp_path, {}, "--straggler-every", "2")
     assert code == 0, out
     assert "straggler:" not in out and not (tmp_path / "run" / rundir.STRAGGLERS).exists()
+
+
+def test_a_signal_during_validation_stops_within_a_batch_and_the_resumed_run_ends_identical(tmp_path):
+    """The site's signal during an epoch's validation: the validation stops
+    before its next batch, the checkpoint holds the epoch's trained end,
+    and the resumed run validates that epoch anew; it ends bit-identical to
+    a run never stopped."""
+    import torch
+    from conftest import max_abs_diff
+
+    from hpcyolo_trainer import checkpoint as ckpt
+    from hpcyolo_trainer.preemption import EXIT_CODE
+
+    data = make_shapes(tmp_path / "shapes", n_train=16, n_val=48, imgsz=64, classes=2, seed=0)
+
+    def train(run, env):
+        argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(data), "--model", "n", "--epochs", "2",
+                "--batch", "8", "--nbs", "8", "--imgsz", "64", "--workers", "0", "--no-plots", "--no-tensorboard",
+                "--close-mosaic", "0", "--seed", "1"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+    whole = train(tmp_path / "whole", {})
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    stopped = train(tmp_path / "stopped", {"HPCYOLO_DRILL_VAL_SIGNAL": "1"})
+    out = stopped.stdout + stopped.stderr
+    assert stopped.returncode == EXIT_CODE, out
+    assert "drill: SIGUSR2 to this rank before its validation batch 1" in out
+    assert "stopping for preemption (SIGUSR2) during epoch 1's validation: writing a checkpoint" in out, out
+    assert not (tmp_path / "stopped" / "results.csv").exists()  # no row for an epoch whose validation stopped
+    resumed = train(tmp_path / "stopped", {"HPCYOLO_DRILL_VAL_SIGNAL": "1"})
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0 and "resumed from ckpt-" in out and "drill:" not in out, out
+    a, b = (ckpt.load_latest(tmp_path / name / "checkpoints", warn=print) for name in ("whole", "stopped"))
+    for part in ("model", "ema", "optimizer"):
+        assert max_abs_diff(a[part], b[part], part) == 0.0, part
+    rows = [[{k: v for k, v in r.items() if k not in rundir.TIMING_COLUMNS}
+             for r in rundir.read_rows(tmp_path / name / "results.csv")] for name in ("whole", "stopped")]
+    assert rows[0] == rows[1] and len(rows[0]) == 2
+    del torch
