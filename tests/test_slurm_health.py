@@ -151,3 +151,19 @@ def test_preempted_once_and_failed_once_the_run_completes_without_the_node_and_t
     total = parts["queued"] + parts["idle"] + figures["booked"]
     print(f"ledger: {total:.1f} s from submission to the end; Slurm: {since:.0f} s")
     assert abs(total - since) <= 0.02 * since + 2, (total, since)  # 2 s: Slurm's times are whole seconds
+
+
+def test_a_users_error_in_the_training_step_is_not_retried(tmp_path, shapes, slurm_env, scratch_root):
+    """Labels whose every class id is out of range: the trainer refuses them
+    (one line, exit 1) on every rank; job end calls that the user's, not a node's."""
+    data = tmp_path / "bad"
+    shutil.copytree(shapes.parent, data)
+    for label in (data / "labels").rglob("*.txt"):
+        label.write_text("".join(f"99 {line.split(' ', 1)[1]}\n" for line in label.read_text().splitlines() if line))
+    job_id = submit(site_file(tmp_path, scratch_root), job(tmp_path, "bad", data / "data.yaml", epochs=1), slurm_env,
+                    tmp_path)
+    info = slurm.wait(job_id, timeout=300, env=slurm_env, poll=0.5)
+    log = job_log(tmp_path, "bad", job_id)
+    assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("FAILED", "0", "1:0"), log[-3000:]
+    assert "no label line is usable" in log and "requeueing" not in log, log[-3000:]
+    assert not (tmp_path / "runs" / "bad" / rundir.FAILURES).exists()
