@@ -1,7 +1,7 @@
 """The detectors hpcyolo trains, by name: no torch here, so that the CLI and
 the job spec can check a name on a login node. Each family is one module of
-hpcyolo_trainer.families (its sizes, body, ultralytics layer map, parameter
-counts); adding a family is that module and its name here."""
+hpcyolo_trainer.families (its sizes, body, ultralytics layer map); adding a
+family is that module, and its name and published parameter counts here."""
 
 FAMILIES = ("yolov8", "yolo11", "yolo26")
 SCALES = ("n", "s", "m", "l", "x")  # every family's sizes (a test holds each family module to them)
@@ -10,6 +10,14 @@ MODELS = tuple(f"{family}{scale}" for family in FAMILIES for scale in SCALES)
 ALIASES = {"n": "yolov8n", "s": "yolov8s", "m": "yolov8m"}
 CHOICES = MODELS + tuple(ALIASES)  # what train.model and --model take
 DEFAULT = "n"
+# Parameters at nc=80 as ultralytics prints them, by family and scale (each
+# family module names its own; here, without torch, for `hpcyolo doctor`'s
+# checkpoint size).
+PUBLISHED_PARAMETERS = {
+    "yolov8": {"n": 3_157_200, "s": 11_166_560, "m": 25_902_640, "l": 43_691_520, "x": 68_229_648},
+    "yolo11": {"n": 2_624_080, "s": 9_458_752, "m": 20_114_688, "l": 25_372_160, "x": 56_966_176},
+    "yolo26": {"n": 2_572_280, "s": 10_009_784, "m": 21_896_248, "l": 26_299_704, "x": 58_993_368},
+}
 
 # Every detector here downsamples by 32 at its coarsest level: a side that is
 # not a multiple of it breaks the concatenation of upsampled and skip features

@@ -413,21 +413,11 @@ def parse_partition(out: str, name: str | None) -> dict[str, str]:
 
 
 def published_parameters(model: str) -> int:
-    """The detector's parameter count as its family module publishes it
-    (ultralytics' count, 80 classes), read from the module's source: the
-    module imports torch, which doctor does not."""
-    import ast
-
-    import hpcyolo_trainer
+    """The detector's parameter count as ultralytics publishes it (80 classes)."""
     from hpcyolo_trainer import registry
 
     name = registry.ALIASES.get(model, model)
-    family, scale = name[:-1], name[-1]
-    tree = ast.parse((Path(hpcyolo_trainer.__file__).parent / "families" / f"{family}.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PUBLISHED_PARAMETERS":
-            return ast.literal_eval(node.value)[scale]
-    raise HpcyoloError(f"families/{family}.py has no PUBLISHED_PARAMETERS")
+    return registry.PUBLISHED_PARAMETERS[name[:-1]][name[-1]]
 
 
 def checkpoint_estimate(model: str, optimizer: str) -> tuple[int, str]:

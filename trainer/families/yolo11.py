@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .. import registry
 from ..blocks import C2PSA, SPPF, Backbone, Conv, Neck, Scaler, c3k2
 
 # Scale -> (depth multiple, width multiple, max channels), as published.
@@ -24,7 +25,7 @@ ULTRALYTICS_LAYERS = ("backbone.stem.0", "backbone.stem.1", "backbone.stem.2", "
                       None, "neck.td3", "neck.down3", None, "neck.bu4", "neck.down4", None, "neck.bu5", "head")
 # Parameters at nc=80 as ultralytics prints them (the docs round them:
 # 2.6/9.4/20.1/25.3/56.9 M).
-PUBLISHED_PARAMETERS = {"n": 2_624_080, "s": 9_458_752, "m": 20_114_688, "l": 25_372_160, "x": 56_966_176}
+PUBLISHED_PARAMETERS = registry.PUBLISHED_PARAMETERS["yolo11"]
 
 
 def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .. import registry
 from ..blocks import C2PSA, SPPF, Backbone, Conv, Neck, Scaler, c3k2
 from . import yolo11
 
@@ -24,7 +25,7 @@ END2END = True  # a one-to-one copy of the head's branches beside the one-to-man
 # Parameters at nc=80, both heads, as ultralytics 8.4.190 builds yolo26X.yaml
 # for training (sum(p.numel()) of its DetectionModel; the reference fixtures'
 # README, ../shared/fixtures/ultralytics, lists them).
-PUBLISHED_PARAMETERS = {"n": 2_572_280, "s": 10_009_784, "m": 21_896_248, "l": 26_299_704, "x": 58_993_368}
+PUBLISHED_PARAMETERS = registry.PUBLISHED_PARAMETERS["yolo26"]
 
 
 def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .. import registry
 from ..blocks import SPPF, Backbone, C2f, Conv, Neck, Scaler
 
 # Scale -> (depth multiple, width multiple, max channels), as published.
@@ -25,7 +26,7 @@ ULTRALYTICS_LAYERS = ("backbone.stem.0", "backbone.stem.1", "backbone.stem.2", "
                       "neck.down3", None, "neck.bu4", "neck.down4", None, "neck.bu5", "head")
 # Parameters at nc=80 as ultralytics prints them (the "summary" beside each
 # scale in its YAML; the docs round them: 3.2/11.2/25.9/43.7/68.2 M).
-PUBLISHED_PARAMETERS = {"n": 3_157_200, "s": 11_166_560, "m": 25_902_640, "l": 43_691_520, "x": 68_229_648}
+PUBLISHED_PARAMETERS = registry.PUBLISHED_PARAMETERS["yolov8"]
 
 
 def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:
