@@ -215,6 +215,13 @@ def one_task(options: list[str], command: list[str], *, timeout: float) -> subpr
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 
+def epoch_seconds(stamp: str) -> float:
+    """A time as `scontrol show job` prints it (SubmitTime=2026-11-26T05:06:02,
+    this machine's local time) in seconds since the epoch; ValueError for
+    Unknown, None and the like."""
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
 def parse_time(value: str) -> int:
     """Slurm's time formats (man sbatch, --time) to seconds: M, M:S, H:M:S,
     D-H, D-H:M, D-H:M:S."""

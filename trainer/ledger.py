@@ -62,13 +62,17 @@ class Ledger:
 
     EVERY = 60.0  # seconds of training between rewrites
 
-    def __init__(self, path: Path | None, resumed_step: int = 0):
-        self.path = path
+    def __init__(self, path: Path | None = None):
+        self.path = path  # None: kept in memory only (a rank other than 0, until rank 0 knows the run's place)
         self.times = {"process": process_start()}
         self.seconds = {"validation": 0.0, "checkpoint": 0.0}
-        self.steps = {"resumed": resumed_step, "reached": resumed_step, "checkpoint": resumed_step}
+        self.steps = dict.fromkeys(("resumed", "reached", "checkpoint"), 0)
         self._written = 0.0
         self._fd: int | None = None
+
+    def resumed(self, step: int) -> None:
+        """The start resumed at optimizer step `step` (0: a new run)."""
+        self.steps = dict.fromkeys(self.steps, step)
 
     def mark(self, part: str) -> None:
         self.times[part] = time.time()

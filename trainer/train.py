@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -74,13 +74,12 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     settings = rundir.settings(cfg.to_dict())
     rundir.check_continues(run, settings)  # before anything is written, and before the rendezvous
     check_installed(settings)  # a tracker asked for and not installed: one line, before anything runs
-    ledger = Ledger(None)
+    ledger = Ledger()
     ledger.mark("rendezvous")
     d = setup(cfg.dist_timeout)
     ledger.mark("setup")
     if d.is_main:
-        job, restart = os.environ.get("SLURM_JOB_ID", "local"), os.environ.get("SLURM_RESTART_COUNT", "0")
-        ledger.path = rundir.ledger_file(run, job, restart, ".json")
+        ledger.path = rundir.ledger_file(run, *this_start(), ".json")
     everyone = say_ranks(d)
     cfg = replace(cfg, workers=loader_workers(cfg.workers, d, everyone))
     seed_all(cfg.seed + d.rank)
@@ -92,7 +91,8 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     parts = build(cfg, d, data, state, weights)
     pos = resume(parts, state, d)
     pos.epochs = resumed_plan(cfg, state, pos)
-    parts.ledger, ledger.steps = ledger, dict.fromkeys(ledger.steps, pos.global_step)
+    parts.ledger = ledger
+    ledger.resumed(pos.global_step)
     apply_plan(parts, pos)
     parts.net = data_parallel(parts.model, d)
     health(cfg, d, parts, run, [host for *_, host, _, _ in everyone])
@@ -254,7 +254,7 @@ class Parts:
     watch: Watchdog | Off = Off()  # the hang watchdog (watchdog.py)
     stragglers: Stragglers | None = None  # the slow-rank report (stragglers.py)
     drills: Drills | None = None  # the health drills set for this rank (drills.py)
-    ledger: Ledger = Ledger(None)  # where this start's time goes (ledger.py): rank 0 writes it
+    ledger: Ledger = field(default_factory=Ledger)  # where this start's time goes (ledger.py): rank 0 writes it
 
 
 @dataclass
@@ -770,16 +770,21 @@ def health(cfg: TrainConfig, d: Dist, parts: Parts, run: Path, hosts: list[str])
         from .rendezvous import side_store
         from .watchdog import ANSWER_SECONDS
 
-        job, restart = os.environ.get("SLURM_JOB_ID", "local"), os.environ.get("SLURM_RESTART_COUNT", "0")
         store = functools.partial(side_store, ANSWER_SECONDS + 5) if d.distributed else None
-        parts.watch = Watchdog(d.rank, hosts, rundir.hang_folder(run, job, restart), cfg.hang_factor,
+        parts.watch = Watchdog(d.rank, hosts, rundir.hang_folder(run, *this_start()), cfg.hang_factor,
                                cfg.hang_min, store)
     if cfg.straggler_every > 0 and d.distributed:
-        job = os.environ.get("SLURM_JOB_ID", "local")
+        job, _ = this_start()
         parts.stragglers = Stragglers(d, hosts, cfg.straggler_every, cfg.straggler_margin, record=lambda row: \
                                       rundir.append_row(run / rundir.STRAGGLERS, rundir.STRAGGLER_COLUMNS,
                                                         {**row, "job": job}))
     parts.drills = Drills.from_env(d.rank, hosts[d.rank])
+
+
+def this_start() -> tuple[str, str]:
+    """(job, restart) of this start of the job, as the batch script names its
+    records (hpcyolo job end reads the hang verdict and the ledger by them)."""
+    return os.environ.get("SLURM_JOB_ID", "local"), os.environ.get("SLURM_RESTART_COUNT", "0")
 
 
 def forward_span(parts: Parts, done: int):

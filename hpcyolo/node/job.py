@@ -102,8 +102,6 @@ def start_ledger(run_dir: Path, job: str, restart: str, began: float, env) -> No
     """This start's stamps in the run's ledger (hpcyolo_trainer.ledger):
     Slurm's submit and start times, and the script's first stamp; the
     script appends the others."""
-    import time
-
     from hpcyolo import slurm
     from hpcyolo_trainer.errors import SlurmError
 
@@ -111,7 +109,7 @@ def start_ledger(run_dir: Path, job: str, restart: str, began: float, env) -> No
     try:
         info = slurm.show_job(int(job), env=env)
         for key, name in (("SubmitTime", "submit"), ("StartTime", "start")):
-            lines.append(f"{name} {time.mktime(time.strptime(info[key], '%Y-%m-%dT%H:%M:%S')):.3f}")
+            lines.append(f"{name} {slurm.epoch_seconds(info[key]):.3f}")
     except (SlurmError, KeyError, ValueError):
         pass  # the ledger then starts at the script's first stamp
     path = rundir.ledger_file(run_dir, job, restart, ".times")
