@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
-from hpcyolo.node.job import end, node_failure
+import signal
+
+from hpcyolo.node.job import claim_failure, end, node_failure, settle_failure, task_failure
+from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE
 from hpcyolo_trainer.ledger import account, read_starts
 from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
 
@@ -17,6 +20,47 @@ def test_a_rank_killed_by_a_signal_is_a_node_failure():
     assert failure.nodes == ("node2",) and failure.ranks == "2-3" and "Killed" in failure.reason
     assert node_failure(1, "srun: error: node1: task 0: Segmentation fault\n").nodes == ("node1",)
     assert node_failure(1, "srun: error: Node failure on node3\n").nodes == ("node3",)
+
+
+def test_a_rank_whose_device_or_network_failed_is_its_nodes_failure():
+    stderr = ("srun: error: node2: task 3: Exited with exit code 78\n"
+              "srun: error: node1: tasks 0-1: Exited with exit code 76\n")
+    failure = node_failure(DEVICE_FAULT_EXIT_CODE, stderr)
+    assert failure.nodes == ("node2",) and failure.ranks == "3" and "device or network failed" in failure.reason
+
+
+def test_the_errors_of_a_failing_gpu_or_link_are_told_from_the_users():
+    import torch
+    import torch.distributed as dist
+
+    from hpcyolo_trainer.dist import device_fault_line, lost_peer_line
+
+    ecc = RuntimeError("CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be ...")
+    nccl = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:2062, unhandled system error")
+    assert "ECC" in device_fault_line(ecc) and "unhandled system error" in device_fault_line(nccl)
+    assert device_fault_line(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
+    assert device_fault_line(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    # a peer gone is not this rank's device: the rank that failed first is named instead
+    gone = dist.DistBackendError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242")
+    assert device_fault_line(gone) is None and lost_peer_line(gone) is not None
+
+
+def test_a_submitit_task_sees_its_own_ranks_failure_and_one_task_decides():
+    assert task_failure(-signal.SIGKILL, 3, "node2").nodes == ("node2",)
+    assert "Killed" in task_failure(-signal.SIGKILL, 3, "node2").reason
+    assert task_failure(DEVICE_FAULT_EXIT_CODE, 1, "node1").ranks == "1"
+    for users in (1, 2, PEER_LOST_EXIT_CODE, -signal.SIGTERM, 0):
+        assert task_failure(users, 0, "node1") is None
+    assert task_failure(HANG_EXIT_CODE, 0, "node1", {"ranks": [3], "nodes": ["node2"], "reason": "x"}).nodes == \
+        ("node2",)
+
+
+def test_the_first_task_to_claim_a_failure_decides_and_the_others_read_its_answer(tmp_path):
+    assert claim_failure(tmp_path, "7", "0") and not claim_failure(tmp_path, "7", "0")
+    assert claim_failure(tmp_path, "7", "1")  # another start of the job
+    assert settle_failure(tmp_path, "7", "1", wait=0.3) is None  # claimed, not answered yet
+    settle_failure(tmp_path, "7", "0", "requeued")
+    assert settle_failure(tmp_path, "7", "0", wait=0.3) == "requeued"
 
 
 def test_a_users_error_never_retries():

@@ -153,6 +153,35 @@ def test_preempted_once_and_failed_once_the_run_completes_without_the_node_and_t
     assert abs(total - since) <= 0.02 * since + 2, (total, since)  # 2 s: Slurm's times are whole seconds
 
 
+def test_through_submitit_a_failed_network_is_retried_without_its_node(tmp_path, shapes, slurm_env, scratch_root):
+    # `hpcyolo submit` (submitit): in the first start, on node1, both ranks' network fails after step 9 (the
+    # drill raises NCCL's error); the task that sees it first requeues the job without node1; the second
+    # start resumes from the checkpoint of step 8 on node2 and completes.
+    failed_node = "node1"
+    site = site_file(tmp_path, scratch_root, env={"HPCYOLO_DRILL_FAULT": f"{failed_node}:9"})
+    spec = job(tmp_path, "fault", shapes, epochs=2, every_steps=4)
+    r = subprocess.run([str(VENV_BIN / "hpcyolo"), "submit", str(site), str(spec)], capture_output=True, text=True,
+                       env=slurm_env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job_id = int(r.stdout.strip())
+    info = slurm.wait(job_id, timeout=600, env=slurm_env, poll=0.5, settled=lambda i: i.get("Restarts") == "1")
+    run = tmp_path / "runs" / "fault"
+    logs = "".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob(f"{job_id}_*_log.*")))
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), logs[-4000:]
+    assert info["NodeList"] != failed_node and failed_node in slurm.hostnames(info["ExcNodeList"], slurm_env)
+    assert "its device or network failed (DistBackendError: NCCL error" in logs, logs[-4000:]
+    assert (f"its device or network failed; requeueing job {job_id} without {failed_node} to resume from its "
+            "newest checkpoint") in logs, logs[-4000:]
+    assert "resumed from ckpt-000000008.pt" in logs, logs[-4000:]
+    rows = rundir.read_rows(run / rundir.FAILURES)
+    assert [(r["nodes"], r["retried"], r["lost_steps"]) for r in rows] == [(failed_node, "yes", "1")]
+    assert (run / "results.csv").read_text().count("\n") == 3  # header and 2 epochs
+    figures = json.loads(subprocess.run([str(VENV_BIN / "hpcyolo"), "status", "--json", str(run)],
+                                        capture_output=True, text=True, env=slurm_env, check=True).stdout)
+    assert figures["starts"] == 2 and figures["parts"]["training"] > 0 and figures["parts"]["idle"] > 0
+    assert abs(figures["booked"] - figures["wall"]) <= 0.02 * figures["wall"]
+
+
 def test_a_users_error_in_the_training_step_is_not_retried(tmp_path, shapes, slurm_env, scratch_root):
     """Labels whose every class id is out of range: the trainer refuses them
     (one line, exit 1) on every rank; job end calls that the user's, not a node's."""

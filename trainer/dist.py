@@ -105,6 +105,24 @@ def lost_peer_line(e: BaseException) -> str | None:
             f"collective failed ({first}); stopping")
 
 
+# What a failing GPU or interconnect says, in CUDA's and NCCL's words (never
+# an out-of-memory error: that is the model's size, the user's to change).
+_DEVICE_FAULT_SIGNS = ("uncorrectable ECC", "ECC error", "fallen off the bus", "GPU is lost",
+                       "CUDA error: unknown error", "unspecified launch failure", "unhandled system error",
+                       "unhandled cuda error", "ncclSystemError", "ncclUnhandledCudaError", "NVLink", "Xid")
+
+
+def device_fault_line(e: BaseException) -> str | None:
+    """One line for an error of this rank's own GPU or network (the node's
+    fault, retried without the node), or None for anything else."""
+    text = str(e)
+    if "out of memory" in text or not any(sign in text for sign in _DEVICE_FAULT_SIGNS):
+        return None
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)[:200]
+    return (f"hpcyolo: rank {os.environ.get('RANK', '0')} on {socket.gethostname()}: its device or network failed "
+            f"({type(e).__name__}: {first}); stopping")
+
+
 def gather_objects(d: Dist, obj):
     """Every rank's `obj`, in rank order, on every rank."""
     if not d.distributed:

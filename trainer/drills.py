@@ -12,6 +12,9 @@ environment variable (docs/architecture.md lists them with the others):
 - HPCYOLO_DRILL_KILL=HOST:STEP: after optimizer step STEP every rank on HOST
   sends itself SIGKILL (a node lost); on other hosts nothing happens, so a
   job retried without HOST runs through;
+- HPCYOLO_DRILL_FAULT=HOST:STEP: after optimizer step STEP every rank on
+  HOST raises the error NCCL raises when its node's network fails
+  (DistBackendError, "unhandled system error"), as a bad link or GPU would;
 - HPCYOLO_DRILL_VAL_SIGNAL=BATCH: before its validation batch BATCH (its
   own count, from 0) every rank sends itself the site's signal, once, in a
   process that did not resume (a resumed run validates through).
@@ -25,8 +28,8 @@ import time
 
 SLOW_ENV, STALL_ENV = "HPCYOLO_DRILL_SLOW", "HPCYOLO_DRILL_STALL"
 FREEZE_ENV, KILL_ENV = "HPCYOLO_DRILL_FREEZE", "HPCYOLO_DRILL_KILL"
-VAL_SIGNAL_ENV = "HPCYOLO_DRILL_VAL_SIGNAL"
-ALL = (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV, VAL_SIGNAL_ENV)
+FAULT_ENV, VAL_SIGNAL_ENV = "HPCYOLO_DRILL_FAULT", "HPCYOLO_DRILL_VAL_SIGNAL"
+ALL = (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV, FAULT_ENV, VAL_SIGNAL_ENV)
 
 
 def _pair(env, name: str) -> tuple[str, float] | None:
@@ -41,11 +44,13 @@ class Drills:
     """The drills set for this rank; `from_env` gives None when none is."""
 
     def __init__(self, rank: int, host: str, env):
-        slow, stall, freeze, kill = (_pair(env, n) for n in (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV))
+        slow, stall, freeze, kill, fault = (_pair(env, n) for n in (SLOW_ENV, STALL_ENV, FREEZE_ENV, KILL_ENV,
+                                                                     FAULT_ENV))
         self.slow = slow[1] if slow and slow[0] == str(rank) else 0.0
         self.stall = int(stall[1]) if stall and stall[0] == str(rank) else None
         self.freeze = int(freeze[1]) if freeze and freeze[0] == str(rank) else None
         self.kill = int(kill[1]) if kill and kill[0] == host else None
+        self.fault = int(fault[1]) if fault and fault[0] == host else None
         val_signal = env.get(VAL_SIGNAL_ENV)
         self.val_signal = int(val_signal) if val_signal else None
 
@@ -67,8 +72,13 @@ class Drills:
         if self.kill is not None and step == self.kill:
             print(f"drill: killing this rank (SIGKILL) after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault is not None and step == self.fault:
+            import torch.distributed as dist
 
-
+            print(f"drill: this rank's network fails after step {step}", flush=True)
+            raise dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp, unhandled system error (run with "
+                                        "NCCL_DEBUG=INFO for details)\nncclSystemError: System call (e.g. socket, "
+                                        "malloc) or external library call failed or device error. (hpcyolo drill)")
     def in_validation(self, batch: int, signal_name: str) -> None:
         """Before validation batch `batch` of this rank."""
         if self.val_signal is not None and batch == self.val_signal:

@@ -30,6 +30,10 @@ EXIT_CODE = 75
 # A rank whose collective failed because another rank is gone (EX_PROTOCOL,
 # "remote error"): the batch script names the rank that died first, not this one.
 PEER_LOST_EXIT_CODE = 76
+# A rank whose own device or network failed under it (an ECC error, a GPU off
+# the bus, NCCL's system error): its node's failure, which the job retries
+# without that node (hpcyolo.node.job), unlike a user's error (exit 1).
+DEVICE_FAULT_EXIT_CODE = 78
 # Stopped by SIGTERM without a checkpoint (128 + SIGTERM, as a shell reports it).
 TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
 

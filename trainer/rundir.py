@@ -325,6 +325,8 @@ FAILURE_COLUMNS = ("time", "job", "restart", "nodes", "ranks", "reason", "retrie
 
 
 LEDGER = "ledger"  # JOB-RESTART.times (the batch script's stamps) and .json (the trainer's): ledger.py
+# JOB-RESTART.failure in LEDGER: the one submitit task that handles this start's failure (hpcyolo.node.job).
+FAILURE_CLAIM = ".failure"
 
 
 def ledger_file(run_dir: Path | str, job: str, restart: str, suffix: str) -> Path:

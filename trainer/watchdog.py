@@ -138,27 +138,43 @@ class Watchdog:
             sys.stderr.flush()
             os._exit(HANG_EXIT_CODE)
 
+    def _gather(self, me: dict, answers: dict, talk: dict) -> None:
+        """Through the store: say where this rank is; the first rank to
+        notice collects the others' answers for ANSWER_SECONDS, the others
+        wait for its verdict. Sets talk's store, first, or error."""
+        try:
+            store = talk["store"] = self.store()
+            store.set(f"rank-{self.rank}", json.dumps(me))
+            talk["first"] = store.add("noticed", 1) == 1
+            if not talk["first"]:
+                store.wait(["done"])  # the store's own timeout bounds this wait
+                return
+            deadline = time.monotonic() + ANSWER_SECONDS
+            others = [r for r in range(len(self.hosts)) if r != self.rank]
+            while others and time.monotonic() < deadline:
+                for r in [r for r in others if store.check([f"rank-{r}"])]:
+                    answers[r] = json.loads(store.get(f"rank-{r}"))
+                    others.remove(r)
+                time.sleep(0.2)
+        except Exception as e:  # any failure of the store is the same answer: none
+            talk["error"] = e
+
     def _verdict(self, me: dict, bound: float) -> str | None:
         """The first rank to notice gathers the answers and returns the log
         line (and writes blame.json); the others return None once it is done."""
-        answers, first = {self.rank: me}, True
-        store = None
+        answers, store = {self.rank: me}, None
         if self.store is not None:
-            try:
-                store = self.store()
-                store.set(f"rank-{self.rank}", json.dumps(me))
-                first = store.add("noticed", 1) == 1
-                if not first:
-                    store.wait(["done"])  # the store's own timeout bounds this wait
-                    return None
-                deadline = time.monotonic() + ANSWER_SECONDS
-                others = [r for r in range(len(self.hosts)) if r != self.rank]
-                while others and time.monotonic() < deadline:
-                    for r in [r for r in others if store.check([f"rank-{r}"])]:
-                        answers[r] = json.loads(store.get(f"rank-{r}"))
-                        others.remove(r)
-                    time.sleep(0.2)
-            except Exception as e:  # the store is rank 0's: a stopped rank 0 cannot answer
+            # In a thread of its own, given up after a bound: the store is
+            # rank 0's, and a stopped rank 0's kernel still accepts the
+            # connection, so a client can wait on it for good.
+            talk: dict = {}
+            thread = threading.Thread(target=self._gather, args=(me, answers, talk), daemon=True,
+                                      name="hpcyolo-watchdog-answers")
+            thread.start()
+            thread.join(ANSWER_SECONDS + 5)
+            store = talk.get("store")
+            if thread.is_alive() or "error" in talk:
+                e = talk.get("error") or TimeoutError("no reply")
                 if read_blame(self.folder) is not None:
                     return None  # a verdict was given (this rank was stopped, and continued at the job's end)
                 master = os.environ.get("MASTER_ADDR", "?")
@@ -169,6 +185,8 @@ class Watchdog:
                         f"{me['phase']} after step {me['step']} (bound {bound:.1f} s); {blame['reason']}: rank 0 on "
                         f"{self.hosts[0]} is stopped or gone; stacks in {self.folder}; ending the job "
                         f"(exit {HANG_EXIT_CODE})")
+            if not talk["first"]:
+                return None
         line, blame = verdict(answers, self.hosts, me, bound, self.folder)
         write_blame(self.folder, blame)
         if store is not None:

@@ -125,7 +125,7 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
     from hpcyolo.node.slurm_stop import sigterm_decision
-    from hpcyolo_trainer.preemption import PEER_LOST_EXIT_CODE, StopFlag
+    from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE, StopFlag
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.
@@ -137,17 +137,18 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     from hpcyolo_trainer.settings import check_train
 
     check_train({"signal": signal, **options}, int(os.environ.get("WORLD_SIZE", "1")))
-    from hpcyolo_trainer.dist import lost_peer_line
+    from hpcyolo_trainer.dist import device_fault_line, lost_peer_line
     from hpcyolo_trainer.train import main as train_main
 
     try:
         code = train_main(train_config(run_dir, data, signal, **options), stop)
-    except RuntimeError as e:  # a collective whose peer died: one line, not a traceback per rank
-        line = lost_peer_line(e)
+    except RuntimeError as e:  # this rank's device failed, or a collective's peer died: one line
+        line, code = device_fault_line(e), DEVICE_FAULT_EXIT_CODE
+        if line is None:
+            line, code = lost_peer_line(e), PEER_LOST_EXIT_CODE
         if line is None:
             raise
         print(line, file=sys.stderr, flush=True)
-        code = PEER_LOST_EXIT_CODE
     sys.exit(code)
 
 
@@ -284,7 +285,8 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
     """
     import os
 
-    from hpcyolo.node.job import end, failed_first, job_id, node_failure, record_failure, restarts
+    from hpcyolo.node.job import (end, failed_first, failures_retried, job_id, node_failure, record_failure,
+                                  requeue_without, restarts)
 
     errors = ""
     if srun_errors:
@@ -302,8 +304,7 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
 
         slurm_job, restart = os.environ["SLURM_JOB_ID"], str(restarts(os.environ))
         failure = node_failure(status, errors, read_blame(rundir.hang_folder(run_dir, slurm_job, restart)))
-        before = sum(1 for row in rundir.read_rows(Path(run_dir) / rundir.FAILURES)
-                     if row["job"] == slurm_job and row["retried"] == "yes")
+        before = failures_retried(Path(run_dir), slurm_job)
     ending = end(status, marker, job=job_id(os.environ), restart=restarts(os.environ), max_requeues=max_requeues,
                  failed_first=failed_first(errors, torchrun), failure=failure, failures_before=before,
                  max_failures=max_failures)
@@ -311,15 +312,8 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
         record_failure(Path(run_dir), slurm_job, restart, failure, retried=ending.requeue)
     if ending.message:
         print(f"hpcyolo: {ending.message}", file=sys.stderr, flush=True)
-    if ending.exclude:  # Slurm takes a job's excluded nodes only while it is pending: requeue first
-        import signal
-
-        from hpcyolo import slurm
-
-        # The requeue sends the job's processes SIGTERM (SIGKILL KillWait later): this one has an update to make.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        slurm.requeue(int(slurm_job))
-        slurm.exclude_nodes(int(slurm_job), list(ending.exclude))
+    if ending.exclude:
+        requeue_without(slurm_job, ending.exclude)
         print("requeued")
         return
     print("requeue" if ending.requeue else ending.code)

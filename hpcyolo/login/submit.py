@@ -34,10 +34,12 @@ from hpcyolo.login.runcheck import check_job
 from hpcyolo.login.runcheck import expand as _expand
 from hpcyolo.login.runcheck import planned_settings, warn_job
 from hpcyolo.login.shell import Raw, Var
+from hpcyolo.node import job as steps
 from hpcyolo.node.job import begin, end, job_id, restarts, staged_data
 from hpcyolo.slurm import parse_time
+from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV
+from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, TERMINATED_EXIT_CODE
 from hpcyolo_trainer.rundir import record_job
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
@@ -107,19 +109,29 @@ class TrainTask:
 
     def __call__(self) -> int:
         """The job's steps (hpcyolo.node.job), as every task of a submitit job takes them."""
+        from hpcyolo_trainer.ledger import process_start
+
         env = os.environ
         rank, first_on_node = int(env.get("SLURM_PROCID", "0")), env.get("SLURM_LOCALID", "0") == "0"
         job, restart = job_id(env), restarts(env)
         plan, run = self.plan, Path(self.run_dir)
-        # 1. begin: every task checks the run directory, rank 0 records the start.
-        begin(run, via="submitit", resume=plan.resume, request=planned_settings(plan, run), record=rank == 0)
+        # 1. begin: every task checks the run directory, rank 0 records the start (and stamps the ledger).
+        begin(run, via="submitit", resume=plan.resume, request=planned_settings(plan, run), record=rank == 0,
+              began=process_start() if rank == 0 else None)
+
+        def stamp(part: str) -> None:
+            if rank == 0:
+                steps.stamp(run, job, str(restart), part)
+
         # 2. the variables the batch script exports
         env.update(plan.step_env(self.run_dir, job, str(restart), self.scratch_dir))
         values = {"RUN_DIR": self.run_dir, "DATA": plan.data, "SCRATCH_DIR": self.scratch_dir}
         # 3. preflight, on every task
+        stamp("preflight")
         if plan.preflight and subprocess.call(self._argv(plan.preflight_argv, values)) != 0:
             raise HpcyoloError(f"preflight failed on rank {rank} ({os.uname().nodename})")
         # 4. stage: every task asks; the node's first copies, the others wait on its lock.
+        stamp("stage")
         if plan.stage:
             from hpcyolo.node.stage import stage
 
@@ -131,10 +143,17 @@ class TrainTask:
         caught: list[int] = []
         for s in {sig, signal.SIGTERM}:
             signal.signal(s, lambda signum, frame: caught.append(signum))
+        stamp("train")
         code = subprocess.call(self._argv(plan.train_argv, values))
+        stamp("end")
         # 6. end: submitit requeues (rank 0 hands over to its checkpoint path);
-        # on every other ending the node's first task removes its scratch.
+        # a rank's or node's failure is retried without its node; on every
+        # other ending the node's first task removes its scratch.
+        if code not in (0, EXIT_CODE) and self._retried(code, rank, job, str(restart)):
+            return EXIT_CODE
         ending = end(code, env[MARKER_ENV], job=job, restart=restart, max_requeues=plan.max_requeues)
+        if not ending.requeue:
+            stamp("exit")
         if ending.requeue:
             if rank == 0 and callable(submitit_handler):
                 print(f"hpcyolo: {ending.message} through submitit", file=sys.stderr, flush=True)
@@ -147,6 +166,38 @@ class TrainTask:
         if ending.code != 0:
             raise HpcyoloError(f"{ending.message} (rank {rank}, {os.uname().nodename})")
         return 0
+
+    def _retried(self, code: int, rank: int, job: str, restart: str) -> bool:
+        """After the training command failed: whether the job was requeued
+        without a failed node. Each task sees only its own rank's exit
+        (hpcyolo.node.job.task_failure); the first that finds a failure of
+        its own decides for the job as `hpcyolo job end` does for the batch
+        script, and the others (whose ranks lost their peer) wait for its answer."""
+        from hpcyolo_trainer.watchdog import HANG_EXIT_CODE, read_blame
+
+        run, host = Path(self.run_dir), os.uname().nodename
+        failure = steps.task_failure(code, rank, host, read_blame(rundir.hang_folder(run, job, restart)))
+        if failure is None or not steps.claim_failure(run, job, restart):
+            if failure is None and code not in (PEER_LOST_EXIT_CODE, HANG_EXIT_CODE, -signal.SIGTERM,
+                                                TERMINATED_EXIT_CODE):
+                return False  # this rank's own ending: the user's error, a cancel
+            answer = steps.settle_failure(run, job, restart)
+            if answer == "requeued":
+                print(f"hpcyolo: rank {rank} on {host}: the job was requeued after another rank's failure",
+                      file=sys.stderr, flush=True)
+            return answer == "requeued"
+        ending = end(code, None, job=job, restart=int(restart), max_requeues=self.plan.max_requeues,
+                     failure=failure, failures_before=steps.failures_retried(run, job),
+                     max_failures=self.plan.max_failures)
+        steps.record_failure(run, job, restart, failure, retried=ending.requeue)
+        if not ending.exclude:
+            steps.settle_failure(run, job, restart, "final")
+            raise HpcyoloError(f"{ending.message} (rank {rank}, {host})")
+        print(f"hpcyolo: {ending.message}", file=sys.stderr, flush=True)
+        steps.settle_failure(run, job, restart, "requeued")
+        steps.requeue_without(job, ending.exclude)
+        steps.stamp(run, job, restart, "exit")
+        return True
 
     def _argv(self, words: tuple, values: dict[str, str]) -> list[str]:
         """A step's command line: the plan's words with the script's variables

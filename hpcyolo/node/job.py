@@ -33,14 +33,17 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcyolo.node.slurm_stop import SIGTERM_ENV
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, SCRATCH_ENV
+from hpcyolo_trainer.preemption import (DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE,
+                                        SCRATCH_ENV)
 
 STAGED = "data"  # the staged copy's folder in the run's node-local scratch
 
@@ -118,6 +121,16 @@ def start_ledger(run_dir: Path, job: str, restart: str, began: float, env) -> No
         f.write("".join(f"{line}\n" for line in lines) + f"begin {began:.6f}\n")
 
 
+def stamp(run_dir: Path, job: str, restart: str, part: str) -> None:
+    """A part of this start begins (the batch script's `stamp PART`, for the
+    paths that are Python)."""
+    try:
+        with open(rundir.ledger_file(run_dir, job, restart, ".times"), "a") as f:
+            f.write(f"{part} {time.time():.6f}\n")
+    except OSError:
+        pass  # the ledger is a record, never a reason to fail the job
+
+
 # == 2. the trainer's variables ==============================================
 
 def task_env(run_dir: str, job: str, restart: str, scratch: str | None, sigterm: str) -> dict[str, str]:
@@ -152,7 +165,9 @@ class Failure:
 
 
 # How srun reports a task that a signal ended: a rank or node failing, not the user's code.
-_DIED = ("Killed", "Segmentation fault", "Bus error", "Aborted", "Illegal instruction")
+_DIED_SIGNALS = (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL)
+_DIED = tuple(signal.strsignal(s) for s in _DIED_SIGNALS)  # "Killed", "Segmentation fault", ...
+_FAULTED = f"Exited with exit code {DEVICE_FAULT_EXIT_CODE}"
 _NODE_FAILURE = re.compile(r"Node failure on (\S+)")
 _OOM = ("oom-kill", "oom_kill", "Out Of Memory", "out of memory")
 
@@ -161,7 +176,8 @@ def node_failure(code: int, srun_stderr: str, blame: dict | None = None) -> Fail
     """The failure of a rank or node that ended the step, or None: the hang
     watchdog's verdict where it ended the step (exit HANG_EXIT_CODE; a hang
     every rank shares is the code's, not a node's), else srun's report of the
-    first task a signal ended or of a node failure. A task the kernel's OOM
+    first task a signal ended, that found its device or network failed
+    (DEVICE_FAULT_EXIT_CODE), or of a node failure. A task the kernel's OOM
     killer ended, an exception or a refusal (exit 1, 2) is the user's."""
     from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
 
@@ -180,8 +196,47 @@ def node_failure(code: int, srun_stderr: str, blame: dict | None = None) -> Fail
         if m and m[3] != f"Exited with exit code {PEER_LOST_EXIT_CODE}":
             if m[3] in _DIED:
                 return Failure((m[1],), m[2], f"rank {m[2]} on {m[1]}: {m[3]}")
+            if m[3] == _FAULTED:
+                return Failure((m[1],), m[2], f"rank {m[2]} on {m[1]}: its device or network failed")
             return None  # the first task to fail exited by itself: its code's or the user's error
     return None
+
+
+def task_failure(code: int, rank: int, host: str, blame: dict | None = None) -> Failure | None:
+    """node_failure() as one task of a submitit job sees it, which has only
+    its own rank's exit (a negative code: the signal that ended it): the
+    watchdog's verdict, this rank killed by a signal (not by the OOM
+    killer), or its device or network failed."""
+    from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
+
+    if code == HANG_EXIT_CODE:
+        return node_failure(code, "", blame)
+    if code == DEVICE_FAULT_EXIT_CODE:
+        return Failure((host,), str(rank), f"rank {rank} on {host}: its device or network failed")
+    if code < 0 and -code in _DIED_SIGNALS and not oom_killed():
+        return Failure((host,), str(rank), f"rank {rank} on {host}: {signal.strsignal(-code)}")
+    return None
+
+
+def oom_killed() -> bool:
+    """Whether the kernel's OOM killer ended a process of this task's control
+    group or one above it (cgroup v2 memory.events; False where unreadable)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+    except (OSError, StopIteration, IndexError):
+        return False
+    group = Path("/sys/fs/cgroup", path.lstrip("/"))
+    for folder in (group, *group.parents):
+        try:
+            events = (folder / "memory.events").read_text()
+        except OSError:
+            continue
+        if any(line.split()[:1] == ["oom_kill"] and line.split()[1] != "0" for line in events.splitlines()):
+            return True
+        if folder == Path("/sys/fs/cgroup"):
+            break
+    return False
 
 
 def end(code: int, marker: str | None, *, job: str, restart: int, max_requeues: int, failed_first: str | None = None,
@@ -212,6 +267,56 @@ def end(code: int, marker: str | None, *, job: str, restart: int, max_requeues: 
     if failed_first:
         return Ending(code, False, f"{failed_first}; the training step ended with exit {code}")
     return Ending(code, False, f"the training step ended with exit {code}")
+
+
+def failures_retried(run_dir: Path, job: str) -> int:
+    """How many failures of this job were retried so far (RUN/failures.csv)."""
+    return sum(1 for row in rundir.read_rows(Path(run_dir) / rundir.FAILURES)
+               if row["job"] == job and row["retried"] == "yes")
+
+
+def requeue_without(job: str, nodes: tuple[str, ...]) -> None:
+    """Requeue this running job, then exclude `nodes` from its next start
+    (Slurm takes a job's excluded nodes only while it is pending). The
+    requeue sends the job's processes SIGTERM (SIGKILL KillWait later): this
+    one ignores it, having an update to make."""
+    from hpcyolo import slurm
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    slurm.requeue(int(job))
+    slurm.exclude_nodes(int(job), list(nodes))
+
+
+def claim_failure(run_dir: Path, job: str, restart: str) -> bool:
+    """True for the one task of a submitit job's start that handles its
+    failure (every rank may see one: a hang ends them all)."""
+    path = rundir.ledger_file(run_dir, job, restart, rundir.FAILURE_CLAIM)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        return False
+
+
+def settle_failure(run_dir: Path, job: str, restart: str, answer: str | None = None,
+                   wait: float = 10.0) -> str | None:
+    """The claiming task writes its `answer` (`requeued` or `final`); the
+    others wait up to `wait` seconds for it (None: no task claimed a failure,
+    as when a whole node is gone)."""
+    path = rundir.ledger_file(run_dir, job, restart, rundir.FAILURE_CLAIM)
+    if answer is not None:
+        path.write_text(answer + "\n")
+        return answer
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            text = ""
+        if text or time.monotonic() > deadline:
+            return text or None
+        time.sleep(0.2)
 
 
 def record_failure(run_dir: Path, job: str, restart: str, failure: Failure, retried: bool) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo_trainer import rundir
+from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE
 from hpcyolo_trainer.stragglers import STREAK, Stragglers
 from hpcyolo_trainer.watchdog import HANG_EXIT_CODE, HANG_LEARN, Watchdog, verdict
 
@@ -120,6 +121,26 @@ def test_a_stopped_rank_is_named_as_not_answering(tmp_path):
     assert f"rank 1 on {HOST} did not answer" in line, line
     folder = rundir.hang_folder(tmp_path / "run", "local", "0")
     assert (folder / "rank-0.txt").is_file() and not (folder / "rank-1.txt").exists()
+
+
+def test_a_stopped_rank_0_which_holds_the_store_is_named_from_the_other_ranks(tmp_path):
+    # Rank 0's process serves the rendezvous store the ranks answer through:
+    # stopped, it answers nothing, and rank 1 must still name it and end the job.
+    code, out, took = two_ranks(tmp_path, {"HPCYOLO_DRILL_FREEZE": "0:8"}, "--hang-min", "3", "--hang-factor", "5")
+    assert code == HANG_EXIT_CODE, out
+    line = next(x for x in out.splitlines() if x.startswith("hpcyolo: hang:"))
+    assert "store on rank 0" in line and f"rank 0 on {HOST} is stopped or gone" in line, line
+    folder = rundir.hang_folder(tmp_path / "run", "local", "0")
+    assert "all_reduce" in (folder / "rank-1.txt").read_text()  # waiting for rank 0 in a collective
+    assert json.loads((folder / "blame.json").read_text())["ranks"] == [0]
+
+
+def test_a_rank_whose_network_fails_exits_with_the_device_fault_code_in_one_line(tmp_path):
+    code, out, _ = two_ranks(tmp_path, {"HPCYOLO_DRILL_FAULT": f"{HOST}:5"})
+    assert code == DEVICE_FAULT_EXIT_CODE, out
+    lines = [x for x in out.splitlines() if "its device or network failed" in x]
+    assert lines and all("DistBackendError: NCCL error" in x for x in lines), out
+    assert "Traceback" not in out, out
 
 
 def test_a_slowed_rank_is_named_as_a_straggler_and_recorded(tmp_path):
