@@ -4,9 +4,10 @@ interval. Both are a rank's own work: the loader's batch, and the forward
 less its waits for the other ranks (the BatchNorm statistics' all-reduces,
 timed in syncbn.py; DDP runs with broadcast_buffers off), whereas a step's
 whole time is the same on every rank (the fast ones wait for the slow one).
-On GPUs the forward is timed with CUDA events and still holds
-SyncBatchNorm's waits: there the report sees data waits and slowness
-before the forward pass, not a slow GPU's kernels. A rank whose sum is more than
+On GPUs the forward is timed with CUDA events (no host wait), over the
+last CUDA_SAMPLE steps of each interval, less the time inside each
+SyncBatchNorm layer (events around each, from module hooks: its all-gather
+waits for the other ranks). A rank whose sum is more than
 `margin` above the ranks' median for STREAK intervals in a row is named in
 the log (host, rank, its time against the median, data or compute) and
 recorded in the run directory's stragglers.csv.
@@ -22,6 +23,7 @@ from .syncbn import forward_wait
 
 STREAK = 3  # intervals in a row before a rank is named
 MIN_GAP = 0.002  # seconds: a gap below this is noise, whatever the ratio
+CUDA_SAMPLE = 10  # CUDA: forward passes timed per interval (events cost a little host time each)
 
 
 class Stragglers:
@@ -29,22 +31,49 @@ class Stragglers:
         self.d, self.hosts, self.every, self.margin, self.record = d, hosts, every, margin, record
         self.cuda = d.device.type == "cuda"
         self.data = self.compute = 0.0
-        self.events: list = []  # CUDA: (start, end) event pairs of the interval's forward passes
+        self.events: list = []  # CUDA: (start, end) event pairs of the interval's timed forward passes
+        self.waits: list = []  # CUDA: (start, end) event pairs around their SyncBatchNorm layers
+        self.timing = False  # CUDA: inside a timed forward pass
+        self._entered = None
         self.steps = 0
         self.streak = [0] * d.world_size
         self.named = 0  # streaks named in this job
+
+    def watch_waits(self, model) -> None:
+        """CUDA: time `model`'s SyncBatchNorm layers inside the timed forward
+        passes, to leave their waits for the other ranks out."""
+        if not self.cuda:
+            return
+        import torch
+
+        for module in model.modules():
+            if isinstance(module, torch.nn.SyncBatchNorm):
+                module.register_forward_pre_hook(self._enter_wait)
+                module.register_forward_hook(self._leave_wait)
+
+    def _enter_wait(self, module, args) -> None:
+        if self.timing:
+            self._entered = _cuda_event()
+
+    def _leave_wait(self, module, args, out) -> None:
+        if self.timing and self._entered is not None:
+            self.waits.append((self._entered, _cuda_event()))
+            self._entered = None
 
     @contextmanager
     def forward(self):
         """Times this rank's forward pass (CUDA events on a GPU: no wait)."""
         if self.cuda:
-            import torch
-
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self.events.append((start, end))
+            if self.steps < self.every - CUDA_SAMPLE:
+                yield
+                return
+            start = _cuda_event()
+            self.timing = True
+            try:
+                yield
+            finally:
+                self.timing = False
+            self.events.append((start, _cuda_event()))
         else:
             t, waited = time.perf_counter(), forward_wait()
             yield
@@ -57,11 +86,15 @@ class Stragglers:
         self.steps += 1
         if self.steps < self.every:
             return []
+        timed = self.steps
         if self.events:
             self.events[-1][1].synchronize()
-            self.compute += sum(s.elapsed_time(e) for s, e in self.events) / 1000
+            self.compute += (sum(s.elapsed_time(e) for s, e in self.events)
+                             - sum(s.elapsed_time(e) for s, e in self.waits)) / 1000
+            timed = len(self.events)
             self.events.clear()
-        mine = (self.data / self.steps, self.compute / self.steps)
+            self.waits.clear()
+        mine = (self.data / self.steps, self.compute / timed)
         self.data = self.compute = 0.0
         steps, self.steps = self.steps, 0
         return self.judge(share(self.d, mine), step, steps)
@@ -87,6 +120,14 @@ class Stragglers:
                 self.record({"step": step, "rank": r, "host": self.hosts[r], "ms": round(totals[r] * 1e3, 2),
                              "median_ms": round(median * 1e3, 2), "on": on})
         return lines if self.d.is_main else []
+
+
+def _cuda_event():
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def share(d, mine: tuple[float, float]) -> list[tuple[float, float]]:

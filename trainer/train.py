@@ -778,6 +778,7 @@ def health(cfg: TrainConfig, d: Dist, parts: Parts, run: Path, hosts: list[str])
         parts.stragglers = Stragglers(d, hosts, cfg.straggler_every, cfg.straggler_margin, record=lambda row: \
                                       rundir.append_row(run / rundir.STRAGGLERS, rundir.STRAGGLER_COLUMNS,
                                                         {**row, "job": job}))
+        parts.stragglers.watch_waits(parts.model)
     parts.drills = Drills.from_env(d.rank, hosts[d.rank])
 
 
