@@ -118,15 +118,38 @@ def requeue(job_id: int, env: Mapping[str, str] | None = None) -> None:
     _check(run(argv, env=env), argv)
 
 
-def exclude_nodes(job_id: int, nodes: list[str], env: Mapping[str, str] | None = None) -> str:
+def exclude_nodes(job_id: int, nodes: list[str], env: Mapping[str, str] | None = None,
+                  running: dict[str, str] | None = None) -> str | None:
     """Add `nodes` to the job's excluded nodes (ExcNodeList, which a requeue
-    keeps), so that its next start avoids them; returns the new list."""
-    before = show_job(job_id, env).get("ExcNodeList", "(null)")
+    keeps), so that its next start avoids them; returns the new list. Where
+    its partitions would keep fewer nodes than the job asks for (it would
+    wait for good), changes nothing and returns None. `running`: the job's
+    `show_job` from before a requeue (a requeued job shows NumNodes 1
+    until it is scheduled again)."""
+    info = show_job(job_id, env)
+    running = running or info
+    before = info.get("ExcNodeList", "(null)")
     known = [] if before in ("(null)", "") else hostnames(before, env)
-    wanted = ",".join(dict.fromkeys([*known, *nodes]))
-    argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={wanted}"]
+    wanted = list(dict.fromkeys([*known, *nodes]))
+    offered = partition_nodes(running.get("Partition", ""), env)
+    needed = int(re.match(r"\d*", running.get("NumNodes", "")).group() or 1)
+    if offered is not None and len(set(offered) - set(wanted)) < needed:
+        return None
+    argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(wanted)}"]
     _check(run(argv, env=env), argv)
-    return wanted
+    return ",".join(wanted)
+
+
+def partition_nodes(partitions: str, env: Mapping[str, str] | None = None) -> list[str] | None:
+    """The nodes of these partitions (comma-separated names), or None where Slurm does not say."""
+    found: list[str] = []
+    for name in filter(None, partitions.split(",")):
+        proc = run(["scontrol", "show", "partition", name, "-o"], env=env)
+        m = re.search(r"(?:^|\s)Nodes=(\S+)", proc.stdout) if proc.returncode == 0 else None
+        if m is None or m[1] in ("(null)", ""):
+            return None
+        found += hostnames(m[1], env)
+    return list(dict.fromkeys(found)) or None
 
 
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:

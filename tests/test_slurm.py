@@ -210,6 +210,22 @@ def test_the_sites_signal_during_staging_requeues_and_the_next_start_stages(tmp_
     assert "restart 1" in (run / "hpcyolo-run").read_text()
 
 
+def test_a_requeues_sigterm_during_staging_requeues_once_and_the_next_start_stages(tmp_path, slurm_env):
+    """SIGTERM as a preemption or `scontrol requeue` sends it (Slurm says the
+    job is being requeued) while `hpcyolo stage` copies: the stage stops as
+    for the site's signal, and the job runs again once and to the end."""
+    job_id, _, stall, log_says = staging_job(tmp_path, slurm_env, "stageterm")
+    slurm.requeue(job_id, env=slurm_env)
+    log_says("requeueing job", 60)
+    stall.unlink()
+    info = slurm.wait(job_id, timeout=180, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "stageterm", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    assert "stopped by SIGTERM" in log and "the partial copy was removed" in log, log[-3000:]
+    assert "hpcyolo stage: staged " in log.partition("requeueing job")[2] and "Traceback" not in log
+    assert (tmp_path / "runs" / "stageterm" / "trained-on").read_text().endswith("/data/data.yaml")
+
+
 def test_a_cancel_during_staging_stops_without_a_requeue(tmp_path, slurm_env):
     job_id, _, stall, _ = staging_job(tmp_path, slurm_env, "stagecancel")
     slurm.cancel(job_id, env=slurm_env)

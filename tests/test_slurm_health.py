@@ -153,6 +153,22 @@ def test_preempted_once_and_failed_once_the_run_completes_without_the_node_and_t
     assert abs(total - since) <= 0.02 * since + 2, (total, since)  # 2 s: Slurm's times are whole seconds
 
 
+def test_a_node_the_job_cannot_do_without_is_not_excluded_and_the_retries_end(tmp_path, shapes, slurm_env,
+                                                                              scratch_root):
+    # A 2-node job on the 2-node testbed: excluding node2 would leave it waiting for good, so the retry keeps
+    # it; node2's ranks are killed again in the second start, and with max_failures 1 the job then fails.
+    site = site_file(tmp_path, scratch_root, env={"HPCYOLO_DRILL_KILL": "node2:3"}, max_failures=1)
+    job_id = submit(site, job(tmp_path, "keep", shapes, nodes=2, epochs=2), slurm_env, tmp_path)
+    info = slurm.wait(job_id, timeout=600, env=slurm_env, poll=0.5, settled=lambda i: i.get("Restarts") == "1")
+    log = job_log(tmp_path, "keep", job_id)
+    assert (info["JobState"], info["Restarts"]) == ("FAILED", "1"), log[-3000:]
+    assert info.get("ExcNodeList") in ("(null)", ""), info.get("ExcNodeList")
+    assert "node2 not excluded: the job's partition would keep fewer nodes than it asks for" in log, log[-3000:]
+    assert "not retried: preemption.max_failures is 1 and was reached" in log, log[-3000:]
+    rows = rundir.read_rows(tmp_path / "runs" / "keep" / rundir.FAILURES)
+    assert [(r["nodes"], r["retried"]) for r in rows] == [("node2", "yes"), ("node2", "no")]
+
+
 def test_through_submitit_a_failed_network_is_retried_without_its_node(tmp_path, shapes, slurm_env, scratch_root):
     # `hpcyolo submit` (submitit): in the first start, on node1, both ranks' network fails after step 9 (the
     # drill raises NCCL's error); the task that sees it first requeues the job without node1; the second

@@ -35,6 +35,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,8 +284,11 @@ def requeue_without(job: str, nodes: tuple[str, ...]) -> None:
     from hpcyolo import slurm
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    running = slurm.show_job(int(job))
     slurm.requeue(int(job))
-    slurm.exclude_nodes(int(job), list(nodes))
+    if slurm.exclude_nodes(int(job), list(nodes), running=running) is None:
+        print(f"hpcyolo: {', '.join(nodes)} not excluded: the job's partition would keep fewer nodes than it asks "
+              "for, and it would wait for good; the requeued job may start there again", file=sys.stderr, flush=True)
 
 
 def claim_failure(run_dir: Path, job: str, restart: str) -> bool:
