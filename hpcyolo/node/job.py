@@ -43,8 +43,7 @@ from pathlib import Path
 from hpcyolo.node.slurm_stop import SIGTERM_ENV
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import (DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE,
-                                        SCRATCH_ENV)
+from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, SCRATCH_ENV
 
 STAGED = "data"  # the staged copy's folder in the run's node-local scratch
 
