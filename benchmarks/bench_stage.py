@@ -17,15 +17,20 @@ order so that machine noise hits them alike:
   pass     `python -c pass` with this venv's interpreter: what any console
            script costs before its first line runs (the floor of `again`)
 
-Prints the medians, the throughput ratio tar/cli (target: at least 0.9; the
+Prints the medians, the throughput ratio tar/cli (target: at least 1.0; the
 target is judged on the CLI, as users run it) and the second stage as a
 fraction of the first (target: at most 5%). With --archives it also times
-unpacking .tar and .tar.gz copies of the tree (plain tar -x against hpcyolo
-stage, which lists the archive first to check the space).
+unpacking .tar and .tar.gz copies of the tree (plain tar -xf against hpcyolo
+stage, which reads the members first to check the space, and verifies the
+copy; target: at least 1.0x tar -xf's throughput), with --archives tar the
+.tar alone.
 
 The source stays in the page cache (we cannot drop it); the CLI runs with
 bytecode caching on (PYTHONPYCACHEPREFIX), as an installed package does.
-Everything under /dev/shm is removed at the end.
+One copy at a time is in the scratch folder: a tree that would not fit in
+memory beside its cached source is refused before it is built (on a tmpfs
+the copy is memory too). Everything under /tmp and /dev/shm that it made is
+removed at the end.
 """
 
 from __future__ import annotations
@@ -182,7 +187,7 @@ def main() -> None:
         for name, xs in times.items():
             show(name, xs, nbytes)
         tar, cli, func = median(times["tar"]), median(times["cli"]), median(times["func"])
-        print(f"\nthroughput, hpcyolo stage CLI / tar pipe:        {tar / cli:.2f}x  (target >= 0.9; of the "
+        print(f"\nthroughput, hpcyolo stage CLI / tar pipe:        {tar / cli:.2f}x  (target >= 1.0; of the "
               f"fastest runs {min(times['tar']) / min(times['cli']):.2f}x; CPU time tar/cli "
               f"{median(CPU['tar']) / median(CPU['cli']):.2f}x)")
         print(f"throughput, stage() alone / tar pipe:            {tar / func:.2f}x")
