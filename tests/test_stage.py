@@ -19,6 +19,7 @@ import yaml
 
 from hpcyolo.node import stage as st
 from hpcyolo.node import treecopy
+from hpcyolo.node.archive import list_archive, scan_tar
 from hpcyolo_trainer.errors import HpcyoloError
 
 YAML = """\
@@ -152,8 +153,63 @@ def test_archive_listing_reads_odd_names_and_links(data, dest, tmp_path):
     (odd / "link -> x.jpg").symlink_to("a -> b.jpg")
     archive = tmp_path / "odd.tar"
     subprocess.run(["tar", "-C", str(data.parent), "-cf", str(archive), "."], check=True)
+    assert scan_tar(archive) is None  # a hard link: GNU tar unpacks it
     st.stage(archive, dest)
     assert same_tree(data.parent, dest / "dataset")
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "oldgnu", "posix", "ustar", "v7"])
+def test_tar_headers_are_read_as_tar_lists_them(data, dest, tmp_path, fmt):
+    """An uncompressed archive's headers, read here: the same manifest as GNU
+    tar's listing, in each of its formats, and the files copied out of it."""
+    train = data.parent / "images" / "train"
+    for name in ("tab\there.jpg", 'café "q".jpg', "new\nline.jpg", "empty.jpg"):
+        (train / name).write_bytes(b"odd" if name != "empty.jpg" else b"")
+    for size in (treecopy.SMALL_FILE + 1, 200_000):  # sendfile's side; and past a header window
+        (train / f"big{size}.jpg").write_bytes(os.urandom(size))
+    if fmt != "v7":  # v7 cannot hold a name this long; the others: a ustar prefix, a GNU long name, pax
+        (train / ("d" * 60)).mkdir()
+        (train / ("d" * 60) / ("n" * 95 + ".jpg")).write_bytes(b"long")
+    if fmt not in ("v7", "ustar"):  # nor ustar a long link, or a name's last part past 100 bytes
+        (train / ("t" * 101)).symlink_to("l" * 120)
+    archive = tmp_path / "ds.tar"
+    subprocess.run(["tar", f"--format={fmt}", "-C", str(data.parent), "-cf", str(archive), "."], check=True)
+    m, offsets = scan_tar(archive)
+    want = list_archive(archive, ())
+    assert (m.files, m.links, m.dirs) == (want.files, want.links, want.dirs)
+    assert sorted(offsets) == sorted(m.files) and {name for d, e in m.by_dir.items() for name, _, _ in e} == \
+        {p.rpartition("/")[2] for p in m.files}
+    st.stage(archive, dest, workers=2)
+    assert same_tree(data.parent, dest / "dataset")
+    assert all((dest / "dataset" / p).read_bytes() == (data.parent / p).read_bytes() for p in m.files)
+
+
+def test_a_truncated_tar_is_left_to_tar(data, dest, tmp_path):
+    archive = tmp_path / "ds.tar"
+    subprocess.run(["tar", "-C", str(data.parent), "-cf", str(archive), "."], check=True)
+    os.truncate(archive, archive.stat().st_size // 2)
+    assert scan_tar(archive) is None
+    with pytest.raises(HpcyoloError, match=f"stage: (tar --list )?{archive}"):  # tar's word on what is there
+        st.stage(archive, dest)
+    assert not dest.exists() and not leftovers(dest)
+
+
+def test_unpacking_in_parallel_is_verified(tmp_path, dest, monkeypatch):
+    data = make_dataset(tmp_path / "src", n=300)  # several chunks per folder
+    archive = tmp_path / "ds.tar"
+    subprocess.run(["tar", "-C", str(data.parent), "-cf", str(archive), "."], check=True)
+    st.stage(archive, dest, workers=3)
+    assert same_tree(data.parent, dest / "dataset")
+    unpack = treecopy._unpack_files
+
+    def bad_unpack(archive, dst_dir, entries):  # in each worker: one member's bytes past the archive's end
+        end = os.path.getsize(archive) - 10
+        return unpack(archive, dst_dir, [(name, size, mode, end if dst_dir.endswith("images/val") and
+                                          name == "201.jpg" else offset) for name, size, mode, offset in entries])
+
+    monkeypatch.setattr(treecopy, "_unpack_files", bad_unpack)
+    with pytest.raises(HpcyoloError, match="file images/val/201.jpg has 10 bytes in the copy, 7537 in the source"):
+        st.stage(archive, tmp_path / "other" / "data", workers=3)
 
 
 def _archive(tmp_path: Path, members: dict[str, bytes]) -> Path:
@@ -207,6 +263,30 @@ def test_verification_catches_a_bad_copy(data, dest, monkeypatch, where, damage,
     with pytest.raises(HpcyoloError, match=message):
         st.stage(data, dest, workers=workers)
     assert not dest.exists() and not leftovers(dest)
+
+
+def test_files_are_copied_to_the_manifests_size(tmp_path):
+    """Small files by read + write, the others by sendfile: each copy holds
+    the bytes the manifest counted, whatever the file did since."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir(), dst.mkdir()
+    sizes = [0, 5, treecopy.SMALL_FILE, treecopy.SMALL_FILE + 1, 3 * treecopy.SMALL_FILE + 7, 300_001]
+    blobs = {f"{i}.jpg": os.urandom(size) for i, size in enumerate(sizes)}
+    for name, blob in blobs.items():
+        (src / name).write_bytes(blob)
+    entries = [(name, len(blob), 0o640) for name, blob in blobs.items()]
+    entries[-1] = ("5.jpg", 400_000, 0o640)  # shrank since the walk: a short copy, which verification catches
+    with open(src / "4.jpg", "ab") as f:  # grew: the first bytes, as many as counted
+        f.write(b"more")
+    assert treecopy._copy_files(str(src), str(dst), entries) == [*sizes[:-1], 300_001]
+    assert all((dst / name).read_bytes() == blob for name, blob in blobs.items())
+    assert (dst / "3.jpg").stat().st_mode & 0o777 == 0o640 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_workers_copy_in_parallel_and_report_errors(tmp_path, dest):

@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from hpcyolo.node.archive import archive_yaml, list_archive, run_tar
+from hpcyolo.node.archive import archive_yaml, list_archive, run_tar, scan_tar
 from hpcyolo.node.treecopy import Manifest, copy_tree, first_difference, walk
 from hpcyolo_trainer.dataset import SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml, split_entries
 from hpcyolo_trainer.errors import HpcyoloError
@@ -390,16 +390,24 @@ def _escapes(link: str, target: str) -> bool:
 
 def _copy_archive(source: Source, dest: Path, partial: Path, workers: int | None) -> Path:
     start = time.monotonic()
-    m = list_archive(source.path, source.flags or ())
+    # An uncompressed archive of plain members: its headers read here, the
+    # files copied out of it by workers in parallel (tar -x is one process
+    # that moves every byte twice). Anything else: GNU tar lists and unpacks.
+    scanned = scan_tar(source.path) if not source.flags else None
+    m, offsets = scanned or (list_archive(source.path, source.flags or ()), None)
     member = archive_yaml(source.path, m)
     _check_space(dest, m)
     say(f"unpacking {source.path} ({len(m.files)} files, {m.nbytes / 1e6:.1f} MB) to {dest} on {node_name()}")
     os.mkdir(partial / "dataset")
-    # -m: fresh mtimes (no utime per file, no clock-skew warnings); owners are
-    # the user's, whoever packed the archive.
-    run_tar(source.path, source.flags or (), "--extract", "-m", "--no-same-owner", "-C", str(partial / "dataset"))
+    if offsets is not None:
+        copied = copy_tree(source.path, partial / "dataset", m, workers, offsets)
+    else:
+        # -m: fresh mtimes (no utime per file, no clock-skew warnings); owners
+        # are the user's, whoever packed the archive.
+        run_tar(source.path, source.flags or (), "--extract", "-m", "--no-same-owner", "-C",
+                str(partial / "dataset"))
     _drill_stall()
-    _verify(m, walk(partial / "dataset", workers), dest)
+    _verify(m, copied if offsets is not None else walk(partial / "dataset", workers), dest)
     real = Path(os.path.realpath(partial))  # dataset_root() resolves symlinks
     yaml_path = real / "dataset" / member
     spec = read_data_yaml(yaml_path)
