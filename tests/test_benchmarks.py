@@ -23,6 +23,8 @@ SMOKES = [
     ("bench_render.py", ["--runs", "3"], "ratio:"),
     ("bench_decode.py", ["--runs", "1", "--imgsz", "160"], "median Pillow/OpenCV time ratio"),
     ("bench_stage.py", ["--images", "200", "--runs", "1"], "second stage / first"),
+    ("bench_startup.py", ["--sizes", "32", "--ranks", "1", "--runs", "1", "--skip-ultralytics"],
+     "second start / first"),
     ("bench_checkpoint.py", ["--checkpoints", "1", "--steps", "1", "--classes", "3"], "background / synchronous"),
     ("bench_trainer.py", ["--runs", "1", "--batches", "4"], "RAM cache, 2 ranks on one node"),
     ("bench_rect_val.py", ["--runs", "1", "--imgsz", "160"], "ratio rect / square"),

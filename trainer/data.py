@@ -108,11 +108,18 @@ def read_labels(path: Path, nc: int) -> tuple[np.ndarray, list[str]]:
     """Rows of a label file and one message per malformed line. A missing or
     empty file is a background image. Raises OSError if the file exists but
     cannot be read."""
+    rows, problems, _ = read_label_file(path, nc)
+    return rows, problems
+
+
+def read_label_file(path: Path, nc: int) -> tuple[np.ndarray, list[str], list[np.ndarray | None]]:
+    """read_labels' rows and problems, and read_outlines' outlines, from one
+    read of the file."""
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
-        return np.zeros((0, 5), np.float32), []
-    rows, problems = [], []
+        return np.zeros((0, 5), np.float32), [], []
+    rows, problems, outlines = [], [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -121,7 +128,14 @@ def read_labels(path: Path, nc: int) -> tuple[np.ndarray, list[str]]:
             problems.append(f"{path}:{number}: malformed label line skipped ({row}): {line.strip()[:80]!r}")
         else:
             rows.append(row)
-    return (np.stack(rows) if rows else np.zeros((0, 5), np.float32)), problems
+            outlines.append(_outline(line))
+    return (np.stack(rows) if rows else np.zeros((0, 5), np.float32)), problems, outlines
+
+
+def _outline(line: str) -> np.ndarray | None:
+    """A well-formed row's polygon (k, 2) clipped to [0, 1], or None for a box."""
+    values = np.array(line.split()[1:], dtype=np.float32)
+    return values.reshape(-1, 2).clip(0, 1) if len(values) > 4 else None
 
 
 def read_outlines(path: Path, nc: int) -> list[np.ndarray | None]:
@@ -133,12 +147,8 @@ def read_outlines(path: Path, nc: int) -> list[np.ndarray | None]:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return []
-    out = []
-    for line in text.splitlines():
-        if line.strip() and not isinstance(parse_label_row(line, nc), str):
-            values = np.array(line.split()[1:], dtype=np.float32)
-            out.append(values.reshape(-1, 2).clip(0, 1) if len(values) > 4 else None)
-    return out
+    return [_outline(line) for line in text.splitlines()
+            if line.strip() and not isinstance(parse_label_row(line, nc), str)]
 
 
 def probe_image(path: Path) -> tuple[int, int]:
@@ -188,7 +198,8 @@ def decode_resized(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
 
 @dataclass(frozen=True)
 class Checked:
-    """One image after the check: kept (shape, labels, stat) or dropped (reason)."""
+    """One image after the check: kept (shape, labels and their outlines,
+    stat) or dropped (reason)."""
 
     path: Path
     shape: tuple[int, int] | None = None
@@ -196,6 +207,7 @@ class Checked:
     stat: tuple[int, int] | None = None
     problems: tuple[str, ...] = ()
     dropped: str | None = None  # "corrupt images" or "unreadable label files"
+    outlines: tuple[np.ndarray | None, ...] = ()  # per label row: its polygon (k, 2), or None for a box
 
 
 def check_one(path: Path, nc: int) -> Checked:
@@ -208,19 +220,29 @@ def check_one(path: Path, nc: int) -> Checked:
         return Checked(path, problems=(f"{path}: corrupt image dropped ({type(e).__name__}: {e})",),
                        dropped="corrupt images")
     try:
-        labels, problems = read_labels(label_path(path), nc)
+        labels, problems, outlines = read_label_file(label_path(path), nc)
     except OSError as e:
         return Checked(path, problems=(f"{label_path(path)}: unreadable label file, image dropped ({e})",),
                        dropped="unreadable label files")
-    return Checked(path, shape, labels, (st.st_size, st.st_mtime_ns), tuple(problems))
+    return Checked(path, shape, labels, (st.st_size, st.st_mtime_ns), tuple(problems), outlines=tuple(outlines))
+
+
+def check_each(files: list[Path], nc: int) -> list[Checked]:
+    """check_one of every file, kept and dropped alike, in input order."""
+    # Threads: the work is file I/O and header parsing (GIL released), and on
+    # a parallel file system the latency of many small reads dominates.
+    with ThreadPoolExecutor(max_workers=min(32, _cpus() * 4)) as pool:
+        return list(pool.map(lambda p: check_one(Path(p), nc), files))
 
 
 def check_files(files: list[Path], nc: int) -> tuple[list[Checked], list[str], dict[str, int]]:
     """Kept images in input order, problem messages, and counts for the summary."""
-    # Threads: the work is file I/O and header parsing (GIL released), and on
-    # a parallel file system the latency of many small reads dominates.
-    with ThreadPoolExecutor(max_workers=min(32, _cpus() * 4)) as pool:
-        results = list(pool.map(lambda p: check_one(Path(p), nc), files))
+    return sift(check_each(files, nc))
+
+
+def sift(results: list[Checked]) -> tuple[list[Checked], list[str], dict[str, int]]:
+    """check_each's results -> the kept ones, the problem lines (at most
+    MAX_PROBLEM_LINES, the rest counted) and the counts for the summary."""
     counts = {"corrupt images": 0, "malformed label lines": 0, "unreadable label files": 0}
     problems: list[str] = []
     for r in results:
@@ -423,7 +445,8 @@ class YoloDataset(Dataset):
 
     def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
                  seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
-                 names_count: int, rect_batch: int = 0, hsv_on_device: bool = False):
+                 names_count: int, rect_batch: int = 0, hsv_on_device: bool = False,
+                 checked: list[Checked] | None = None):
         if imgsz < 1 or seed < 0 or names_count < 1:
             raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
@@ -432,7 +455,9 @@ class YoloDataset(Dataset):
         # The channel swap comes after the colour jitter: where it may swap, the jitter stays here.
         self.hsv_on_device = hsv_on_device and not hyp.bgr
         self.epoch = 0
-        items, self.problems, self.counts = check_files(list(files), names_count)
+        # `checked`: the check's results for `files` from the dataset's index (dataindex), read from one file.
+        items, self.problems, self.counts = sift(checked) if checked is not None else \
+            check_files(list(files), names_count)
         self.paths = [it.path for it in items]
         self.shapes = [it.shape for it in items]
         self.labels = [it.labels for it in items]
@@ -448,7 +473,8 @@ class YoloDataset(Dataset):
         # Instance outlines, per image one per label row: read where copy_paste pastes by them or a warp
         # that rotates, shears or tilts boxes them (boxes of other warps are their outlines' boxes already).
         needed = hyp.copy_paste or hyp.degrees or hyp.shear or hyp.perspective
-        self.outlines = self._outlines(names_count) if augment and needed and not self.batches else None
+        self.outlines = self._outlines([list(it.outlines) for it in items]) \
+            if augment and needed and not self.batches else None
         self.cache: ImageCache | None = None
         self.cache_built = False
         if cache != "none" and items:
@@ -471,13 +497,12 @@ class YoloDataset(Dataset):
                                  "without labels")
             self.counts["corrupt images"] += 1
 
-    def _outlines(self, nc: int) -> list[list[np.ndarray]] | None:
-        """Every label row's polygon, or None where a row is a box: as in
-        ultralytics, copy_paste then pastes nothing (a problem line says so)
-        and warps move boxes as boxes."""
-        rows = [read_outlines(label_path(p), nc) for p in self.paths]
+    def _outlines(self, rows: list[list[np.ndarray | None]]) -> list[list[np.ndarray]] | None:
+        """Every label row's polygon (`rows`, read with the labels), or None
+        where a row is a box: as in ultralytics, copy_paste then pastes
+        nothing (a problem line says so) and warps move boxes as boxes."""
         boxes = sum(o is None for r in rows for o in r)
-        if any(len(r) != len(lb) for r, lb in zip(rows, self.labels)):  # a label file changed meanwhile
+        if any(len(r) != len(lb) for r, lb in zip(rows, self.labels)):
             boxes = max(boxes, 1)
         if boxes or not any(rows):
             total = sum(map(len, self.labels))

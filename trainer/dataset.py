@@ -155,12 +155,37 @@ def _split_files(file: str, root: Path, key: str, value) -> list[Path] | None:
 
 def _entry_files(file: str, root: Path, key: str, where: Path) -> list[Path]:
     if where.is_dir():
-        return sorted(p for p in where.rglob("*") if p.suffix.lower() in IMG_EXTS and p.is_file())
+        return sorted(_image_files(where))
     if where.is_file() and where.suffix.lower() == ".txt":
         return _list_file(file, root, key, where)
     if where.is_file() and where.suffix.lower() in IMG_EXTS:
         return [where]
     raise ConfigError(file, key, f"not found: {where} (expected a folder or a .txt list of images)")
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """The image files under `folder`, at any depth, as `rglob("*")` finds
+    them (symlinked folders are not entered; symlinked files count), from
+    the folders' listings alone: an entry's type comes with the listing,
+    where `Path.is_file()` would stat every image (a round trip to the
+    metadata server each on Lustre, on every rank)."""
+    out: list[Path] = []
+    pending = [folder]
+    while pending:
+        here = pending.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    pending.append(here / e.name)
+                elif os.path.splitext(e.name)[1].lower() in IMG_EXTS and e.is_file():
+                    out.append(here / e.name)
+            except OSError:
+                continue
+    return out
 
 
 def _list_file(file: str, root: Path, key: str, listing: Path) -> list[Path]:

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .augment import PAD_VALUE, letterbox_to, rect_batches
 from .boxes import xywh2xyxy
-from .data import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache
+from .data import Checked, ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
 from .dataset import check_labels
 from .dist import Dist, gather_objects
 from .errors import HpcyoloError
@@ -56,8 +56,9 @@ class ValBatches(Dataset):
     disk (a DataLoader with batch_size=None runs them in its workers)."""
 
     def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True,
-                 cache_dir: Path | None = None):
-        items, self.problems, _ = check_files(list(files), nc)
+                 cache_dir: Path | None = None, checked: list[Checked] | None = None):
+        # `checked`: the check's results for `files` from the dataset's index (dataindex).
+        items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc)
         self.paths = [it.path for it in items]
         self.shapes = [it.shape for it in items]
         self.labels = [it.labels for it in items]

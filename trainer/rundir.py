@@ -324,6 +324,7 @@ STRAGGLER_COLUMNS = ("time", "job", "step", "rank", "host", "ms", "median_ms", "
 FAILURE_COLUMNS = ("time", "job", "restart", "nodes", "ranks", "reason", "retried", "lost_steps")
 
 
+INDEX = "index"  # + /SPLIT.npz: the dataset's index (dataindex.py), which every start of the run reads
 LEDGER = "ledger"  # JOB-RESTART.times (the batch script's stamps) and .json (the trainer's): ledger.py
 # JOB-RESTART.failure in LEDGER: the one submitit task that handles this start's failure (hpcyolo.node.job).
 FAILURE_CLAIM = ".failure"
@@ -331,6 +332,10 @@ FAILURE_CLAIM = ".failure"
 
 def ledger_file(run_dir: Path | str, job: str, restart: str, suffix: str) -> Path:
     return Path(run_dir) / LEDGER / f"{job}-{restart}{suffix}"
+
+
+def index_file(run_dir: Path | str, split: str) -> Path:
+    return Path(run_dir) / INDEX / f"{split}.npz"
 
 
 def hang_folder(run_dir: Path | str, job: str, restart: str) -> Path:

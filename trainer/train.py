@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from . import checkpoint as ckpt
-from . import families, rundir
+from . import dataindex, families, rundir
 from .background import Background
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dataset import DataSpec, check_labels
@@ -285,34 +285,86 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
-    train_set = YoloDataset(training_files(spec.train, cfg.fraction), cfg.imgsz, augment=cfg.augment,
-                            hyp=augment_hyp(cfg), seed=cfg.seed, cache=cfg.cache,
-                            cache_dir=cache_folder(cfg) / "train", names_count=nc,
-                            rect_batch=cfg.batch if cfg.rect else 0, hsv_on_device=d.device.type == "cuda")
-    # Validated as ultralytics' trainer does: rectangular batches of twice the training batch per rank.
-    val_batches = ValBatches(spec.val, nc, cfg.imgsz, 2 * batch_per_rank,
-                             cache_dir=cache_folder(cfg) / "val" if cfg.cache != "none" else None)
-    for problem in train_set.problems + val_batches.problems:
-        warn0(d, problem)
-    refuse_unlearnable(cfg.data, train_set, nc)
-    names = list(spec.names)
-    if cfg.classes is not None:  # as ultralytics: other classes' boxes dropped, in training and validation alike
-        missing = sorted(set(cfg.classes) - set(range(nc)))
-        if missing:
-            raise HpcyoloError(f"classes (train.classes, --classes): {missing} not among the {nc} classes of "
-                               f"{cfg.data} (ids 0..{nc - 1})")
-        train_set.keep_classes(cfg.classes)
-        val_batches.labels = [lb[np.isin(lb[:, 0], cfg.classes)] for lb in val_batches.labels]
-    if cfg.single_cls:  # as ultralytics: one class, "item", in training and validation alike
-        names = ["item"]
-        for split in (train_set, val_batches):
-            split.labels = [np.concatenate([np.zeros_like(lb[:, :1]), lb[:, 1:]], axis=1) for lb in split.labels]
-        val_batches.nc = 1
+    train_files = training_files(spec.train, cfg.fraction)
+    with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}) as checked:
+        train_set = YoloDataset(train_files, cfg.imgsz, augment=cfg.augment,
+                                hyp=augment_hyp(cfg), seed=cfg.seed, cache=cfg.cache,
+                                cache_dir=cache_folder(cfg) / "train", names_count=nc,
+                                rect_batch=cfg.batch if cfg.rect else 0, hsv_on_device=d.device.type == "cuda",
+                                checked=checked["train"])
+        # Validated as ultralytics' trainer does: rectangular batches of twice the training batch per rank.
+        val_batches = ValBatches(spec.val, nc, cfg.imgsz, 2 * batch_per_rank,
+                                 cache_dir=cache_folder(cfg) / "val" if cfg.cache != "none" else None,
+                                 checked=checked["val"])
+        for problem in train_set.problems + val_batches.problems:
+            warn0(d, problem)
+        refuse_unlearnable(cfg.data, train_set, nc)
+        names = list(spec.names)
+        if cfg.classes is not None:  # as ultralytics: other classes' boxes dropped, in training and validation alike
+            missing = sorted(set(cfg.classes) - set(range(nc)))
+            if missing:
+                raise HpcyoloError(f"classes (train.classes, --classes): {missing} not among the {nc} classes of "
+                                   f"{cfg.data} (ids 0..{nc - 1})")
+            train_set.keep_classes(cfg.classes)
+            val_batches.labels = [lb[np.isin(lb[:, 0], cfg.classes)] for lb in val_batches.labels]
+        if cfg.single_cls:  # as ultralytics: one class, "item", in training and validation alike
+            names = ["item"]
+            for split in (train_set, val_batches):
+                split.labels = [np.concatenate([np.zeros_like(lb[:, :1]), lb[:, 1:]], axis=1) for lb in split.labels]
+            val_batches.nc = 1
     sampler = RectBatchSampler([idx for idx, _ in train_set.batches], batch_per_rank, d.rank, d.world_size, cfg.seed) \
         if cfg.rect else EvenShardSampler(len(train_set), d.rank, d.world_size, cfg.seed)
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
     assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
     return Data(spec, names, train_set, val_batches, sampler, batches, batch_per_rank)
+
+
+@contextmanager
+def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[Path]]):
+    """Each split's check results (data.Checked, dropped images too) from the
+    dataset's index in the run directory (dataindex.py). Rank 0 brings the
+    index up to date, checking only the files that changed since it was
+    written, while the other ranks wait; it writes the index once the data
+    is accepted (leaving the block: data that cannot be trained on stops
+    before a run directory exists), then every rank reads it, one file per
+    split. What stops rank 0 in the block stops the others with its words."""
+    if not d.is_main:
+        shared = [None]
+        torch.distributed.broadcast_object_list(shared, 0)
+        versions, error = shared[0]
+        if error:
+            raise HpcyoloError(error)
+        try:
+            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version)
+                       for split, version in versions.items()}
+        except OSError as e:
+            raise HpcyoloError(f"rank {d.rank}: {e}") from None
+        yield checked
+        return
+    built, versions = {}, {}
+    try:
+        for split, files in splits.items():
+            t0 = time.monotonic()
+            built[split] = dataindex.refresh(files, nc, spec.root, rundir.index_file(run, split))
+            if built[split][2]:
+                print0(d, f"{split}: checked {built[split][2]} of {len(files)} images in "
+                          f"{time.monotonic() - t0:.1f} s for the dataset index ({rundir.index_file(run, split)})")
+        yield {split: results for split, (results, *_) in built.items()}
+        for split, (_, index, _, version) in built.items():
+            if index is not None:
+                try:
+                    dataindex.write(rundir.index_file(run, split), index)
+                except OSError as e:
+                    raise HpcyoloError(f"cannot write the dataset index {rundir.index_file(run, split)}: "
+                                       f"{e.strerror or e}") from None
+            versions[split] = version
+    except Exception as e:
+        if d.distributed:  # the others wait for the index: they stop too, with the same words
+            why = str(e) if isinstance(e, HpcyoloError) else f"rank 0 failed to load the data ({type(e).__name__}: {e})"
+            torch.distributed.broadcast_object_list([({}, why)], 0)
+        raise
+    if d.distributed:
+        torch.distributed.broadcast_object_list([(versions, None)], 0)
 
 
 def training_files(files: list, fraction: float) -> list:

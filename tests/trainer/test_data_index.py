@@ -1,0 +1,174 @@
+"""The dataset's index (hpcyolo_trainer.dataindex): a start on an unchanged
+dataset reads one index file, not the label files; a changed file is noticed
+and only it is checked again; what the check found is kept exactly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcyolo_trainer import dataindex, rundir
+from hpcyolo_trainer.data import check_each, check_files, sift
+from hpcyolo_trainer.dataset import label_path, load_data_spec
+
+HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# Imported by every Python process started with its folder on PYTHONPATH:
+# logs each file that Python opens under AUDIT_ROOT (the audit event `open`:
+# builtins.open, io.open, os.open, Pillow's files) as `pid path` lines.
+SITECUSTOMIZE = '''
+import os, sys
+_root, _log = os.environ.get("AUDIT_ROOT"), os.environ.get("AUDIT_LOG")
+if _root and _log:
+    _fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    def _hook(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.fsdecode(args[0])
+            if path.startswith(_root):
+                os.write(_fd, f"{os.getpid()} {path}\\n".encode())
+    sys.addaudithook(_hook)
+'''
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("source") / "shapes"
+    r = subprocess.run([HPCYOLO, "make-dataset", "shapes", str(folder), "--train", "8", "--val", "4", "--imgsz",
+                        "64"], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    return folder
+
+
+@pytest.fixture
+def shapes(tmp_path, source) -> Path:
+    shutil.copytree(source, tmp_path / "shapes")
+    return tmp_path / "shapes" / "data.yaml"
+
+
+def flawed(data: Path) -> list[Path]:
+    """The training images, one of them corrupt, a label with a malformed
+    line, another with a polygon row."""
+    files = load_data_spec(data).train
+    files[0].write_bytes(b"not an image")
+    with label_path(files[1]).open("a") as f:
+        f.write("7 0.5 0.5 0.1 0.1\n")
+    with label_path(files[2]).open("a") as f:
+        f.write("1 0.1 0.1 0.4 0.1 0.3 0.5\n")
+    return files
+
+
+def same(a, b) -> None:
+    assert [x.path for x in a] == [x.path for x in b]
+    for x, y in zip(a, b):
+        assert (x.shape, x.stat, x.problems, x.dropped) == (y.shape, y.stat, y.problems, y.dropped)
+        assert (x.labels is None) == (y.labels is None)
+        if x.labels is not None:
+            assert np.array_equal(x.labels, y.labels)
+        assert len(x.outlines) == len(y.outlines)
+        for o, p in zip(x.outlines, y.outlines):
+            assert (o is None and p is None) or np.array_equal(o, p)
+
+
+def test_the_index_holds_what_the_check_found_and_another_rank_reads_the_same(tmp_path, shapes):
+    files = flawed(shapes)
+    root, file = shapes.parent, tmp_path / "run" / "index" / "train.npz"
+    direct = check_each(files, 4)
+    results, index, again, version = dataindex.refresh(files, 4, root, file)
+    assert again == len(files) and index is not None
+    same(results, direct)
+    assert sift(results)[1:] == check_files(files, 4)[1:]  # the same problem lines and counts
+    assert any(o is not None for r in results for o in r.outlines)
+    dataindex.write(file, index)
+    same(dataindex.read(file, root, version), direct)
+    with np.load(file, allow_pickle=False) as z:  # plain arrays: nothing needs pickle
+        assert all(z[k].dtype != object for k in z.files)
+    # A second start: nothing checked again, nothing to write, the same results.
+    results, index, again, version2 = dataindex.refresh(files, 4, root, file)
+    assert (again, index, version2) == (0, None, version)
+    same(results, direct)
+
+
+def test_a_changed_label_file_is_checked_again_and_only_it(tmp_path, shapes):
+    files = load_data_spec(shapes).train
+    root, file = shapes.parent, tmp_path / "index.npz"
+    _, index, _, version = dataindex.refresh(files, 4, root, file)
+    dataindex.write(file, index)
+    label = label_path(files[3])
+    label.write_text("2 0.25 0.25 0.125 0.125\n")
+    st = label.stat()
+    os.utime(label, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    results, index, again, version2 = dataindex.refresh(files, 4, root, file)
+    assert again == 1 and index is not None and version2 != version
+    assert np.array_equal(results[3].labels, np.array([[2, 0.25, 0.25, 0.125, 0.125]], np.float32))
+    same(results, check_each(files, 4))
+    dataindex.write(file, index)
+    # A removed image changes the list: the index follows, checking nothing.
+    os.unlink(files[5])
+    results, index, again, _ = dataindex.refresh(files[:5] + files[6:], 4, root, file)
+    assert again == 0 and index is not None and len(results) == len(files) - 1
+
+
+def test_a_copy_elsewhere_with_the_same_mtimes_uses_the_index_and_names_its_own_files(tmp_path, shapes):
+    files = flawed(shapes)
+    file = tmp_path / "index.npz"
+    _, index, _, _ = dataindex.refresh(files, 4, shapes.parent, file)
+    dataindex.write(file, index)
+    copy = tmp_path / "staged"
+    shutil.copytree(shapes.parent, copy)  # copy2: mtimes kept, as staging keeps them
+    moved = [copy / f.relative_to(shapes.parent) for f in files]
+    results, index, again, _ = dataindex.refresh(moved, 4, copy, file)
+    assert (again, index) == (0, None)
+    same(results, check_each(moved, 4))
+    assert all(str(copy) in line for r in results for line in r.problems)
+
+
+def test_an_unreadable_index_is_built_again(tmp_path, shapes):
+    files = load_data_spec(shapes).train
+    file = tmp_path / "index.npz"
+    file.write_bytes(b"garbage")
+    results, index, again, _ = dataindex.refresh(files, 4, shapes.parent, file)
+    assert again == len(files) and index is not None
+
+
+def label_opens(log: Path, root: Path) -> list[str]:
+    lines = log.read_text().splitlines() if log.exists() else []
+    labels = str(root / "labels")
+    return [line.split(" ", 1)[1] for line in lines if line.split(" ", 1)[1].startswith(labels)]
+
+
+def test_a_second_train_start_reads_no_label_file_and_a_changed_one_is_noticed(tmp_path, shapes):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    root, run = shapes.parent, tmp_path / "run"
+
+    def start(epochs: int, name: str) -> list[str]:
+        log = tmp_path / f"{name}.log"
+        env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), ENV.get("PYTHONPATH")])),
+               "AUDIT_ROOT": str(root), "AUDIT_LOG": str(log)}
+        r = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--model", "n",
+                            "--imgsz", "64", "--epochs", str(epochs), "--batch", "4", "--workers", "0",
+                            "--no-plots"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return label_opens(log, root)
+
+    first = start(1, "first")
+    # The probe shows the hook sees the trainer's reads: every label file was read at the first start.
+    assert len(set(first)) == len(list((root / "labels").rglob("*.txt"))), first
+    assert rundir.index_file(run, "train").exists() and rundir.index_file(run, "val").exists()
+    assert start(2, "second") == []
+    label = sorted((root / "labels" / "train").glob("*.txt"))[2]
+    label.write_text("1 0.5 0.5 0.25 0.25\n")
+    st = label.stat()
+    os.utime(label, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    assert start(3, "changed") == [str(label)]
+    index = dataindex.load(rundir.index_file(run, "train"))
+    i = next(k for k, n in enumerate(index.names) if Path(n).stem == label.stem)
+    assert np.array_equal(index.checked(i, root / index.names[i]).labels,
+                          np.array([[1, 0.5, 0.5, 0.25, 0.25]], np.float32))

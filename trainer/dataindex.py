@@ -1,0 +1,219 @@
+"""The dataset's index: what checking every image and label file found,
+kept in one file so that a start on an unchanged dataset reads that file
+instead of the files.
+
+Checking a split (data.check_each) stats and header-checks every image and
+reads every label file; on a parallel file system each of those is a round
+trip to a metadata server, and every rank of every start of every job did
+it. Instead, one process (rank 0) keeps the split's index up to date, and
+every rank reads it, one file:
+
+- `refresh(files, nc, root, file)` (rank 0): stat every image and label file
+  (metadata only, no open: threads, as data.check_each) and compare with the
+  index in `file`; check again (data.check_one) only the images that are new
+  or whose image or label file changed in size or mtime (or appeared or
+  went away); rewrite the file (tmp + rename) when anything differs. On an
+  unchanged dataset nothing is opened but the index. Returns what a check of
+  every file would have returned, and the index's version;
+- `read(file, root, version)` (the other ranks, after rank 0's broadcast):
+  the same results from the file alone.
+
+Paths are kept relative to the dataset root, so one index serves the dataset
+and its staged copies (staging keeps the files' mtimes): the run directory
+holds it (rundir.index_file), which outlives a job, a requeue and a node.
+The format is numpy's .npz of plain arrays, read without pickle (no object
+arrays): image and label size and mtime (ns), the decoded shape, why an image
+was dropped, each label row, each row's outline (polygon) points, and the
+problems found (their text with the files' paths left out and put back on
+reading, so a staged copy's messages name its own files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .data import Checked, _cpus, check_each
+from .dataset import label_path
+from .fsutil import write_atomic
+
+FORMAT = 1  # bump when the arrays or what check_one finds change
+DROPPED = (None, "corrupt images", "unreadable label files")  # code -> Checked.dropped
+CHUNK = 256  # files stat'ed per task of the thread pool
+# Where a problem's text names its image or label file (no path holds these
+# characters): the reading rank puts back the path where it finds the file.
+IMAGE, LABEL = "\x01image\x01", "\x01label\x01"
+
+
+def relative(path: Path, root: Path) -> str:
+    """`path` relative to the dataset root, or absolute where it lies outside."""
+    rel = os.path.relpath(path, root)
+    return str(path) if rel == ".." or rel.startswith(f"..{os.sep}") else rel
+
+
+def stats(files: list[Path]) -> np.ndarray:
+    """int64 [N, 4]: image size and mtime (ns), label file size and mtime; -1
+    where a file is missing. One stat per file, no open."""
+    def one(chunk: list[Path]) -> list[tuple[int, int, int, int]]:
+        rows = []
+        for image in chunk:
+            row = []
+            for path in (image, label_path(image)):
+                try:
+                    st = os.stat(path)
+                    row += [st.st_size, st.st_mtime_ns]
+                except OSError:
+                    row += [-1, -1]
+            rows.append(tuple(row))
+        return rows
+
+    chunks = [files[i:i + CHUNK] for i in range(0, len(files), CHUNK)]
+    with ThreadPoolExecutor(max_workers=min(32, _cpus() * 4)) as pool:
+        rows = [row for part in pool.map(one, chunks) for row in part]
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def version_of(names: list[str], stat: np.ndarray, nc: int) -> str:
+    """Changes with the file list, any size or mtime, the class count or the format."""
+    h = hashlib.sha256(json.dumps([FORMAT, nc, len(names)]).encode())
+    h.update("\0".join(names).encode("utf-8", errors="surrogateescape"))
+    h.update(np.ascontiguousarray(stat, dtype=np.int64).tobytes())
+    return h.hexdigest()[:20]
+
+
+class Index:
+    """An index's arrays, and the Checked results they hold."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.a = arrays
+        self.meta = json.loads(bytes(arrays["meta"]).decode())
+        self.names = [str(n) for n in arrays["names"]]
+        self.row_start = np.concatenate([[0], np.cumsum(arrays["nrows"])])
+        self.pt_start = np.concatenate([[0], np.cumsum(arrays["npts"])])
+        self.polygons = bool(len(arrays["pts"]))
+        self.problems: dict[int, list[tuple[int, str]]] = {}
+        for i, text in zip(arrays["pimage"], arrays["ptext"]):
+            self.problems.setdefault(int(i), []).append(str(text))
+
+    @property
+    def version(self) -> str:
+        return self.meta["version"]
+
+    def checked(self, i: int, path: Path) -> Checked:
+        """Entry i as data.check_one found it, for the image now at `path`."""
+        a = self.a
+        lo, hi = self.row_start[i], self.row_start[i + 1]
+        outlines = [None] * int(hi - lo)
+        if self.polygons:
+            for k, r in enumerate(range(lo, hi)):
+                p0, p1 = self.pt_start[r], self.pt_start[r + 1]
+                outlines[k] = a["pts"][p0:p1].copy() if p1 > p0 else None
+        problems = tuple(text.replace(LABEL, str(label_path(path))).replace(IMAGE, str(path))
+                         for text in self.problems.get(i, ()))
+        dropped = DROPPED[int(a["dropped"][i])]
+        if dropped:
+            return Checked(path, problems=problems, dropped=dropped)
+        st = a["stat"][i]
+        return Checked(path, (int(a["shape"][i, 0]), int(a["shape"][i, 1])), a["rows"][lo:hi].copy(),
+                       (int(st[0]), int(st[1])), problems, outlines=tuple(outlines))
+
+
+def load(file: Path) -> Index | None:
+    """The index in `file`, or None where there is none or it cannot be read
+    (or has another format): then it is built anew."""
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        index = Index(arrays)
+    except (OSError, ValueError, KeyError, EOFError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return index if index.meta.get("format") == FORMAT else None
+
+
+def arrays_of(results: list[Checked], names: list[str], stat: np.ndarray, nc: int) -> dict[str, np.ndarray]:
+    """The index's arrays for check results `results` of the files `names`
+    (relative), whose stats before the check were `stat`."""
+    nrows, rows, npts, pts = [], [], [], []
+    pimage, ptext = [], []
+    shape = np.zeros((len(results), 2), np.int32)
+    dropped = np.zeros(len(results), np.int8)
+    for i, r in enumerate(results):
+        dropped[i] = DROPPED.index(r.dropped)
+        if r.shape is not None:
+            shape[i] = r.shape
+        labels = r.labels if r.labels is not None and not r.dropped else np.zeros((0, 5), np.float32)
+        nrows.append(len(labels))
+        rows.append(labels)
+        outlines = list(r.outlines) if len(r.outlines) == len(labels) else [None] * len(labels)
+        for o in outlines:
+            npts.append(0 if o is None else len(o))
+            if o is not None:
+                pts.append(np.asarray(o, np.float32).reshape(-1, 2))
+        for text in r.problems:
+            pimage.append(i)
+            ptext.append(text.replace(str(label_path(r.path)), LABEL).replace(str(r.path), IMAGE))
+    meta = {"format": FORMAT, "nc": nc, "version": version_of(names, stat, nc)}
+    return {
+        "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
+        "names": np.array(names, dtype=str) if names else np.zeros(0, "<U1"),
+        "stat": np.asarray(stat, np.int64).reshape(-1, 4),
+        "shape": shape, "dropped": dropped,
+        "nrows": np.array(nrows, np.int64), "rows": np.concatenate(rows).astype(np.float32) if rows
+        else np.zeros((0, 5), np.float32),
+        "npts": np.array(npts, np.int64), "pts": np.concatenate(pts) if pts else np.zeros((0, 2), np.float32),
+        "pimage": np.array(pimage, np.int64),
+        "ptext": np.array(ptext, dtype=str) if ptext else np.zeros(0, "<U1"),
+    }
+
+
+def refresh(files: list[Path], nc: int, root: Path, file: Path) -> tuple[list[Checked], Index | None, int, str]:
+    """(every file's check result in order, the index to write (None: the
+    one in `file` is current), how many images were checked anew, the
+    index's version). Rank 0's
+    part (see the module's doc); `write` puts the index in place."""
+    files = [Path(f) for f in files]
+    names = [relative(f, root) for f in files]
+    now = stats(files)
+    old = load(file)
+    if old is not None and old.meta.get("nc") == nc and old.version == version_of(names, now, nc):
+        return [old.checked(i, f) for i, f in enumerate(files)], None, 0, old.version
+    results: list[Checked | None] = [None] * len(files)
+    again = list(range(len(files)))
+    if old is not None and old.meta.get("nc") == nc:
+        where = {n: i for i, n in enumerate(old.names)}
+        again = []
+        for i, n in enumerate(names):
+            j = where.get(n)
+            if j is not None and (old.a["stat"][j] == now[i]).all():
+                results[i] = old.checked(j, files[i])
+            else:
+                again.append(i)
+    for i, r in zip(again, check_each([files[i] for i in again], nc)):
+        results[i] = r
+    index = Index(arrays_of(results, names, now, nc))
+    # As the other ranks read them: every rank then holds the same results.
+    return [index.checked(i, f) for i, f in enumerate(files)], index, len(again), index.version
+
+
+def write(file: Path, index: Index) -> None:
+    """Put `index` in `file`, whole or not at all (tmp + rename)."""
+    buf = io.BytesIO()
+    np.savez(buf, **index.a)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(file, buf.getvalue())
+
+
+def read(file: Path, root: Path, version: str) -> list[Checked]:
+    """Every file's check result from the index rank 0 left in `file` (its
+    `version`); the other ranks' part."""
+    index = load(file)
+    if index is None or index.version != version:
+        found = "none" if index is None else f"version {index.version}"
+        raise OSError(f"the dataset index {file} is not the one rank 0 wrote (version {version}; found {found})")
+    return [index.checked(i, Path(n) if os.path.isabs(n) else root / n) for i, n in enumerate(index.names)]
