@@ -177,7 +177,7 @@ def test_tar_headers_are_read_as_tar_lists_them(data, dest, tmp_path, fmt):
     m, offsets = scan_tar(archive)
     want = list_archive(archive, ())
     assert (m.files, m.links, m.dirs) == (want.files, want.links, want.dirs)
-    assert sorted(offsets) == sorted(m.files) and {name for d, e in m.by_dir.items() for name, _, _ in e} == \
+    assert sorted(offsets) == sorted(m.files) and {entry[0] for d, e in m.by_dir.items() for entry in e} == \
         {p.rpartition("/")[2] for p in m.files}
     st.stage(archive, dest, workers=2)
     assert same_tree(data.parent, dest / "dataset")
@@ -204,8 +204,9 @@ def test_unpacking_in_parallel_is_verified(tmp_path, dest, monkeypatch):
 
     def bad_unpack(archive, dst_dir, entries):  # in each worker: one member's bytes past the archive's end
         end = os.path.getsize(archive) - 10
-        return unpack(archive, dst_dir, [(name, size, mode, end if dst_dir.endswith("images/val") and
-                                          name == "201.jpg" else offset) for name, size, mode, offset in entries])
+        return unpack(archive, dst_dir, [(name, size, mode, mtime, end if dst_dir.endswith("images/val") and
+                                          name == "201.jpg" else offset)
+                                         for name, size, mode, mtime, offset in entries])
 
     monkeypatch.setattr(treecopy, "_unpack_files", bad_unpack)
     with pytest.raises(HpcyoloError, match="file images/val/201.jpg has 10 bytes in the copy, 7537 in the source"):
@@ -251,7 +252,7 @@ def test_verification_catches_a_bad_copy(data, dest, monkeypatch, where, damage,
     copy = treecopy._copy_files
 
     def bad_copy(src_dir, dst_dir, entries):  # the copier, in each worker
-        hit = dst_dir.endswith("labels/val") and any(name == "002.txt" for name, _, _ in entries)
+        hit = dst_dir.endswith("labels/val") and any(entry[0] == "002.txt" for entry in entries)
         if hit and where == "source":  # a file that shrinks between the walk and the copy
             damage(Path(src_dir, "002.txt"))
         sizes = copy(src_dir, dst_dir, entries)
@@ -274,13 +275,14 @@ def test_files_are_copied_to_the_manifests_size(tmp_path):
     blobs = {f"{i}.jpg": os.urandom(size) for i, size in enumerate(sizes)}
     for name, blob in blobs.items():
         (src / name).write_bytes(blob)
-    entries = [(name, len(blob), 0o640) for name, blob in blobs.items()]
-    entries[-1] = ("5.jpg", 400_000, 0o640)  # shrank since the walk: a short copy, which verification catches
+    entries = [(name, len(blob), 0o640, 1_500_000_000_123_456_789) for name, blob in blobs.items()]
+    entries[-1] = ("5.jpg", 400_000, 0o640, 1_500_000_000_123_456_789)  # shrank since the walk: a short copy, which verification catches
     with open(src / "4.jpg", "ab") as f:  # grew: the first bytes, as many as counted
         f.write(b"more")
     assert treecopy._copy_files(str(src), str(dst), entries) == [*sizes[:-1], 300_001]
     assert all((dst / name).read_bytes() == blob for name, blob in blobs.items())
     assert (dst / "3.jpg").stat().st_mode & 0o777 == 0o640 & ~current_umask()
+    assert {(dst / name).stat().st_mtime_ns for name in blobs} == {1_500_000_000_123_456_789}  # the source's mtime
 
 
 def current_umask() -> int:

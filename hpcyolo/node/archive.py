@@ -126,7 +126,8 @@ def _scan(archive: Path, fd: int, end: int) -> tuple[Manifest, dict[str, int]]:
             m.files[name] = size
             offsets[name] = data
             d, _, base = name.rpartition("/")
-            m.by_dir.setdefault(d, []).append((base, size, _octal(h[100:108]) & 0o7777))
+            mode, mtime = _octal(h[100:108]) & 0o7777, _octal(h[136:148]) * 10**9
+            m.by_dir.setdefault(d, []).append((base, size, mode, mtime))
         elif kind == _DIR or kind in _REGULAR:  # (v7 marks a folder by its name's trailing /)
             if name:
                 dirs.add(name)

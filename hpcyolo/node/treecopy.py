@@ -33,7 +33,9 @@ class Manifest:
         self.dirs: list[str] = []  # parents before children
         self.files: dict[str, int] = {}  # path -> size
         self.links: dict[str, str] = {}  # path -> symlink target
-        self.by_dir: dict[str, list[tuple[str, int, int]]] = {}  # dir -> [(name, size, mode)]
+        # dir -> [(name, size, mode, mtime in ns)]: the copy keeps each file's mtime, so that what was
+        # recorded of the source by size and mtime (the trainer's dataset index) holds for the copy too.
+        self.by_dir: dict[str, list[tuple[str, int, int, int]]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -52,9 +54,9 @@ def walk(root: str | Path, workers: int | None = None) -> Manifest:
     root = str(root)
     jobs = [(f"{root}/{d}" if d else root, chunk) for d, chunk in _chunks(names)]
     results = _fork_map(_stat_files, jobs, _workers(workers, len(jobs)))
-    for (d, chunk), (sizes, modes) in zip(_chunks(names), results):
+    for (d, chunk), (sizes, modes, mtimes) in zip(_chunks(names), results):
         m.files.update(zip(map(f"{d}/".__add__, chunk) if d else chunk, sizes))
-        m.by_dir.setdefault(d, []).extend(zip(chunk, sizes, modes))
+        m.by_dir.setdefault(d, []).extend(zip(chunk, sizes, modes, mtimes))
     return m
 
 
@@ -95,10 +97,11 @@ def _chunks(names: dict[str, list]):
             yield d, entries[i:i + CHUNK]
 
 
-def _stat_files(folder: str, names: list[str]) -> tuple[list[int], list[int]]:
-    """Sizes and permission bits of regular files in one folder (opened once:
-    each lstat is then relative to it, sparing the kernel the whole path)."""
-    sizes, modes, lstat, regular = [], [], os.stat, stat.S_ISREG
+def _stat_files(folder: str, names: list[str]) -> tuple[list[int], list[int], list[int]]:
+    """Sizes, permission bits and mtimes (ns) of regular files in one folder
+    (opened once: each lstat is then relative to it, sparing the kernel the
+    whole path)."""
+    sizes, modes, mtimes, lstat, regular = [], [], [], os.stat, stat.S_ISREG
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
@@ -110,11 +113,12 @@ def _stat_files(folder: str, names: list[str]) -> tuple[list[int], list[int]]:
                 raise HpcyoloError(f"stage: cannot copy {folder}/{name}: not a file, folder or symlink")
             sizes.append(st.st_size)
             modes.append(st.st_mode & 0o7777)
+            mtimes.append(st.st_mtime_ns)
     except OSError as e:
         raise HpcyoloError(f"stage: cannot read {folder}/{e.filename}: {e.strerror}") from None
     finally:
         os.close(fd)
-    return sizes, modes
+    return sizes, modes, mtimes
 
 
 def first_difference(want: Manifest, got: Manifest) -> str | None:
@@ -161,15 +165,15 @@ def copy_tree(src: str | Path, dst: str | Path, m: Manifest, workers: int | None
                                                    for entry in chunk]) for d, chunk in chunks]
         sizes = _fork_map(_unpack_files, jobs, _workers(workers, len(jobs)))
     got, names = scan(dst)
-    if all(copied == [size for _, size, _ in chunk] for (_, chunk), copied in zip(chunks, sizes)) and \
-            all(set(names.get(d, ())) == {name for name, _, _ in entries} for d, entries in m.by_dir.items()) and \
+    if all(copied == [entry[1] for entry in chunk] for (_, chunk), copied in zip(chunks, sizes)) and \
+            all(set(names.get(d, ())) == {entry[0] for entry in entries} for d, entries in m.by_dir.items()) and \
             all(d in m.by_dir for d, files in names.items() if files):
         got.files = m.files  # the same names with the same sizes, folder by folder
         return got
     seen = {}  # a difference somewhere: spell the copy out, path by path
     for (d, chunk), copied in zip(chunks, sizes):
         prefix = f"{d}/" if d else ""
-        seen.update(zip((prefix + name for name, _, _ in chunk), copied))
+        seen.update(zip((prefix + entry[0] for entry in chunk), copied))
     for d, files in names.items():
         prefix = f"{d}/" if d else ""
         for name in files:
@@ -177,14 +181,16 @@ def copy_tree(src: str | Path, dst: str | Path, m: Manifest, workers: int | None
     return got
 
 
-def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]]) -> list[int]:
-    """Copy the named files between two folders, each folder opened once, and
+def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int, int]]) -> list[int]:
+    """Copy the named files between two folders, each folder opened once, with
+    their mtimes, and
     return the size of each copy: where its end lies once written, which is
     the filesystem's count, not ours (and, unlike an fstat, costs no Python
     object per file). Exactly the manifest's size is copied: a file that
     changed meanwhile shows up in the verification, not as a torn copy. (The
     hot loop of staging: hence the local names.)"""
-    open_, read, write, seek, close, send = os.open, os.read, os.write, os.lseek, os.close, os.sendfile
+    open_, read, write, seek, close = os.open, os.read, os.write, os.lseek, os.close
+    send, utime = os.sendfile, os.utime
     rd, wr, end, cur = os.O_RDONLY | os.O_NOFOLLOW, os.O_WRONLY | os.O_CREAT | os.O_EXCL, os.SEEK_END, os.SEEK_CUR
     small = SMALL_FILE
     sizes: list[int] = []
@@ -192,7 +198,7 @@ def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]])
     try:
         dfd = open_(dst_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            for name, size, mode in entries:
+            for name, size, mode, mtime in entries:
                 fin = open_(name, rd, dir_fd=sfd)
                 try:
                     fout = open_(name, wr, mode, dir_fd=dfd)
@@ -204,6 +210,7 @@ def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]])
                         elif send(fout, fin, None, size) < size:  # short: the rest in a loop
                             _send(fin, fout, size, seek(fout, 0, cur))
                         sizes.append(seek(fout, 0, end))
+                        utime(fout, ns=(mtime, mtime))
                     finally:
                         close(fout)
                 finally:
@@ -216,17 +223,17 @@ def _copy_files(src_dir: str, dst_dir: str, entries: list[tuple[str, int, int]])
 
 
 def _unpack_files(archive: str, dst_dir: str, entries: list[tuple[str, int, int, int]]) -> list[int]:
-    """_copy_files for members of a tar archive: (name, size, mode, offset)
-    each, their bytes sent from the archive at that offset (which moves no
+    """_copy_files for members of a tar archive: (name, size, mode, mtime,
+    offset) each, their bytes sent from the archive at that offset (which moves no
     shared file position: the workers share nothing)."""
-    open_, seek, close, send = os.open, os.lseek, os.close, os.sendfile
+    open_, seek, close, send, utime = os.open, os.lseek, os.close, os.sendfile, os.utime
     wr, end = os.O_WRONLY | os.O_CREAT | os.O_EXCL, os.SEEK_END
     sizes: list[int] = []
     afd = open_(archive, os.O_RDONLY)
     try:
         dfd = open_(dst_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            for name, size, mode, offset in entries:
+            for name, size, mode, mtime, offset in entries:
                 fout = open_(name, wr, mode, dir_fd=dfd)
                 try:
                     done = send(fout, afd, offset, size) if size else 0
@@ -236,6 +243,7 @@ def _unpack_files(archive: str, dst_dir: str, entries: list[tuple[str, int, int,
                             break
                         done += n
                     sizes.append(seek(fout, 0, end))
+                    utime(fout, ns=(mtime, mtime))
                 finally:
                     close(fout)
         finally:

@@ -128,6 +128,36 @@ def test_a_copy_elsewhere_with_the_same_mtimes_uses_the_index_and_names_its_own_
     assert all(str(copy) in line for r in results for line in r.problems)
 
 
+@pytest.mark.parametrize("how", ["tree", "tar"])
+def test_a_staged_copy_keeps_the_mtimes_and_uses_the_index_built_before(tmp_path, shapes, how):
+    # A requeued job on another node stages the dataset anew: its index in the run directory still holds.
+    from hpcyolo.node.stage import stage
+
+    files = load_data_spec(shapes).train
+    file = tmp_path / "index.npz"
+    _, index, _, _ = dataindex.refresh(files, 4, shapes.parent, file)
+    dataindex.write(file, index)
+    src = shapes
+    if how == "tar":
+        src = tmp_path / "ds.tar"
+        subprocess.run(["tar", "-C", str(shapes.parent), "-cf", str(src), "."], check=True)
+    stage(src, tmp_path / "staged", workers=2)
+    copy = next((tmp_path / "staged").rglob("images")).parent  # where the dataset's root landed
+    moved = [copy / f.relative_to(shapes.parent) for f in files]
+    assert [m.stat().st_mtime_ns for m in moved] == [f.stat().st_mtime_ns for f in files] if how == "tree" else True
+    results, index, again, _ = dataindex.refresh(moved, 4, copy, file)
+    if how == "tree":
+        assert (again, index) == (0, None)
+    else:  # a tar header holds whole seconds: every file is checked anew, once; the next copy is current
+        assert again == len(files) and index is not None
+        dataindex.write(file, index)
+        stage(src, tmp_path / "staged-again", workers=2)
+        again_copy = next((tmp_path / "staged-again").rglob("images")).parent
+        _, index, again, _ = dataindex.refresh([again_copy / f.relative_to(copy) for f in moved], 4, again_copy, file)
+        assert (again, index) == (0, None)
+    same(results, check_each(moved, 4))
+
+
 def test_an_unreadable_index_is_built_again(tmp_path, shapes):
     files = load_data_spec(shapes).train
     file = tmp_path / "index.npz"
