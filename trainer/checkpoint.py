@@ -6,9 +6,13 @@ Resume takes the newest file that loads (torch.load(weights_only=True)) and
 says it is complete; a corrupt or partial one is skipped with a warning.
 
 `Writer` keeps the training loop from waiting on storage: it copies the
-state (a memcpy of the tensors) and writes the copy from a background
-thread, one write in flight at a time; the next checkpoint, or `wait()`,
-waits for the previous write and raises its error if it failed.
+state into CPU buffers reused from one checkpoint to the next and writes
+the copy from a background thread, one write in flight at a time; the next
+checkpoint, or `wait()`, waits for the previous write and raises its error
+if it failed. What only the optimizer step changes (parameters, EMA,
+optimizer state: the bulk of the bytes) the thread copies while the loop
+runs the next forward and backward passes; the loop calls `settle()`
+before that step, so the file holds exactly the state of the step it names.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -54,17 +58,64 @@ def save_checkpoint(state: dict, folder: Path, keep: int) -> Path:
     return path
 
 
-def snapshot(obj):
-    """A copy of `obj` that later training steps cannot change: every tensor
-    copied to CPU memory (the only work the training loop waits for), the
-    containers rebuilt around them; other values are immutable or fresh."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(snapshot(v) for v in obj)
-    return obj
+class Snapshot:
+    """A copy of a state that later training steps cannot change, into CPU
+    buffers that the next snapshot of the same state reuses (allocated once:
+    no page faults, no allocator work per checkpoint; pinned for a GPU's
+    state, so the device copies them without a staging buffer).
+
+    Tensors in `steady` (the parameters, the EMA, the optimizer's state:
+    what only the next optimizer step changes) are copied later, by `copy()`
+    on the writing thread, while the loop goes on with the next forward and
+    backward passes; the loop calls Writer.settle() before that optimizer
+    step. Every other tensor (BatchNorm's running statistics, which a forward
+    pass changes; the loss sums; RNG states) is copied at once."""
+
+    def __init__(self, state: dict, steady: Iterable[torch.Tensor], buffers: list[torch.Tensor]):
+        self.buffers: list[torch.Tensor] = []
+        self.later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._spare, self._steady = iter(buffers), {t.data_ptr() for t in steady if t.numel()}
+        self.state = self._copy(state)
+        self._event = None
+        if any(src.is_cuda for _, src in self.later):  # the device's later copies follow the step's kernels
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def _copy(self, obj):
+        if isinstance(obj, torch.Tensor):
+            src = obj.detach()
+            buf = self._buffer(src)
+            if src.numel() and src.data_ptr() in self._steady:
+                self.later.append((buf, src))
+            else:
+                buf.copy_(src)
+            return buf
+        if isinstance(obj, dict):
+            return {k: self._copy(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v) for v in obj)
+        return obj  # other values are immutable or fresh
+
+    def _buffer(self, src: torch.Tensor) -> torch.Tensor:
+        buf = next(self._spare, None)
+        pinned = src.is_cuda
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != pinned:
+            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pinned)
+        self.buffers.append(buf)
+        return buf
+
+    def copy(self) -> None:
+        """The copies that wait for the writing thread."""
+        if self._event is None:
+            for buf, src in self.later:
+                buf.copy_(src)
+            return
+        stream = torch.cuda.Stream(device=self.later[0][1].device)
+        with torch.cuda.stream(stream):  # beside the loop's stream: its next kernels need not wait
+            stream.wait_event(self._event)
+            for buf, src in self.later:
+                buf.copy_(src, non_blocking=True)
+        stream.synchronize()
 
 
 class Writer:
@@ -73,27 +124,46 @@ class Writer:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.stall = 0.0  # seconds the caller spent in save(), summed
+        self._copied = threading.Event()
+        self._copied.set()
+        self._buffers: list[torch.Tensor] = []  # the last snapshot's, for the next to reuse
+        self.stall = 0.0  # seconds the caller spent in save() and settle(), summed
 
-    def save(self, state: dict, folder: Path, keep: int, wait: bool = False) -> Path:
+    def save(self, state: dict, folder: Path, keep: int, wait: bool = False,
+             steady: Iterable[torch.Tensor] = ()) -> Path:
         """Snapshot `state` and write it as the checkpoint of its step (see
-        save_checkpoint); returns at once unless `wait`."""
+        save_checkpoint); returns at once unless `wait`. The tensors of
+        `state` that share memory with `steady` are copied by the writing
+        thread: the caller must call settle() before it changes them."""
         start = time.perf_counter()
-        self.wait()  # one write in flight: never two copies of the state in memory
-        copy = snapshot(state)
-        self._thread = threading.Thread(target=self._write, args=(copy, folder, keep),
-                                        name="checkpoint-writer")
+        self.wait()  # one write in flight: never two copies of the state in memory, and its buffers are free
+        copy = Snapshot(state, steady, self._buffers)
+        self._buffers = copy.buffers
+        self._copied.clear()
+        self._thread = threading.Thread(target=self._write, args=(copy, folder, keep), name="checkpoint-writer")
         self._thread.start()
         self.stall += time.perf_counter() - start
         if wait:
             self.wait()
         return path_for(folder, state["global_step"])
 
-    def _write(self, state: dict, folder: Path, keep: int) -> None:
+    def _write(self, copy: Snapshot, folder: Path, keep: int) -> None:
         try:
-            save_checkpoint(state, folder, keep)
+            try:
+                copy.copy()
+            finally:
+                self._copied.set()
+            save_checkpoint(copy.state, folder, keep)
         except BaseException as e:  # noqa: BLE001 (handed to the training thread)
             self._error = e
+
+    def settle(self) -> None:
+        """Block until the last snapshot's steady tensors are copied: call
+        before changing them (before the optimizer step)."""
+        if not self._copied.is_set():
+            start = time.perf_counter()
+            self._copied.wait()
+            self.stall += time.perf_counter() - start
 
     def wait(self) -> None:
         """Block until the write in flight is on disk; raise its error."""
