@@ -2,7 +2,8 @@
 process, from wait4) and wall time, medians over --runs, all commands taking
 turns in one loop so that machine noise hits them alike.
 
-    .venv/bin/python benchmarks/bench_login.py [--runs 5] [--torchx PATH] [--requeues 100] [--sweep 1000]
+    .venv/bin/python benchmarks/bench_login.py [--runs 5] [--torchx PATH] [--hpcyolo PATH] [--requeues 100]
+                                               [--sweep 1000]
 
   render   hpcyolo render site_configs/testbed.yaml examples/coco8.yaml
   torchx   torchx run --dryrun -s slurm dist.ddp -j 2x8 --script train.py, the
@@ -19,6 +20,11 @@ turns in one loop so that machine noise hits them alike.
            line (Restarts=N): the one process status starts, without a cluster
   submit   hpcyolo submit --dry-run SITE JOB with sweeps of three keys whose
            product is --sweep elements (submitit's sbatch script of one array)
+
+Every command runs with its modules' bytecode cached, as an installed
+command does (pip compiles torchx's at install; PYTHONDONTWRITEBYTECODE is
+dropped from the children's environment, so that the warm-up run writes
+hpcyolo's where a checkout has none yet).
 
 Targets: render's CPU time at most one third of torchx's; status and submit
 each under 1 s.
@@ -42,7 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 TORCHX = "/work/bench-torchx-venv/bin/torchx"
 
 
-def measure(argv: list[str], cwd: str | None = None, env: dict | None = None) -> tuple[float, float]:
+def measure(argv: list[str], cwd: str | None, env: dict) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one run of `argv`; it must succeed."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd, env=env)
@@ -113,27 +119,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--torchx", default=TORCHX, help="the torchx executable (left out where absent)")
+    parser.add_argument("--hpcyolo", help="the hpcyolo executable (default: this Python's), e.g. another checkout's")
     parser.add_argument("--requeues", type=int, default=100)
     parser.add_argument("--sweep", type=int, default=1000, help="elements of the sweep submitted (dry run)")
     args = parser.parse_args()
-    hpcyolo = str(Path(sys.executable).parent / "hpcyolo")
+    hpcyolo = args.hpcyolo or str(Path(sys.executable).parent / "hpcyolo")
     site, job = str(REPO / "site_configs" / "testbed.yaml"), str(REPO / "examples" / "coco8.yaml")
 
     with tempfile.TemporaryDirectory(prefix="hpcyolo-bench-login-") as tmp:
         run, stubs = Path(tmp) / "run", Path(tmp) / "bin"
         synthetic_run(run, args.requeues)
         stub_scontrol(stubs, args.requeues)
-        stubbed = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
-        commands: dict[str, tuple[list[str], str | None, dict | None]] = {
-            "render": ([hpcyolo, "render", site, job], None, None),
-            "python -c pass": ([sys.executable, "-c", "pass"], None, None),
+        plain = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        stubbed = {**plain, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+        commands: dict[str, tuple[list[str], str | None, dict]] = {
+            "render": ([hpcyolo, "render", site, job], None, plain),
+            "python -c pass": ([sys.executable, "-c", "pass"], None, plain),
             f"status ({args.requeues} requeues)": ([hpcyolo, "status", str(run)], None, stubbed),
             f"submit --dry-run ({args.sweep} elements)": ([hpcyolo, "submit", "--dry-run", site, job,
-                                                          *sweep_options(args.sweep)], None, None),
+                                                          *sweep_options(args.sweep)], None, plain),
         }
         if os.access(args.torchx, os.X_OK):
             commands["torchx dryrun"] = ([args.torchx, "run", "--dryrun", "-s", "slurm", "dist.ddp", "-j", "2x8",
-                                          "--script", "train.py"], tmp, None)
+                                          "--script", "train.py"], tmp, plain)
         else:
             print(f"torchx: {args.torchx} is not an executable: left out (pip install torchx in a venv)")
         for name, (argv, cwd, env) in commands.items():
