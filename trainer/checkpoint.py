@@ -77,9 +77,9 @@ class Snapshot:
         self._spare, self._steady = iter(buffers), {t.data_ptr() for t in steady if t.numel()}
         self.state = self._copy(state)
         self._event = None
-        if any(src.is_cuda for _, src in self.later):  # the device's later copies follow the step's kernels
-            self._event = torch.cuda.Event()
-            self._event.record()
+        device = next((src.device for _, src in self.later if src.is_cuda), None)
+        if device is not None:  # the device's later copies follow the kernels of the step the state is at
+            self._event = torch.cuda.current_stream(device).record_event()
 
     def _copy(self, obj):
         if isinstance(obj, torch.Tensor):
@@ -157,10 +157,15 @@ class Writer:
         except BaseException as e:  # noqa: BLE001 (handed to the training thread)
             self._error = e
 
+    @property
+    def copying(self) -> bool:
+        """Whether the thread still copies the last snapshot's steady tensors."""
+        return not self._copied.is_set()
+
     def settle(self) -> None:
         """Block until the last snapshot's steady tensors are copied: call
         before changing them (before the optimizer step)."""
-        if not self._copied.is_set():
+        if self.copying:
             start = time.perf_counter()
             self._copied.wait()
             self.stall += time.perf_counter() - start

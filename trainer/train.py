@@ -439,7 +439,9 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
             continue
         parts.schedule.apply(parts.optimizer, at)
         last_step = at
-        parts.writer.settle()  # the last checkpoint's copy of what the step changes is done
+        if parts.writer.copying:  # the last checkpoint's copy of what the step changes: done first, a stall
+            with parts.ledger.timed("checkpoint"):
+                parts.writer.settle()
         optimizer_step(parts.model, parts.optimizer, parts.scaler, parts.ema, cfg.clip_norm)
         pos.global_step, pos.batch, pos.epoch_seconds = pos.global_step + 1, i + 1, time.time() - t0
         now = clock.seconds(pos.global_step)
