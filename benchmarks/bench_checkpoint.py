@@ -20,9 +20,10 @@ directory), in one of two ways, alternating so that machine noise hits both:
           way; the next optimizer step waits for that copy (Writer.settle)
 
 An async checkpoint's stall is all the time the training thread waits for
-it: in save(), in settle() before the following optimizer steps, and for
-its write to end before the next (sync) checkpoint. A sync checkpoint's is
-the time of its call. Printed: the median stall of each, their ratio
+it: building the state (the state_dict() calls) and save(), settle() before
+the following optimizer steps, and the wait for its write to end before the
+next (sync) checkpoint. A sync checkpoint's is its call, the state's
+building included. Printed: the median stall of each, their ratio
 (target: async at most 10% of sync), and the median step time with no
 checkpoint work running against steps that ran while an async checkpoint
 was copied or written (what it costs the loop indirectly, on a machine
@@ -99,34 +100,46 @@ def main() -> None:
               f"{torch.get_num_threads()} torch threads", flush=True)
 
         stalls: dict[str, list[float]] = {"sync": [], "async": []}
+        parts: dict[str, list[float]] = {"save": [], "settle": [], "wait": []}  # of each async checkpoint's stall
         quiet, busy = [], []  # step times with no checkpoint work running / while an async one is copied or written
-        global_step, stalled = 0, 0.0
-        for n in range(2 * args.checkpoints):
-            kind = ("sync", "async")[n % 2]
+        global_step, settled = 0, 0.0
+
+        def steps() -> None:
+            nonlocal global_step
             for _ in range(args.steps):
                 writing = writer._thread is not None and writer._thread.is_alive()
                 (busy if writing else quiet).append(step())
                 global_step += 1
-            if kind == "sync":
-                if n:  # the last async checkpoint's write, if it still runs: its cost, not this one's
-                    start = time.perf_counter()
-                    writer.wait()
-                    stalls["async"][-1] += time.perf_counter() - start + writer.stall - stalled
-                    report(n - 1, "async", stalls["async"][-1])
+
+        def after_async(n: int) -> None:
+            """The rest of async checkpoint n's stall, once the steps after it ran: the
+            waits in settle() before their optimizer steps, and for its write to end."""
+            start = time.perf_counter()
+            writer.wait()
+            parts["wait"].append(time.perf_counter() - start)
+            parts["settle"].append(writer.stall - settled)
+            stalls["async"][-1] += parts["settle"][-1] + parts["wait"][-1]
+            report(n, "async", stalls["async"][-1])
+
+        for n in range(2 * args.checkpoints):
+            steps()
+            if n % 2 == 0:
+                if n:
+                    after_async(n - 1)
                 start = time.perf_counter()
                 ckpt.save_checkpoint(state(global_step), folder, keep=2)
                 stalls["sync"].append(time.perf_counter() - start)
                 report(n, "sync", stalls["sync"][-1])
             else:
-                stalled = writer.stall
+                start = time.perf_counter()
                 writer.save(state(global_step), folder, keep=2, steady=steady_tensors(model, ema, optimizer))
-                stalls["async"].append(writer.stall - stalled)  # save(); settle() and the wait follow
-                stalled = writer.stall
-        start = time.perf_counter()
-        writer.wait()
-        stalls["async"][-1] += time.perf_counter() - start + writer.stall - stalled
-        report(2 * args.checkpoints - 1, "async", stalls["async"][-1])
-        assert ckpt.load_latest(folder, warn=print)["global_step"] == global_step
+                stalls["async"].append(time.perf_counter() - start)
+                parts["save"].append(stalls["async"][-1])
+                settled = writer.stall
+        last = global_step
+        steps()  # the last async checkpoint, like the others, is followed by training steps
+        after_async(2 * args.checkpoints - 1)
+        assert ckpt.load_latest(folder, warn=print)["global_step"] == last
 
     sync, background = statistics.median(stalls["sync"]), statistics.median(stalls["async"])
     print(f"\nstall per checkpoint, median of {args.checkpoints} each:")
@@ -135,6 +148,10 @@ def main() -> None:
     print(f"  snapshot beside the loop, background write {background * 1e3:5.1f} ms  "
           f"[{' '.join(f'{x * 1e3:.0f}' for x in stalls['async'])}]")
     print(f"  background / synchronous: {background / sync:.1%}  (target <= 10%)")
+    print("async stall's parts, medians: " + ", ".join(f"{name} {statistics.median(v) * 1e3:.1f} ms"
+                                                       for name, v in parts.items()) +
+          " (save: state_dict and snapshot, the small tensors copied; settle: the wait before the next optimizer "
+          "steps for the thread's copy; wait: for the write, before the next checkpoint)")
     if quiet and busy:
         print(f"step time: {statistics.median(quiet) * 1e3:.0f} ms with no write running, "
               f"{statistics.median(busy) * 1e3:.0f} ms while an async checkpoint is copied or written "

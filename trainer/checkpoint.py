@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 
 from .fsutil import atomic_file
@@ -58,6 +59,22 @@ def save_checkpoint(state: dict, folder: Path, keep: int) -> Path:
     return path
 
 
+_NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                 torch.uint8, torch.bool}
+
+
+def copy_into(buf: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
+    """buf[...] = src. A CPU tensor goes through numpy: one thread's memcpy,
+    without the GIL. ATen's copy_ splits a large tensor over its OpenMP
+    threads, and where the training keeps the cores busy each split waits
+    for a time slice: yolov8n's 720 steady tensors took 0.4 to 1.5 s that
+    way on 2 busy cores, against 7 to 9 ms through numpy."""
+    if src.device.type == "cpu" and src.dtype in _NUMPY_DTYPES:
+        np.copyto(buf.numpy(), src.numpy())
+    else:
+        buf.copy_(src, non_blocking=non_blocking)
+
+
 class Snapshot:
     """A copy of a state that later training steps cannot change, into CPU
     buffers that the next snapshot of the same state reuses (allocated once:
@@ -88,7 +105,7 @@ class Snapshot:
             if src.numel() and src.data_ptr() in self._steady:
                 self.later.append((buf, src))
             else:
-                buf.copy_(src)
+                copy_into(buf, src)
             return buf
         if isinstance(obj, dict):
             return {k: self._copy(v) for k, v in obj.items()}
@@ -108,13 +125,13 @@ class Snapshot:
         """The copies that wait for the writing thread."""
         if self._event is None:
             for buf, src in self.later:
-                buf.copy_(src)
+                copy_into(buf, src)
             return
         stream = torch.cuda.Stream(device=self.later[0][1].device)
         with torch.cuda.stream(stream):  # beside the loop's stream: its next kernels need not wait
             stream.wait_event(self._event)
             for buf, src in self.later:
-                buf.copy_(src, non_blocking=True)
+                copy_into(buf, src, non_blocking=True)
         stream.synchronize()
 
 
