@@ -173,3 +173,14 @@ def test_kill_during_background_write_leaves_previous_checkpoint(tmp_path):
     assert [p.name for p in ckpt.checkpoints(folder)] == ["ckpt-000000001.pt"]
     assert ckpt.load_latest(folder, warn=print)["global_step"] == 1
     assert ckpt.remove_partials(folder) == partial and not partial[0].exists()
+
+
+def test_copy_into_takes_strided_and_non_numpy_tensors():
+    src = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)  # strided, as a channels_last parameter
+    buf = torch.empty(2, 3, 4, 5)
+    ckpt.copy_into(buf, src)
+    assert torch.equal(buf, src)
+    half = torch.randn(7).to(torch.bfloat16)  # no numpy dtype: ATen copies it
+    buf = torch.empty(7, dtype=torch.bfloat16)
+    ckpt.copy_into(buf, half)
+    assert torch.equal(buf, half)
