@@ -76,63 +76,84 @@ def copy_into(buf: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) 
 
 
 class Snapshot:
-    """A copy of a state that later training steps cannot change, into CPU
-    buffers that the next snapshot of the same state reuses (allocated once:
-    no page faults, no allocator work per checkpoint; pinned for a GPU's
-    state, so the device copies them without a staging buffer).
+    """A copy of a state that later training steps cannot change.
 
     Tensors in `steady` (the parameters, the EMA, the optimizer's state:
-    what only the next optimizer step changes) are copied later, by `copy()`
-    on the writing thread, while the loop goes on with the next forward and
-    backward passes; the loop calls Writer.settle() before that optimizer
-    step. Every other tensor (BatchNorm's running statistics, which a forward
-    pass changes; the loss sums; RNG states) is copied at once."""
+    what only the next optimizer step changes, and most of the bytes) are
+    copied later, by `copy()` on the writing thread, while the loop goes on
+    with the next forward and backward passes; the loop calls
+    Writer.settle() before that optimizer step. They go into CPU buffers
+    that the next snapshot of the same state reuses (allocated once: no
+    page faults, no allocator work per checkpoint; pinned for a GPU's state,
+    so the device copies them without a staging buffer). Every other tensor
+    (BatchNorm's running statistics, which a forward pass changes; the loss
+    sums; RNG states: small) is copied at once. The training thread only
+    walks the containers: the buffers' bookkeeping is the writing thread's."""
 
     def __init__(self, state: dict, steady: Iterable[torch.Tensor], buffers: list[torch.Tensor]):
-        self.buffers: list[torch.Tensor] = []
-        self.later: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._spare, self._steady = iter(buffers), {t.data_ptr() for t in steady if t.numel()}
-        self.state = self._copy(state)
+        self._spare, self._steady = buffers, {t.data_ptr() for t in steady if t.numel()}
+        self.later: list[torch.Tensor] = []  # the steady tensors, in the state's order
+        self.buffers: list[torch.Tensor] = []  # their copies, once copy() ran
+        self.state = self._walk(state)
         self._event = None
-        device = next((src.device for _, src in self.later if src.is_cuda), None)
+        device = next((src.device for src in self.later if src.is_cuda), None)
         if device is not None:  # the device's later copies follow the kernels of the step the state is at
             self._event = torch.cuda.current_stream(device).record_event()
 
-    def _copy(self, obj):
+    def _walk(self, obj):
         if isinstance(obj, torch.Tensor):
             src = obj.detach()
-            buf = self._buffer(src)
             if src.numel() and src.data_ptr() in self._steady:
-                self.later.append((buf, src))
-            else:
-                copy_into(buf, src)
+                self.later.append(src)
+                return _Later(len(self.later) - 1)
+            buf = torch.empty(src.shape, dtype=src.dtype)
+            copy_into(buf, src)
             return buf
         if isinstance(obj, dict):
-            return {k: self._copy(v) for k, v in obj.items()}
+            return {k: self._walk(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            return type(obj)(self._copy(v) for v in obj)
+            return type(obj)(self._walk(v) for v in obj)
         return obj  # other values are immutable or fresh
 
-    def _buffer(self, src: torch.Tensor) -> torch.Tensor:
-        buf = next(self._spare, None)
-        pinned = src.is_cuda
-        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != pinned:
-            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pinned)
-        self.buffers.append(buf)
-        return buf
-
     def copy(self) -> None:
-        """The copies that wait for the writing thread."""
+        """On the writing thread: the steady tensors into the buffers, and
+        the state made whole."""
+        for i, src in enumerate(self.later):
+            buf = self._spare[i] if i < len(self._spare) else None
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != src.is_cuda:
+                buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
+            self.buffers.append(buf)
+        pairs = zip(self.buffers, self.later)
         if self._event is None:
-            for buf, src in self.later:
+            for buf, src in pairs:
                 copy_into(buf, src)
-            return
-        stream = torch.cuda.Stream(device=self.later[0][1].device)
-        with torch.cuda.stream(stream):  # beside the loop's stream: its next kernels need not wait
-            stream.wait_event(self._event)
-            for buf, src in self.later:
-                copy_into(buf, src, non_blocking=True)
-        stream.synchronize()
+        else:
+            stream = torch.cuda.Stream(device=self.later[0].device)
+            with torch.cuda.stream(stream):  # beside the loop's stream: its next kernels need not wait
+                stream.wait_event(self._event)
+                for buf, src in pairs:
+                    copy_into(buf, src, non_blocking=True)
+            stream.synchronize()
+        self.state = _filled(self.state, self.buffers)
+
+
+class _Later:
+    """Where a steady tensor's copy goes in a snapshot's state."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _filled(obj, buffers: list[torch.Tensor]):
+    if isinstance(obj, _Later):
+        return buffers[obj.index]
+    if isinstance(obj, dict):
+        return {k: _filled(v, buffers) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_filled(v, buffers) for v in obj)
+    return obj
 
 
 class Writer:
@@ -155,7 +176,6 @@ class Writer:
         start = time.perf_counter()
         self.wait()  # one write in flight: never two copies of the state in memory, and its buffers are free
         copy = Snapshot(state, steady, self._buffers)
-        self._buffers = copy.buffers
         self._copied.clear()
         self._thread = threading.Thread(target=self._write, args=(copy, folder, keep), name="checkpoint-writer")
         self._thread.start()
@@ -168,6 +188,7 @@ class Writer:
         try:
             try:
                 copy.copy()
+                self._buffers = copy.buffers  # the next save() waits for this thread before it takes them
             finally:
                 self._copied.set()
             save_checkpoint(copy.state, folder, keep)
