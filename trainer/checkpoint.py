@@ -177,14 +177,19 @@ class Writer:
         self.wait()  # one write in flight: never two copies of the state in memory, and its buffers are free
         copy = Snapshot(state, steady, self._buffers)
         self._copied.clear()
-        self._thread = threading.Thread(target=self._write, args=(copy, folder, keep), name="checkpoint-writer")
+        go = threading.Event()
+        self._thread = threading.Thread(target=self._write, args=(copy, folder, keep, go), name="checkpoint-writer")
         self._thread.start()
+        # The thread waits until save() is done with Python: started at once, its work held the GIL
+        # the loop needed to come back from start() (a few ms on 2 busy cores).
+        go.set()
         self.stall += time.perf_counter() - start
         if wait:
             self.wait()
         return path_for(folder, state["global_step"])
 
-    def _write(self, copy: Snapshot, folder: Path, keep: int) -> None:
+    def _write(self, copy: Snapshot, folder: Path, keep: int, go: threading.Event) -> None:
+        go.wait()
         try:
             try:
                 copy.copy()
