@@ -91,7 +91,7 @@ class Snapshot:
     walks the containers: the buffers' bookkeeping is the writing thread's."""
 
     def __init__(self, state: dict, steady: Iterable[torch.Tensor], buffers: list[torch.Tensor]):
-        self._spare, self._steady = buffers, {t.data_ptr() for t in steady if t.numel()}
+        self._spare, self._steady = buffers, {t.data_ptr() for t in steady} - {0}  # 0: an empty tensor
         self.later: list[torch.Tensor] = []  # the steady tensors, in the state's order
         self.buffers: list[torch.Tensor] = []  # their copies, once copy() ran
         self.state = self._walk(state)
@@ -101,13 +101,12 @@ class Snapshot:
             self._event = torch.cuda.current_stream(device).record_event()
 
     def _walk(self, obj):
-        if isinstance(obj, torch.Tensor):
-            src = obj.detach()
-            if src.numel() and src.data_ptr() in self._steady:
-                self.later.append(src)
+        if isinstance(obj, torch.Tensor):  # a few calls per tensor: a state holds a thousand of them
+            if obj.data_ptr() in self._steady:
+                self.later.append(obj)
                 return _Later(len(self.later) - 1)
-            buf = torch.empty(src.shape, dtype=src.dtype)
-            copy_into(buf, src)
+            buf = torch.empty(obj.shape, dtype=obj.dtype)
+            copy_into(buf, obj.detach())
             return buf
         if isinstance(obj, dict):
             return {k: self._walk(v) for k, v in obj.items()}
@@ -118,6 +117,7 @@ class Snapshot:
     def copy(self) -> None:
         """On the writing thread: the steady tensors into the buffers, and
         the state made whole."""
+        self.later = [src.detach() for src in self.later]
         for i, src in enumerate(self.later):
             buf = self._spare[i] if i < len(self._spare) else None
             if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.is_pinned() != src.is_cuda:
