@@ -6,8 +6,10 @@ read, while importing the click CLI and the YAML parser takes ten times as
 long. So `main` reads that one command line itself, with nothing but
 hpcyolo_trainer.staged (os and json): a current copy at DEST gets the usual "already
 staged" line and exit 0; a first stage goes to stage() without click.
-Everything else, and any command line it does not read exactly, goes to the
-click CLI (hpcyolo.cli) unchanged.
+`hpcyolo render SITE JOB` (no option) runs hpcyolo.login.edge.render without
+click either: on a login node, click and the other commands' modules were a
+third of its time. Everything else, and any command line it does not read
+exactly, goes to the click CLI (hpcyolo.cli) unchanged.
 
 What "current" means is defined in hpcyolo_trainer.staged, once: stage() asks
 `current_marker` too, before it parses anything and again under its lock.
@@ -35,6 +37,8 @@ def main() -> int | None:
                 return 0
             if _plain(data, dest) and _handled(signal):
                 _exit(_stage(data, dest, workers, signal))
+    if args[:1] == ["render"] and len(args) == 3 and not any(a.startswith("-") for a in args[1:]):
+        _exit(_render(args[1], args[2]))
     from hpcyolo.cli import main as cli
 
     return cli()
@@ -77,6 +81,26 @@ def _stage(data: str, dest: str, workers: int | None, signal: str | None) -> int
 
     try:
         stage(data, dest, workers=workers, signal=signal)
+    except HpcyoloError as e:
+        print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("\nAborted!", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _render(site: str, job: str) -> int:
+    """`hpcyolo render SITE JOB` as the click command runs it (hpcyolo.cli), errors included."""
+    import io
+
+    from hpcyolo.login.edge import render
+    from hpcyolo_trainer.errors import HpcyoloError, printable
+
+    if isinstance(sys.stdout, io.TextIOWrapper):  # paths as the bytes they are (hpcyolo.cli.group.main)
+        sys.stdout.reconfigure(errors="surrogateescape")
+    try:
+        render(site, job)
     except HpcyoloError as e:
         print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr)
         return e.exit_code

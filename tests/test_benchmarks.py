@@ -21,6 +21,7 @@ SMOKES = [
      "one loader for the run"),
     ("bench_learn.py", ["--smoke"], "wall time"),
     ("bench_render.py", ["--runs", "3"], "ratio:"),
+    ("bench_login.py", ["--runs", "1", "--requeues", "3", "--sweep", "8", "--torchx", "none"], "submit --dry-run"),
     ("bench_decode.py", ["--runs", "1", "--imgsz", "160"], "median Pillow/OpenCV time ratio"),
     ("bench_stage.py", ["--images", "200", "--runs", "1"], "second stage / first"),
     ("bench_startup.py", ["--sizes", "32", "--ranks", "1", "--runs", "1", "--skip-ultralytics"],

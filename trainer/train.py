@@ -491,6 +491,9 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
             continue
         parts.schedule.apply(parts.optimizer, at)
         last_step = at
+        if parts.writer.copying:  # the last checkpoint's copy of what the step changes: done first, a stall
+            with parts.ledger.timed("checkpoint"):
+                parts.writer.settle()
         optimizer_step(parts.model, parts.optimizer, parts.scaler, parts.ema, cfg.clip_norm)
         pos.global_step, pos.batch, pos.epoch_seconds = pos.global_step + 1, i + 1, time.time() - t0
         now = clock.seconds(pos.global_step)
@@ -582,8 +585,8 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     train_seconds, speed = pos.epoch_seconds, pos.speed
     # Each rank's EMA averaged its own BatchNorm statistics; all validate
     # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
-    broadcast_module(d, parts.ema.module)
     parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
+    broadcast_module(d, parts.ema.module)  # (after the wait: the checkpoint's copy of the EMA is done)
     # The plots of the run's last validation, as ultralytics draws them: the planned end, the
     # time budget's, or patience's (its last epoch without a better fitness).
     last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
@@ -1060,11 +1063,21 @@ def save_state(d: Dist, cfg: TrainConfig, parts: Parts, pos: Position, preempted
                  "batch": pos.batch, "global_step": pos.global_step, "best_fitness": pos.best_fitness,
                  "best_epoch": pos.best_epoch, "epoch_seconds": pos.epoch_seconds, "epochs": pos.epochs,
                  "run_seconds": pos.run_seconds, "plan_seconds": pos.plan_seconds, "end_seconds": pos.end_seconds}
-        parts.writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted))
+        parts.writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted),
+                          steady=steady_tensors(parts.model, parts.ema, parts.optimizer))
         if preempted:
             mark_preempted(preempted)
     if preempted and d.distributed:
         torch.distributed.barrier()  # nobody exits before the checkpoint is on disk
+
+
+def steady_tensors(model: torch.nn.Module, ema: ModelEMA, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """What only optimizer_step changes: the parameters, the EMA (BatchNorm's
+    statistics included: it never trains), the optimizer's state. The
+    checkpoint writer copies them while the next batches' forward and
+    backward passes run; train_epoch settles the copy before the step."""
+    state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    return [*model.parameters(), *ema.module.state_dict().values(), *state]
 
 
 def reduce_mean(d: Dist, value: torch.Tensor) -> torch.Tensor:

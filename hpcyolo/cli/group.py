@@ -6,16 +6,16 @@ weights); each imports what it needs inside its own body."""
 
 from __future__ import annotations
 
-import functools
 import io
-import shlex
 import sys
 
 import click
 from click.exceptions import NoArgsIsHelpError
 
 from hpcyolo import __version__
-from hpcyolo_trainer.errors import ConfigError, HpcyoloError, printable
+from hpcyolo.login.edge import hint_swapped as _hint_swapped  # noqa: F401  (for the commands' modules)
+from hpcyolo.login.edge import load_plan as _load_plan  # noqa: F401
+from hpcyolo_trainer.errors import HpcyoloError, printable
 
 
 class _Group(click.Group):
@@ -79,38 +79,6 @@ _site_arg = click.argument("site")
 
 
 _job_arg = click.argument("job")
-
-
-def _hint_swapped(command):
-    """SITE and JOB given the wrong way round fail on the first unknown key;
-    say what happened instead (hpcyolo render job.yaml site.yaml)."""
-    @functools.wraps(command)
-    def wrapper(site: str | None, job: str | None, **options):
-        try:
-            return command(site, job, **options)
-        except ConfigError as e:
-            from hpcyolo.login.config import wrong_order
-
-            instead = wrong_order(site, job) if site and e.file in (site, job) else None
-            if instead is None:
-                raise
-            raise instead from None
-
-    return wrapper
-
-
-def _load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
-    """The plan of SITE and JOB; `for_sbatch`: also check what the rendered
-    script needs on this machine before it is submitted (storage.logs)."""
-    from hpcyolo.login.config import load_job, load_site
-    from hpcyolo.login.plan import check_logs_folder, make_plan
-
-    site, job = load_site(site_path), load_job(job_path)
-    command = shlex.join(["hpcyolo", *sys.argv[1:]])
-    plan = make_plan(site, job, site_file=site_path, job_file=job_path, command=command)
-    if for_sbatch:
-        check_logs_folder(plan)
-    return plan
 
 
 def this_process_vars(env: dict[str, str]) -> dict[str, str]:

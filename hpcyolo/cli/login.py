@@ -10,7 +10,7 @@ import sys
 import click
 
 from hpcyolo.cli.group import _hint_swapped, _job_arg, _load_plan, _site_arg, main
-from hpcyolo_trainer.errors import HpcyoloError, printable
+from hpcyolo_trainer.errors import printable
 
 
 @main.command(short_help="Check SITE and JOB; print what they ask for.")
@@ -46,7 +46,6 @@ def validate(site: str, job: str) -> None:
 @_job_arg
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the script to this file (atomically) "
               "instead of stdout.")
-@_hint_swapped
 def render(site: str, job: str, output: str | None) -> None:
     """Print the sbatch script for JOB on SITE.
 
@@ -57,22 +56,11 @@ def render(site: str, job: str, output: str | None) -> None:
     Example:
         hpcyolo render site_configs/testbed.yaml examples/shapes.yaml | sbatch
     """
-    from hpcyolo.login.render import render_sbatch
-    from hpcyolo.login.runcheck import warn_job
+    from hpcyolo.login.edge import render as render_job
 
-    plan = _load_plan(site, job, for_sbatch=True)
-    script = render_sbatch(plan)
-    warn_job(plan, plan.run_dir)
-    if output is None:
-        sys.stdout.write(script)
-        return
-    from hpcyolo_trainer.fsutil import write_atomic
-
-    try:
-        write_atomic(output, script.encode("utf-8", "surrogateescape"), mode=0o777)
-    except OSError as e:
-        raise HpcyoloError(f"cannot write {output}: {e.strerror}") from None
-    click.echo(printable(f"wrote {output}"), err=True)
+    said = render_job(site, job, output=output)
+    if said is not None:
+        click.echo(printable(said), err=True)
 
 
 @main.command(name="run", short_help="Run JOB on this machine, without Slurm.")

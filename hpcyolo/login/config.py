@@ -190,7 +190,10 @@ def trainer_section(name: str) -> type:
     (train.epochs, ...), in the table's order."""
     rows = [(key.partition(".")[2], row) for key, row in BY_KEY.items() if key.partition(".")[0] == name]
     fields_ = [(field, row.type, setting(row.key)) for field, row in rows]
-    return make_dataclass(name.title(), fields_, namespace={"__module__": __name__}, frozen=True, kw_only=True)
+    # A docstring of its own: dataclass would otherwise compute one from its signature (inspect, at import).
+    doc = f"The job spec's `{name}:` section: the trainer's settings {name}.*."
+    return make_dataclass(name.title(), fields_, namespace={"__module__": __name__, "__doc__": doc}, frozen=True,
+                          kw_only=True)
 
 
 def check_time(value: str) -> None:
@@ -209,6 +212,8 @@ def check_max_time(value: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class SlurmSite:
+    """The site's `slurm:` section: where and how jobs are queued."""
+
     partition: str | None = spec(None, doc="Partition (--partition); empty for the cluster's default.",
                                  check=check_slurm_word)
     account: str | None = spec(None, doc="Account charged (--account).", check=check_slurm_word)
@@ -234,6 +239,8 @@ class SlurmSite:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeSite:
+    """The site's `node:` section: what one node of the partition holds."""
+
     gpus: int = spec(0, doc="GPUs per node; 0 for a CPU site.", check=check_non_negative)
     cpus: int | None = spec(None, doc="CPU cores per node a job may use; sets --cpus-per-task and OMP_NUM_THREADS.",
                             check=check_positive)
@@ -246,6 +253,8 @@ class NodeSite:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkSite:
+    """The site's `network:` section: how the ranks reach each other."""
+
     interface: str | None = spec(None, doc="Interface for NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (ib0, hsn0).",
                                  check=check_slurm_word)
     master_suffix: str = spec("", doc="Appended to the first host's name for MASTER_ADDR, where the site names "
@@ -258,6 +267,8 @@ class NetworkSite:
 
 @dataclass(frozen=True, kw_only=True)
 class StorageSite:
+    """The site's `storage:` section: shared runs, node-local scratch, logs."""
+
     runs: str = spec(doc="Shared root for run directories and checkpoints ($VAR allowed: $SCRATCH/hpcyolo).",
                      check=check_runs_path)
     scratch: str = spec("/dev/shm", doc="Node-local scratch for staged data (tmpfs /dev/shm, or NVMe).",
@@ -268,6 +279,8 @@ class StorageSite:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentSite:
+    """The site's `environment:` section: the software a job's steps run in."""
+
     module_purge: bool = spec(False, doc="Run `module purge` before loading modules.")
     module_use: tuple[str, ...] = spec((), doc="Module directories to add first (`module use DIR`).")
     modules: tuple[str, ...] = spec((), doc="Environment modules to load, in order.")
@@ -279,6 +292,8 @@ class EnvironmentSite:
 
 @dataclass(frozen=True, kw_only=True)
 class ContainerSite:
+    """The site's `container:` section: the image the steps run in, if any."""
+
     runtime: Literal["none", "apptainer", "singularity", "pyxis"] = spec(
         "none", doc="Run the steps in a container: none, apptainer or singularity (exec), "
                     "pyxis (srun --container-image).")
@@ -291,6 +306,8 @@ class ContainerSite:
 
 @dataclass(frozen=True, kw_only=True)
 class PreemptionSite:
+    """The site's `preemption:` section: the signal before a job's end and its grace."""
+
     signal: setting_type("site:preemption.signal") = setting("site:preemption.signal")
     grace: int = spec(120, doc="Seconds before the time limit to send it (--signal=SIG@grace); 0: none.",
                       check=check_non_negative)
@@ -308,6 +325,8 @@ class PreemptionSite:
 
 @dataclass(frozen=True, kw_only=True)
 class SiteConfig:
+    """A site config: facts about one cluster."""
+
     name: str = spec(doc="Short name of the site, shown in the script header.", check=check_name)
     description: str = spec("", doc="What the site is, and which public facts the file reflects.")
     slurm: SlurmSite = spec(SlurmSite, doc="How jobs are asked of Slurm.")
@@ -324,6 +343,8 @@ class SiteConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Resources:
+    """The job spec's `resources:` section: nodes, GPUs or tasks, time."""
+
     nodes: int = spec(1, doc="Number of nodes (with resources.gpus or tasks: at least this many).",
                       check=check_positive)
     gpus_per_node: int | None = spec(None, doc="GPUs per node (one training process each); empty: all the site has.",
@@ -347,6 +368,8 @@ class Resources:
 
 @dataclass(frozen=True, kw_only=True)
 class Data:
+    """The job spec's `data:` section: the dataset and its staging."""
+
     yaml: setting_type("data.yaml") = setting("data.yaml")
     stage: bool = spec(False, doc="Copy the dataset into node-local scratch once per node before training.")
     cache: setting_type("data.cache") = setting("data.cache")
@@ -362,11 +385,13 @@ Checkpoint = trainer_section("checkpoint")
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
+    """The job spec's `run:` section: the run directory's name and resumption."""
+
     name: str | None = spec(None, doc="Run directory name under the site's storage.runs; empty: the job name.",
                             check=check_name)
     resume: bool = spec(False, doc="Continue an existing run of this name, if it is the same run (model, data, "
-                                   "settings: hpcyolo_trainer.rundir); false refuses to touch one (a requeued job always "
-                                   "resumes its own run).")
+                                   "settings: hpcyolo_trainer.rundir); false refuses to touch one (a requeued job "
+                                   "always resumes its own run).")
     dist_timeout: setting_type("run.dist_timeout") = setting("run.dist_timeout")
     hang_factor: setting_type("run.hang_factor") = setting("run.hang_factor")
     hang_min: setting_type("run.hang_min") = setting("run.hang_min")
@@ -376,6 +401,8 @@ class Run:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
+    """A job spec: one training run."""
+
     name: str = spec(doc="Job name (--job-name).", check=check_name)
     resources: Resources = spec(Resources, doc="Nodes, processes per node and walltime.")
     data: Data = spec(doc="The dataset.")
@@ -399,9 +426,20 @@ def load_site(path: str | Path) -> SiteConfig:
 
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
     """The job spec in `path`, with dotted keys set from `overrides` (a sweep point) first."""
-    file = str(path)
+    return _job(str(path), read_yaml(path), overrides or {})
+
+
+def load_jobs(path: str | Path, points: list[dict[str, Any]]) -> list[JobSpec]:
+    """The job spec in `path` at each sweep point (load_job's overrides),
+    the file read and parsed once."""
+    import copy
+
     raw = read_yaml(path)
-    for key, value in (overrides or {}).items():
+    return [_job(str(path), copy.deepcopy(raw), point) for point in points]
+
+
+def _job(file: str, raw: Any, overrides: dict[str, Any]) -> JobSpec:
+    for key, value in overrides.items():
         node = raw if isinstance(raw, dict) else {}
         *parents, last = key.split(".")
         for part in parents:

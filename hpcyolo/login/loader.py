@@ -9,6 +9,7 @@ against them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import shlex
 import types
@@ -96,7 +97,7 @@ def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
                 (" and, as options, by hpcyolo train --help" if prefix == "train" else "")
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else listed
             raise ConfigError(file, _join(prefix, key), f"unknown key{hint}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {}
     for name, f in fields.items():
         key = _join(prefix, name)
@@ -119,6 +120,13 @@ def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
                 raise ConfigError(file, key, str(e)) from None
         values[name] = value
     return cls(**values)
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    """The schema's field types, resolved once per class (a sweep builds
+    a job spec per element: get_type_hints was most of its time)."""
+    return typing.get_type_hints(cls)
 
 
 def _convert(tp: Any, value: Any, file: str, key: str) -> Any:

@@ -32,7 +32,10 @@ def planned_settings(plan, run_dir: Path) -> dict | None:
 
 def job_verdict(plan, run_dir: Path, resume: bool, resume_how: str) -> tuple[bool, str] | None:
     """What a job of `plan` would do with the run in `run_dir` (hpcyolo_trainer.rundir.job_verdict)."""
-    return rundir.job_verdict(run_dir, rundir.holds_run(run_dir), planned_settings(plan, run_dir), resume, resume_how)
+    holds = rundir.holds_run(run_dir)
+    # The planned settings only matter for a run already there (a sweep's 1,000 new run directories skip them).
+    planned = planned_settings(plan, run_dir) if holds else None
+    return rundir.job_verdict(run_dir, holds, planned, resume, resume_how)
 
 
 def check_job(plan, run_dir: Path, resume: bool, resume_how: str = RESUME_HOW) -> None:

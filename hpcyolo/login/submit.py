@@ -349,17 +349,16 @@ def submit_sbatch(plan: JobPlan, dry_run: bool) -> list[tuple[str, Path]]:
 def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, sweeps: tuple[str, ...],
            parallel: int | None, command: str) -> list[tuple[str, Path]]:
     """`hpcyolo submit`: returns (job id, run directory) for each job (none for a dry run)."""
-    from hpcyolo.login.config import load_job, load_site
+    from hpcyolo.login.config import load_job, load_jobs, load_site
     from hpcyolo.login.plan import make_plan
 
     site = load_site(site_path)
     via = via or ("local" if site.name == "local" else "submitit")
     points = sweep_points(parse_sweeps(sweeps)) if sweeps else [{}]
     base = load_job(job_path)
+    named = [{**point, "run.name": point_name(base.run.name or base.name, point)} if point else {} for point in points]
     plans, names = [], []
-    for point in points:
-        name = point_name(base.run.name or base.name, point) if point else None
-        job = load_job(job_path, {**point, "run.name": name} if point else None)
+    for job in load_jobs(job_path, named) if sweeps else [base]:
         plans.append(make_plan(site, job, site_file=site_path, job_file=job_path, command=command))
         names.append(plans[-1].run_name)
     if len(plans) > 1 and via != "submitit":

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -91,8 +92,42 @@ def test_writer_snapshots_then_writes_in_the_background(tmp_path):
     writer.wait()
     loaded = ckpt.load_latest(tmp_path, warn=print)
     assert loaded["path"] == str(path) and loaded["global_step"] == 7
-    assert torch.equal(loaded["weights"], torch.zeros(1000)) and torch.equal(loaded["nested"][0]["t"], torch.zeros(1000))
+    assert torch.equal(loaded["weights"], torch.zeros(1000))
+    assert torch.equal(loaded["nested"][0]["t"], torch.zeros(1000))
     assert writer.stall > 0
+
+
+def test_writer_copies_steady_tensors_beside_the_loop_until_settle(tmp_path, monkeypatch):
+    gate = threading.Event()
+    copy = ckpt.Snapshot.copy
+
+    def held(self):  # the writing thread's copy, held until the test lets it go
+        assert gate.wait(30)
+        copy(self)
+
+    monkeypatch.setattr(ckpt.Snapshot, "copy", held)
+    params, stats = torch.zeros(1000), torch.zeros(10)
+    writer = ckpt.Writer()
+    writer.save({"global_step": 3, "model": {"w": params, "bn": stats}}, tmp_path, keep=3, steady=[params])
+    stats += 1  # the next forward pass changes BatchNorm's statistics: they were copied in save()
+    settle = threading.Thread(target=writer.settle)
+    settle.start()
+    settle.join(0.3)
+    assert settle.is_alive(), "settle() returned before the steady tensors were copied"
+    gate.set()
+    settle.join(30)
+    params += 1  # the optimizer step, after settle()
+    writer.wait()
+    loaded = ckpt.load_latest(tmp_path, warn=print)
+    assert torch.equal(loaded["model"]["w"], torch.zeros(1000)) and torch.equal(loaded["model"]["bn"], torch.zeros(10))
+
+    buffers = [b.data_ptr() for b in writer._buffers]
+    writer.save({"global_step": 4, "model": {"w": params, "bn": stats}}, tmp_path, keep=3, steady=[params])
+    writer.wait()
+    assert [b.data_ptr() for b in writer._buffers] == buffers  # the copies go into the same buffers
+    loaded = ckpt.load_latest(tmp_path, warn=print)
+    assert loaded["global_step"] == 4 and torch.equal(loaded["model"]["w"], torch.ones(1000))
+    assert torch.equal(loaded["model"]["bn"], torch.ones(10))
 
 
 def test_writer_reports_a_failed_write(tmp_path):
@@ -138,3 +173,14 @@ def test_kill_during_background_write_leaves_previous_checkpoint(tmp_path):
     assert [p.name for p in ckpt.checkpoints(folder)] == ["ckpt-000000001.pt"]
     assert ckpt.load_latest(folder, warn=print)["global_step"] == 1
     assert ckpt.remove_partials(folder) == partial and not partial[0].exists()
+
+
+def test_copy_into_takes_strided_and_non_numpy_tensors():
+    src = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)  # strided, as a channels_last parameter
+    buf = torch.empty(2, 3, 4, 5)
+    ckpt.copy_into(buf, src)
+    assert torch.equal(buf, src)
+    half = torch.randn(7).to(torch.bfloat16)  # no numpy dtype: ATen copies it
+    buf = torch.empty(7, dtype=torch.bfloat16)
+    ckpt.copy_into(buf, half)
+    assert torch.equal(buf, half)
