@@ -77,17 +77,8 @@ def _handled(signal: str | None) -> bool:
 def _stage(data: str, dest: str, workers: int | None, signal: str | None) -> int:
     """`hpcyolo stage` as the click command runs it (hpcyolo.cli), errors included."""
     from hpcyolo.node.stage import stage
-    from hpcyolo_trainer.errors import HpcyoloError, printable
 
-    try:
-        stage(data, dest, workers=workers, signal=signal)
-    except HpcyoloError as e:
-        print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("\nAborted!", file=sys.stderr)
-        return 1
-    return 0
+    return _as_click_would(lambda: stage(data, dest, workers=workers, signal=signal))
 
 
 def _render(site: str, job: str) -> int:
@@ -95,12 +86,19 @@ def _render(site: str, job: str) -> int:
     import io
 
     from hpcyolo.login.edge import render
-    from hpcyolo_trainer.errors import HpcyoloError, printable
 
     if isinstance(sys.stdout, io.TextIOWrapper):  # paths as the bytes they are (hpcyolo.cli.group.main)
         sys.stdout.reconfigure(errors="surrogateescape")
+    return _as_click_would(lambda: render(site, job))
+
+
+def _as_click_would(command) -> int:
+    """Run `command` and return the exit code, its errors said as the click
+    group says them (hpcyolo.cli.group): one line, or Aborted! on Ctrl-C."""
+    from hpcyolo_trainer.errors import HpcyoloError, printable
+
     try:
-        render(site, job)
+        command()
     except HpcyoloError as e:
         print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr)
         return e.exit_code
