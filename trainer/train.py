@@ -335,7 +335,7 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
         if error:
             raise HpcyoloError(error)
         try:
-            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version)
+            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version, splits[split])
                        for split, version in versions.items()}
         except OSError as e:
             raise HpcyoloError(f"rank {d.rank}: {e}") from None
