@@ -47,7 +47,7 @@ from torch.utils.data import Dataset, default_collate
 
 from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste, copy_paste_flip, cut_mix,
                       flip_lr, flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine,
-                      random_affine, rect_batches, resized_shape, to_normalised, to_pixel_boxes)
+                      random_affine, rect_batches, resized_shapes, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from .fsutil import fsync_dir
 
@@ -417,8 +417,7 @@ def _fill_images(file: Path, index: np.ndarray, paths: list[Path]) -> list[bool]
     # and OpenCV releases the GIL while it decodes.
     with ThreadPoolExecutor(max_workers=_cpus()) as pool:
         ok = list(pool.map(fill, range(len(paths))))
-    data.flush()  # msync: on a disk cache the pixels are durable before the rename
-    del data
+    data.flush()  # msync: on a disk cache the pixels are durable before the rename (unmapped on return)
     return ok
 
 
@@ -494,7 +493,7 @@ class YoloDataset(Dataset):
         items, self.problems, self.counts = sift(checked) if checked is not None else \
             check_files(list(files), names_count)
         self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
-        self.resized = [resized_shape(s, imgsz) for s in self.shapes]
+        self.resized = resized_shapes(self.shapes, imgsz)
         # Rectangular batches of `rect_batch` images (ultralytics' rect): each
         # image's canvas is its batch's shape; batch with `self.batches`.
         self.batches = rect_batches(self.shapes, rect_batch, imgsz) if rect_batch and len(items) else []

@@ -53,12 +53,20 @@ IMAGE, LABEL = "\x01image\x01", "\x01label\x01"
 
 def relative(path: Path, root: Path) -> str:
     """`path` relative to the dataset root, or absolute where it lies outside."""
-    text, prefix = str(path), str(root).rstrip(os.sep) + os.sep
-    # Under the root without a `..` (str of a Path has no `.` or `//`): the rest, as relpath would give it.
-    if text.startswith(prefix) and os.path.isabs(text) and ".." not in text:
-        return text[len(prefix):]
     rel = os.path.relpath(path, root)
     return str(path) if rel == ".." or rel.startswith(f"..{os.sep}") else rel
+
+
+def relatives(files: list[Path], root: Path) -> list[str]:
+    """relative() of each of `files`: for a file under an absolute root,
+    without a `..` (str of a Path has no `.` or `//`), the rest of its path,
+    as relpath gives it, without relpath's work (seconds at 50k images)."""
+    prefix = str(root).rstrip(os.sep) + os.sep
+    if not os.path.isabs(prefix):
+        return [relative(f, root) for f in files]
+    cut = len(prefix)
+    return [text[cut:] if text.startswith(prefix) and ".." not in text else relative(Path(text), root)
+            for text in map(str, files)]
 
 
 def stats(files: list[Path]) -> np.ndarray:
@@ -160,6 +168,10 @@ class Results:
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
+    def labelled(self) -> int:
+        """How many of the images had a label file when the index was brought up to date."""
+        return int((self.index.a["stat"][:, 2] >= 0).sum())
+
     def sift(self) -> tuple[Kept, list[str], dict[str, int]]:
         index, a = self.index, self.index.a
         dropped = a["dropped"]
@@ -236,7 +248,7 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path) -> tuple[Results
     index's version). Rank 0's
     part (see the module's doc); `write` puts the index in place."""
     files = [f if isinstance(f, Path) else Path(f) for f in files]
-    names = [relative(f, root) for f in files]
+    names = relatives(files, root)
     now = stats(files)
     old = load(file)
     if old is not None and old.meta.get("nc") == nc and old.version == version_of(names, now, nc):
@@ -276,6 +288,6 @@ def read(file: Path, root: Path, version: str, files: list[Path] | None = None) 
     if index is None or index.version != version:
         found = "none" if index is None else f"version {index.version}"
         raise OSError(f"the dataset index {file} is not the one rank 0 wrote (version {version}; found {found})")
-    if files is not None and len(files) == len(index.names) and [relative(f, root) for f in files] == index.names:
+    if files is not None and len(files) == len(index.names) and relatives(files, root) == index.names:
         return index.results(files)
     return index.results([Path(n) if os.path.isabs(n) else root / n for n in index.names])

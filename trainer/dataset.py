@@ -241,15 +241,18 @@ def labelled_count(images: list[Path]) -> int:
     return count
 
 
-def check_labels(spec: DataSpec, keys: tuple[str, ...]) -> list[str]:
+def check_labels(spec: DataSpec, keys: tuple[str, ...], labelled: dict[str, int] | None = None) -> list[str]:
     """Refuse a split of `keys` none of whose images has a label file (it
     would train on background only, or validate to zero); one warning per
     split where most images have none. An empty label file is a background
-    image on purpose (as in ultralytics) and counts as labelled."""
+    image on purpose (as in ultralytics) and counts as labelled. `labelled`:
+    how many of a split's images have one where that is known already (the
+    trainer's dataset index has stat'ed every label file): not listed again."""
     warnings = []
     for key in keys:
         images = getattr(spec, key) or []
-        missing = len(images) - labelled_count(images)
+        known = (labelled or {}).get(key)
+        missing = len(images) - (labelled_count(images) if known is None else known)
         if images and missing == len(images):
             raise ConfigError(spec.yaml, key, f"none of its {len(images)} images has a label file (the first would "
                               f"be {label_path(images[0])}): labels go in a labels/ folder beside images/, "

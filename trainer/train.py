@@ -280,13 +280,17 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     validation batches; warnings once, on rank 0, and an error for data that
     cannot be trained on."""
     spec = load_data_spec(cfg.data)
-    for warning in check_labels(spec, ("train", "val")):
-        warn0(d, warning)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
     train_files = training_files(spec.train, cfg.fraction)
     with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}) as checked:
+        if d.is_main:  # refused there, the other ranks stop with its words (see indexed)
+            # Label files counted from the index's stats where it holds the whole split, not listed again.
+            known = {split: checked[split].labelled() for split, files in (("train", train_files), ("val", spec.val))
+                     if files is getattr(spec, split) and hasattr(checked[split], "labelled")}
+            for warning in check_labels(spec, ("train", "val"), known):
+                warn0(d, warning)
         train_set = YoloDataset(train_files, cfg.imgsz, augment=cfg.augment,
                                 hyp=augment_hyp(cfg), seed=cfg.seed, cache=cfg.cache,
                                 cache_dir=cache_folder(cfg) / "train", names_count=nc,
