@@ -171,7 +171,7 @@ def _image_files(folder: Path) -> list[Path]:
     trip to the metadata server each on Lustre, on every rank). Strings
     until the end: a Path per image is built once, and sorting Paths
     compares their parts anew each time (seconds at 50k images)."""
-    out: list[str] = []
+    out: list[tuple[str, str]] = []  # (folder, name)
     pending, seen = [str(folder)], 0
     while pending:
         here = pending.pop()
@@ -185,13 +185,15 @@ def _image_files(folder: Path) -> list[Path]:
                 if e.is_dir(follow_symlinks=False):
                     pending.append(os.path.join(here, e.name))
                 elif os.path.splitext(e.name)[1].lower() in IMG_EXTS and e.is_file():
-                    out.append(os.path.join(here, e.name))
+                    out.append((here, e.name))
             except OSError:
                 continue
     # Paths sort by their parts: the order of the split strings (`folder` is a normalised Path), which
-    # within one folder is the strings' own order (sorting by split keys takes 5x longer).
-    out.sort(key=None if seen == 1 else lambda f: f.split(os.sep))
-    return [Path(f) for f in out]
+    # within one folder is the names' own order (sorting by split keys takes 5x longer).
+    out.sort(key=(lambda f: f[1]) if seen == 1 else (lambda f: os.path.join(*f).split(os.sep)))
+    folders: dict[str, Path] = {}
+    # A folder's Path joined with a name: half the time of Path(string).
+    return [(folders.get(here) or folders.setdefault(here, Path(here))) / name for here, name in out]
 
 
 def _list_file(file: str, root: Path, key: str, listing: Path) -> list[Path]:
