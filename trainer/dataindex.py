@@ -15,8 +15,13 @@ every rank reads it, one file:
   went away); rewrite the file (tmp + rename) when anything differs. On an
   unchanged dataset nothing is opened but the index. Returns what a check of
   every file would have returned, and the index's version;
-- `read(file, root, version)` (the other ranks, after rank 0's broadcast):
-  the same results from the file alone.
+- `read(file, root, version, files)` (the other ranks, after rank 0's
+  broadcast): the same results from the file alone.
+
+Both hand the results over as `Results`, whose `sift()` gives the datasets
+their columns (data.Kept) straight from the arrays: a start on an unchanged
+dataset builds no Python object per image beyond its path, its shape and a
+view of its label rows.
 
 Paths are kept relative to the dataset root, so one index serves the dataset
 and its staged copies (staging keeps the files' mtimes): the run directory

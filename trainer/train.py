@@ -325,8 +325,9 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
 
 @contextmanager
 def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[Path]]):
-    """Each split's check results (data.Checked, dropped images too) from the
-    dataset's index in the run directory (dataindex.py). Rank 0 brings the
+    """Each split's check results (dataindex.Results: data.Checked on demand,
+    dropped images too; the datasets sift them straight from the index's
+    arrays) from the dataset's index in the run directory (dataindex.py). Rank 0 brings the
     index up to date, checking only the files that changed since it was
     written, while the other ranks wait; it writes the index once the data
     is accepted (leaving the block: data that cannot be trained on stops
