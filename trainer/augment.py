@@ -94,6 +94,16 @@ def resized_shape(shape: tuple[int, int], imgsz: int) -> tuple[int, int]:
     return max(1, round(h * r)), max(1, round(w * r))
 
 
+def resized_shapes(shapes: list[tuple[int, int]], imgsz: int) -> list[tuple[int, int]]:
+    """resized_shape of each of `shapes`, at once: the same float64 operations
+    and the same rounding (half to even), without a Python call per image."""
+    if not len(shapes):
+        return []
+    hw = np.asarray(shapes, np.float64).reshape(-1, 2)
+    out = np.maximum(1, np.round(hw * (imgsz / hw.max(axis=1))[:, None])).astype(np.int64)
+    return list(map(tuple, out.tolist()))
+
+
 def letterbox_pad(shape: tuple[int, int], size: int) -> tuple[int, int]:
     """(left, top) offset that centres an image of `shape` on a size x size canvas."""
     h, w = shape

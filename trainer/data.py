@@ -47,7 +47,7 @@ from torch.utils.data import Dataset, default_collate
 
 from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste, copy_paste_flip, cut_mix,
                       flip_lr, flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine,
-                      random_affine, rect_batches, resized_shape, to_normalised, to_pixel_boxes)
+                      random_affine, rect_batches, resized_shapes, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
 from .fsutil import fsync_dir
 
@@ -235,14 +235,44 @@ def check_each(files: list[Path], nc: int) -> list[Checked]:
         return list(pool.map(lambda p: check_one(Path(p), nc), files))
 
 
-def check_files(files: list[Path], nc: int) -> tuple[list[Checked], list[str], dict[str, int]]:
+def check_files(files: list[Path], nc: int) -> tuple[Kept, list[str], dict[str, int]]:
     """Kept images in input order, problem messages, and counts for the summary."""
     return sift(check_each(files, nc))
 
 
-def sift(results: list[Checked]) -> tuple[list[Checked], list[str], dict[str, int]]:
-    """check_each's results -> the kept ones, the problem lines (at most
-    MAX_PROBLEM_LINES, the rest counted) and the counts for the summary."""
+class Kept:
+    """The images a check kept, column by column, in input order: `paths`,
+    `shapes` (h, w), `labels` (float32 [n, 5] each), `stats` (image size and
+    mtime in ns, int64 [N, 2]) and, on demand, `outlines()` (per image, per
+    label row its polygon or None). From Checked results (`of`), or built by
+    the dataset's index straight from its arrays, without a Checked per image."""
+
+    def __init__(self, paths: list[Path], shapes: list[tuple[int, int]], labels: list[np.ndarray],
+                 stats: np.ndarray, outlines):
+        self.paths, self.shapes, self.labels = paths, shapes, labels
+        self.stats = np.asarray(stats, np.int64).reshape(-1, 2)
+        self._outlines = outlines  # list of per-image outlines, or a function that makes that list
+
+    @classmethod
+    def of(cls, items: list[Checked]) -> Kept:
+        return cls([it.path for it in items], [it.shape for it in items], [it.labels for it in items],
+                   [it.stat for it in items], [list(it.outlines) for it in items])
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def outlines(self) -> list[list[np.ndarray | None]]:
+        if callable(self._outlines):
+            self._outlines = self._outlines()
+        return self._outlines
+
+
+def sift(results) -> tuple[Kept, list[str], dict[str, int]]:
+    """check_each's results (or the dataset index's, which sift themselves
+    from their arrays: `results.sift()`) -> the kept ones, the problem lines
+    (at most MAX_PROBLEM_LINES, the rest counted) and the counts for the summary."""
+    if hasattr(results, "sift"):
+        return results.sift()
     counts = {"corrupt images": 0, "malformed label lines": 0, "unreadable label files": 0}
     problems: list[str] = []
     for r in results:
@@ -251,10 +281,15 @@ def sift(results: list[Checked]) -> tuple[list[Checked], list[str], dict[str, in
             counts[r.dropped] += 1
         else:
             counts["malformed label lines"] += len(r.problems)
+    return Kept.of([r for r in results if not r.dropped]), cut_problems(problems), counts
+
+
+def cut_problems(problems: list[str]) -> list[str]:
+    """At most MAX_PROBLEM_LINES of `problems`, and a line counting the rest."""
     if len(problems) > MAX_PROBLEM_LINES:
         problems = [*problems[:MAX_PROBLEM_LINES], f"... and {len(problems) - MAX_PROBLEM_LINES} more problems "
                                                    "like these (counted below)"]
-    return [r for r in results if not r.dropped], problems, counts
+    return problems
 
 
 def summary(counts: dict[str, int]) -> str:
@@ -293,13 +328,13 @@ class ImageCache:
         return {**self.__dict__, "_data": None}
 
 
-def cache_digest(items: list[Checked], imgsz: int) -> str:
+def cache_digest(items: Kept, imgsz: int) -> str:
     """Changes whenever any file, its size or mtime, the image size, the cache
     layout or the decoder version does, so a stale cache is never used (a new
     OpenCV may decode a JPEG slightly differently)."""
     h = hashlib.sha256(json.dumps([CACHE_FORMAT, imgsz, cv2.__version__]).encode())
-    for it in items:
-        h.update(f"{it.path}\0{it.stat[0]}\0{it.stat[1]}\n".encode())
+    for path, (size, mtime) in zip(items.paths, items.stats.tolist()):
+        h.update(f"{path}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()[:20]
 
 
@@ -382,8 +417,7 @@ def _fill_images(file: Path, index: np.ndarray, paths: list[Path]) -> list[bool]
     # and OpenCV releases the GIL while it decodes.
     with ThreadPoolExecutor(max_workers=_cpus()) as pool:
         ok = list(pool.map(fill, range(len(paths))))
-    data.flush()  # msync: on a disk cache the pixels are durable before the rename
-    del data
+    data.flush()  # msync: on a disk cache the pixels are durable before the rename (unmapped on return)
     return ok
 
 
@@ -446,7 +480,7 @@ class YoloDataset(Dataset):
     def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
                  seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
                  names_count: int, rect_batch: int = 0, hsv_on_device: bool = False,
-                 checked: list[Checked] | None = None):
+                 checked=None):
         if imgsz < 1 or seed < 0 or names_count < 1:
             raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
@@ -458,13 +492,11 @@ class YoloDataset(Dataset):
         # `checked`: the check's results for `files` from the dataset's index (dataindex), read from one file.
         items, self.problems, self.counts = sift(checked) if checked is not None else \
             check_files(list(files), names_count)
-        self.paths = [it.path for it in items]
-        self.shapes = [it.shape for it in items]
-        self.labels = [it.labels for it in items]
-        self.resized = [resized_shape(s, imgsz) for s in self.shapes]
+        self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
+        self.resized = resized_shapes(self.shapes, imgsz)
         # Rectangular batches of `rect_batch` images (ultralytics' rect): each
         # image's canvas is its batch's shape; batch with `self.batches`.
-        self.batches = rect_batches(self.shapes, rect_batch, imgsz) if rect_batch and items else []
+        self.batches = rect_batches(self.shapes, rect_batch, imgsz) if rect_batch and len(items) else []
         self.canvas = [(imgsz, imgsz)] * len(items)
         for indices, shape in self.batches:
             for i in indices:
@@ -473,11 +505,11 @@ class YoloDataset(Dataset):
         # Instance outlines, per image one per label row: read where copy_paste pastes by them or a warp
         # that rotates, shears or tilts boxes them (boxes of other warps are their outlines' boxes already).
         needed = hyp.copy_paste or hyp.degrees or hyp.shear or hyp.perspective
-        self.outlines = self._outlines([list(it.outlines) for it in items]) \
+        self.outlines = self._outlines(items.outlines()) \
             if augment and needed and not self.batches else None
         self.cache: ImageCache | None = None
         self.cache_built = False
-        if cache != "none" and items:
+        if cache != "none" and len(items):
             self._use_cache(cache, Path(cache_dir), cache_digest(items, imgsz))
         if any(self.counts.values()):
             self.problems.append(summary(self.counts))

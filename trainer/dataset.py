@@ -155,7 +155,7 @@ def _split_files(file: str, root: Path, key: str, value) -> list[Path] | None:
 
 def _entry_files(file: str, root: Path, key: str, where: Path) -> list[Path]:
     if where.is_dir():
-        return sorted(_image_files(where))
+        return _image_files(where)
     if where.is_file() and where.suffix.lower() == ".txt":
         return _list_file(file, root, key, where)
     if where.is_file() and where.suffix.lower() in IMG_EXTS:
@@ -165,14 +165,17 @@ def _entry_files(file: str, root: Path, key: str, where: Path) -> list[Path]:
 
 def _image_files(folder: Path) -> list[Path]:
     """The image files under `folder`, at any depth, as `rglob("*")` finds
-    them (symlinked folders are not entered; symlinked files count), from
-    the folders' listings alone: an entry's type comes with the listing,
-    where `Path.is_file()` would stat every image (a round trip to the
-    metadata server each on Lustre, on every rank)."""
-    out: list[Path] = []
-    pending = [folder]
+    them (symlinked folders are not entered; symlinked files count), sorted
+    as Paths sort, from the folders' listings alone: an entry's type comes
+    with the listing, where `Path.is_file()` would stat every image (a round
+    trip to the metadata server each on Lustre, on every rank). Strings
+    until the end: a Path per image is built once, and sorting Paths
+    compares their parts anew each time (seconds at 50k images)."""
+    out: list[tuple[str, str]] = []  # (folder, name)
+    pending, seen = [str(folder)], 0
     while pending:
         here = pending.pop()
+        seen += 1
         try:
             entries = list(os.scandir(here))
         except OSError:
@@ -180,12 +183,17 @@ def _image_files(folder: Path) -> list[Path]:
         for e in entries:
             try:
                 if e.is_dir(follow_symlinks=False):
-                    pending.append(here / e.name)
+                    pending.append(os.path.join(here, e.name))
                 elif os.path.splitext(e.name)[1].lower() in IMG_EXTS and e.is_file():
-                    out.append(here / e.name)
+                    out.append((here, e.name))
             except OSError:
                 continue
-    return out
+    # Paths sort by their parts: the order of the split strings (`folder` is a normalised Path), which
+    # within one folder is the names' own order (sorting by split keys takes 5x longer).
+    out.sort(key=(lambda f: f[1]) if seen == 1 else (lambda f: os.path.join(*f).split(os.sep)))
+    folders: dict[str, Path] = {}
+    # A folder's Path joined with a name: half the time of Path(string).
+    return [(folders.get(here) or folders.setdefault(here, Path(here))) / name for here, name in out]
 
 
 def _list_file(file: str, root: Path, key: str, listing: Path) -> list[Path]:
@@ -205,36 +213,48 @@ def _list_file(file: str, root: Path, key: str, listing: Path) -> list[Path]:
 def label_path(image: str | Path) -> Path:
     """YOLO convention: the last `/images/` of the path becomes `/labels/`,
     the extension `.txt`."""
-    head, sep, tail = str(image).rpartition(f"{os.sep}images{os.sep}")
-    path = f"{head}{os.sep}labels{os.sep}{tail}" if sep else str(image)
-    return Path(path).with_suffix(".txt")
+    return Path(label_str(str(image)))
+
+
+def label_str(image: str) -> str:
+    """label_path of a normalised path (str of a Path), as a string: no Path
+    is built (a few microseconds each, per image, on every start)."""
+    head, sep, tail = image.rpartition(f"{os.sep}images{os.sep}")
+    path = f"{head}{os.sep}labels{os.sep}{tail}" if sep else image
+    # Path.with_suffix: the suffix is from the name's last dot, unless the name starts or ends there.
+    cut = path.rfind(".")
+    name = path.rfind(os.sep) + 1
+    return (path[:cut] if name < cut < len(path) - 1 else path) + ".txt"
 
 
 def labelled_count(images: list[Path]) -> int:
     """How many of `images` have a label file, empty or not: one listing per
     label folder rather than one stat per image (slow on Lustre)."""
-    listings: dict[Path, set[str]] = {}
+    listings: dict[str, set[str]] = {}
     count = 0
     for image in images:
-        label = label_path(image)
-        if label.parent not in listings:
+        folder, name = os.path.split(label_str(str(image)))
+        if folder not in listings:
             try:
-                listings[label.parent] = set(os.listdir(label.parent))
+                listings[folder] = set(os.listdir(folder or "."))
             except OSError:  # no such folder: none of its labels exist
-                listings[label.parent] = set()
-        count += label.name in listings[label.parent]
+                listings[folder] = set()
+        count += name in listings[folder]
     return count
 
 
-def check_labels(spec: DataSpec, keys: tuple[str, ...]) -> list[str]:
+def check_labels(spec: DataSpec, keys: tuple[str, ...], labelled: dict[str, int] | None = None) -> list[str]:
     """Refuse a split of `keys` none of whose images has a label file (it
     would train on background only, or validate to zero); one warning per
     split where most images have none. An empty label file is a background
-    image on purpose (as in ultralytics) and counts as labelled."""
+    image on purpose (as in ultralytics) and counts as labelled. `labelled`:
+    how many of a split's images have one where that is known already (the
+    trainer's dataset index has stat'ed every label file): not listed again."""
     warnings = []
     for key in keys:
         images = getattr(spec, key) or []
-        missing = len(images) - labelled_count(images)
+        known = (labelled or {}).get(key)
+        missing = len(images) - (labelled_count(images) if known is None else known)
         if images and missing == len(images):
             raise ConfigError(spec.yaml, key, f"none of its {len(images)} images has a label file (the first would "
                               f"be {label_path(images[0])}): labels go in a labels/ folder beside images/, "

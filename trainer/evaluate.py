@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .augment import PAD_VALUE, letterbox_to, rect_batches
 from .boxes import xywh2xyxy
-from .data import Checked, ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
+from .data import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
 from .dataset import check_labels
 from .dist import Dist, gather_objects
 from .errors import HpcyoloError
@@ -56,21 +56,19 @@ class ValBatches(Dataset):
     disk (a DataLoader with batch_size=None runs them in its workers)."""
 
     def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True,
-                 cache_dir: Path | None = None, checked: list[Checked] | None = None):
+                 cache_dir: Path | None = None, checked=None):
         # `checked`: the check's results for `files` from the dataset's index (dataindex).
         items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc)
-        self.paths = [it.path for it in items]
-        self.shapes = [it.shape for it in items]
-        self.labels = [it.labels for it in items]
+        self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
         self.nc = nc
         self.imgsz = imgsz
-        self.batches = rect_batches(self.shapes, batch, imgsz) if items else []
+        self.batches = rect_batches(self.shapes, batch, imgsz) if len(items) else []
         if not rect:  # the same batches, each on an imgsz x imgsz canvas
             self.batches = [(indices, (imgsz, imgsz)) for indices, _ in self.batches]
         # The training's image cache (data.cache), for the split validated
         # every epoch: its images resized as below, decoded once per run.
         self.cache: ImageCache | None = None
-        if cache_dir is not None and items:
+        if cache_dir is not None and len(items):
             sizes = [resized(s, imgsz)[0] for s in self.shapes]
             self.cache, _, why_not = open_cache(cache_dir, cache_digest(items, imgsz), self.paths, sizes)
             if why_not:

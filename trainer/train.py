@@ -280,13 +280,17 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
     validation batches; warnings once, on rank 0, and an error for data that
     cannot be trained on."""
     spec = load_data_spec(cfg.data)
-    for warning in check_labels(spec, ("train", "val")):
-        warn0(d, warning)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
     train_files = training_files(spec.train, cfg.fraction)
     with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}) as checked:
+        if d.is_main:  # refused there, the other ranks stop with its words (see indexed)
+            # Label files counted from the index's stats where it holds the whole split, not listed again.
+            known = {split: checked[split].labelled() for split, files in (("train", train_files), ("val", spec.val))
+                     if files is getattr(spec, split) and hasattr(checked[split], "labelled")}
+            for warning in check_labels(spec, ("train", "val"), known):
+                warn0(d, warning)
         train_set = YoloDataset(train_files, cfg.imgsz, augment=cfg.augment,
                                 hyp=augment_hyp(cfg), seed=cfg.seed, cache=cfg.cache,
                                 cache_dir=cache_folder(cfg) / "train", names_count=nc,
@@ -321,8 +325,9 @@ def load_data(cfg: TrainConfig, d: Dist) -> Data:
 
 @contextmanager
 def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[Path]]):
-    """Each split's check results (data.Checked, dropped images too) from the
-    dataset's index in the run directory (dataindex.py). Rank 0 brings the
+    """Each split's check results (dataindex.Results: data.Checked on demand,
+    dropped images too; the datasets sift them straight from the index's
+    arrays) from the dataset's index in the run directory (dataindex.py). Rank 0 brings the
     index up to date, checking only the files that changed since it was
     written, while the other ranks wait; it writes the index once the data
     is accepted (leaving the block: data that cannot be trained on stops
@@ -335,7 +340,7 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
         if error:
             raise HpcyoloError(error)
         try:
-            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version)
+            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version, splits[split])
                        for split, version in versions.items()}
         except OSError as e:
             raise HpcyoloError(f"rank {d.rank}: {e}") from None
