@@ -6,7 +6,7 @@ login node with the same rules the trainer places itself by."""
 from __future__ import annotations
 
 import socket
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 from .errors import HpcyoloError, shown
 
@@ -18,6 +18,21 @@ def env_int(env: Mapping[str, str], name: str) -> int:
         raise HpcyoloError(f"environment: {name} is not set") from None
     except ValueError:
         raise HpcyoloError(f"environment: {name}={shown(env[name])} is not an integer") from None
+
+
+def idle_threads_sleep(env: MutableMapping[str, str]) -> None:
+    """Before torch loads: OpenMP's intra-op threads, between two parallel
+    regions, sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), unless
+    the user set a policy. torch's libgomp spins by default, and a training
+    step on the CPU is thousands of small parallel regions with Python in
+    between: the idle threads spun there burnt a core beside the one that
+    trained, and on a CPU shared with loader workers or other jobs a region
+    waited for its preempted spinning thread (yolo26n, 2 threads and 1
+    loader worker on a busy 2-core VM, one epoch of 800 images: 160 s CPU
+    spinning, 38 s passive, 31 s with 1 thread; benchmarks/bench_cpu.py).
+    On a GPU node the idle host threads' spinning took CPU from the loader
+    workers."""
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def short_hostname() -> str:
