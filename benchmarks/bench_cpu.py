@@ -64,7 +64,8 @@ model = YOLO(args.pop("model"))
 model.add_callback("on_pretrain_routine_start", made)
 model.add_callback("on_train_start", started)
 model.train(**args)
-seen.update(threads_after=torch.get_num_threads(), wait_policy=os.environ.get("OMP_WAIT_POLICY", "unset"))
+seen.update(threads_after=torch.get_num_threads(), wait_policy=os.environ.get("OMP_WAIT_POLICY", "unset"),
+            spin=os.environ.get("GOMP_SPINCOUNT", "unset"))
 open(report, "w").write(json.dumps(seen))
 """
 
@@ -75,7 +76,8 @@ def done():
     torch = sys.modules.get("torch")
     if torch is not None:
         open(report, "w").write(json.dumps({"threads_after": torch.get_num_threads(),
-                                            "wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset")}))
+                                            "wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
+                                            "spin": os.environ.get("GOMP_SPINCOUNT", "unset")}))
 atexit.register(done)
 from hpcyolo.entry import main
 sys.argv[0] = "hpcyolo"
@@ -121,7 +123,8 @@ def measured_run(argv: list[str], env: dict, log: Path) -> tuple[float, float]:
 def run_side(side: str, pair: int, args, root: Path, data: Path, absolute: Path) -> dict:
     run = root / f"{side}-{pair}"
     report = root / f"{side}-{pair}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}  # each side's own
+    own = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # each side's own choice, or --threads
+    env = {k: v for k, v in os.environ.items() if k not in own}
     if args.threads > 0:
         env["OMP_NUM_THREADS"] = str(args.threads)
     if side == "ultralytics":
@@ -147,8 +150,8 @@ def run_side(side: str, pair: int, args, root: Path, data: Path, absolute: Path)
     seen.update(wall=wall, cpu=cpu, omp=env.get("OMP_NUM_THREADS", "unset"))
     print(f"  pair {pair} {side:11s}: wall {wall:6.1f} s, CPU {cpu:6.1f} s ({cpu / wall:.2f} cores); torch threads "
           f"{seen.get('threads', seen['threads_after'])}, loader workers {seen['workers']} (validation "
-          f"{seen['val_workers']}), OMP_NUM_THREADS {seen['omp']}, OMP_WAIT_POLICY in the process "
-          f"{seen['wait_policy']}", flush=True)
+          f"{seen['val_workers']}), OMP_NUM_THREADS {seen['omp']}, in the process OMP_WAIT_POLICY "
+          f"{seen['wait_policy']}, GOMP_SPINCOUNT {seen['spin']}", flush=True)
     return seen
 
 

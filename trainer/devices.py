@@ -22,17 +22,19 @@ def env_int(env: Mapping[str, str], name: str) -> int:
 
 def idle_threads_sleep(env: MutableMapping[str, str]) -> None:
     """Before torch loads: OpenMP's intra-op threads, between two parallel
-    regions, sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), unless
-    the user set a policy. torch's libgomp spins by default, and a training
-    step on the CPU is thousands of small parallel regions with Python in
-    between: the idle threads spun there burnt a core beside the one that
-    trained, and on a CPU shared with loader workers or other jobs a region
-    waited for its preempted spinning thread (yolo26n, 2 threads and 1
-    loader worker on a busy 2-core VM, one epoch of 800 images: 160 s CPU
-    spinning, 38 s passive, 31 s with 1 thread; benchmarks/bench_cpu.py).
-    On a GPU node the idle host threads' spinning took CPU from the loader
-    workers."""
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    regions, spin briefly and then sleep (GOMP_SPINCOUNT=10000 for torch's
+    libgomp, about 300,000 by default), unless the user set a wait policy or
+    a spin count. A training step on the CPU is thousands of small parallel
+    regions with Python in between: the idle threads' default spinning burnt
+    a second core beside the one that trained, and on a CPU shared with
+    loader workers or other jobs a region waited for a preempted spinner.
+    Sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost wall time instead: each
+    region waited for its threads to wake (yolo26n, 2 threads, 1 loader
+    worker, one epoch of 800 images on a 2-core VM, two runs each: default
+    22-33 s wall, 38-48 s CPU; passive 27 s, 37-38 s; 10000 21-22 s, 35-36 s;
+    benchmarks/bench_cpu.py compares with ultralytics)."""
+    if "OMP_WAIT_POLICY" not in env:
+        env.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 def short_hostname() -> str:
