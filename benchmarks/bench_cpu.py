@@ -20,9 +20,24 @@ as many, as ultralytics does on a GPU). --threads 0 / --workers -1 leave
 each side its own choice. Each process reports torch.get_num_threads()
 after training and its loader workers, printed per side.
 
-History (2-core VM; ultralytics 8.4.190, yolo26n; 3 epochs, 800 images):
-before this benchmark, each side with its own choice (ours 2 threads, 1
-worker; ultralytics 1 thread, 0 workers): wall 0.65x, CPU 1.21x.
+History (2-core VM shared with other work, so the load varied; ultralytics
+8.4.190, yolo26n, 800 images; wall / CPU s, ours against ultralytics):
+- before this benchmark (3 epochs, each side's own choice, ours 2 threads
+  and 1 worker, ultralytics 1 thread and 0 workers): wall 0.65x, CPU 1.21x;
+- 1 epoch, 1 pair, before ours set a spin count: 2 threads, 1 worker:
+  324 / 318 against 258 / 179 (both sides' libgomp spinning on a busy VM);
+  1 thread, 1 worker: 39.7 / 32.9 against 37.3 / 33.6; own choices (ours 2
+  threads and 2 workers, ultralytics 1 thread, 0 workers): 100.7 / 77.1
+  against 43.7 / 33.7;
+- 1 epoch, 3 pairs, 2 threads, 1 worker, ours with OMP_WAIT_POLICY=PASSIVE:
+  medians 28.7 / 37.6 against 98.5 / 113.7 (0.29x, 0.33x), but in the
+  quietest pair ultralytics' spinning was faster: 28.4 / 39.2 against
+  23.7 / 42.6; hence the short spin (GOMP_SPINCOUNT=10000) ours sets now;
+- with it, the same (`--threads 2 --workers 1 --epochs 1 --pairs 3`):
+  pairs 23.8 / 39.2 against 28.7 / 49.8, 26.7 / 43.0 against 105.7 / 118.8,
+  57.0 / 54.6 against 70.3 / 83.2; medians 26.7 / 43.0 against 70.3 / 83.2:
+  wall 0.38x, CPU 0.52x (the load changed between runs; the quietest pair,
+  the first: 0.83x, 0.79x).
 """
 
 from __future__ import annotations
