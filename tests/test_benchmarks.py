@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
+
+# The benchmark venv (benchmarks/ultralytics_venv.sh): a smoke that can run ultralytics' side does.
+UL_VENV = [] if Path("/work/bench-ul-venv/bin/python").is_file() else ["--skip-ultralytics"]
 
 # (benchmark, its smallest arguments, a line of its summary)
 SMOKES = [
@@ -34,6 +38,7 @@ SMOKES = [
     ("bench_health.py", ["--runs", "1", "--epochs", "1", "--train", "64", "--every", "1"], "on / off"),
     ("bench_mosaic_partners.py", ["--sets", "1", "--seeds", "1", "--epochs", "2", "--train", "32"],
      "seed spread"),
+    ("bench_cpu.py", ["--pairs", "1", "--epochs", "1", "--train", "16", *UL_VENV], "medians of 1: wall"),
     ("bench_ultralytics_train.py", ["--skip-ultralytics", "--epochs", "1", "--train", "16", "--seeds", "1",
                                     "--set", "mixup=0.1", "--set", "cos_lr=true"], "last.pt mAP50-95 by hpcyolo val"),
 ]

@@ -6,7 +6,7 @@ login node with the same rules the trainer places itself by."""
 from __future__ import annotations
 
 import socket
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 from .errors import HpcyoloError, shown
 
@@ -18,6 +18,23 @@ def env_int(env: Mapping[str, str], name: str) -> int:
         raise HpcyoloError(f"environment: {name} is not set") from None
     except ValueError:
         raise HpcyoloError(f"environment: {name}={shown(env[name])} is not an integer") from None
+
+
+def idle_threads_sleep(env: MutableMapping[str, str]) -> None:
+    """Before torch loads: OpenMP's intra-op threads, between two parallel
+    regions, spin briefly and then sleep (GOMP_SPINCOUNT=10000 for torch's
+    libgomp, about 300,000 by default), unless the user set a wait policy or
+    a spin count. A training step on the CPU is thousands of small parallel
+    regions with Python in between: the idle threads' default spinning burnt
+    a second core beside the one that trained, and on a CPU shared with
+    loader workers or other jobs a region waited for a preempted spinner.
+    Sleeping at once (OMP_WAIT_POLICY=PASSIVE) cost wall time instead: each
+    region waited for its threads to wake (yolo26n, 2 threads, 1 loader
+    worker, one epoch of 800 images on a 2-core VM, two runs each: default
+    22-33 s wall, 38-48 s CPU; passive 27 s, 37-38 s; 10000 21-22 s, 35-36 s;
+    benchmarks/bench_cpu.py compares with ultralytics)."""
+    if "OMP_WAIT_POLICY" not in env:
+        env.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 def short_hostname() -> str:

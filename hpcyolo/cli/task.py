@@ -137,6 +137,9 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     from hpcyolo_trainer.settings import check_train
 
     check_train({"signal": signal, **options}, int(os.environ.get("WORLD_SIZE", "1")))
+    from hpcyolo_trainer.devices import idle_threads_sleep
+
+    idle_threads_sleep(os.environ)  # before torch loads libgomp
     from hpcyolo_trainer.dist import device_fault_line, lost_peer_line
     from hpcyolo_trainer.train import main as train_main
 
