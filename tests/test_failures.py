@@ -4,12 +4,11 @@ without their node(s), which never retry, and the ledger's arithmetic."""
 from __future__ import annotations
 
 import json
-
 import signal
 
 from hpcyolo.node.job import claim_failure, end, node_failure, settle_failure, task_failure
-from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE
 from hpcyolo_trainer.ledger import account, read_starts
+from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE
 from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
 
 KILLED = "srun: error: node2: tasks 2-3: Killed\nsrun: error: node1: tasks 0-1: Exited with exit code 76\n"

@@ -276,7 +276,8 @@ def test_files_are_copied_to_the_manifests_size(tmp_path):
     for name, blob in blobs.items():
         (src / name).write_bytes(blob)
     entries = [(name, len(blob), 0o640, 1_500_000_000_123_456_789) for name, blob in blobs.items()]
-    entries[-1] = ("5.jpg", 400_000, 0o640, 1_500_000_000_123_456_789)  # shrank since the walk: a short copy, which verification catches
+    # shrank since the walk: a short copy, which verification catches
+    entries[-1] = ("5.jpg", 400_000, 0o640, 1_500_000_000_123_456_789)
     with open(src / "4.jpg", "ab") as f:  # grew: the first bytes, as many as counted
         f.write(b"more")
     assert treecopy._copy_files(str(src), str(dst), entries) == [*sizes[:-1], 300_001]
