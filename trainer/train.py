@@ -85,9 +85,12 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     seed_all(cfg.seed + d.rank)
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
-    data = load_data(cfg, d)  # what cannot be trained on stops here, before a run directory exists
-    # This run's newest valid checkpoint, or the weights to start from (or neither).
-    state, weights = checkpoint_to_resume(cfg, d, run, settings, data.nc)
+    spec = load_data_spec(cfg.data)
+    # This run's newest valid checkpoint, or the weights to start from (or neither): checked before the
+    # dataset's index in the run directory is brought up to date, so that a start refused here writes nothing.
+    state, weights = checkpoint_to_resume(cfg, d, run, settings, 1 if cfg.single_cls else len(spec.names))
+    data = load_data(cfg, d, spec)  # what cannot be trained on stops here, before a run directory exists
+    start_run(d, run, settings)
     parts = build(cfg, d, data, state, weights)
     pos = resume(parts, state, d)
     pos.epochs = resumed_plan(cfg, state, pos)
@@ -275,11 +278,11 @@ class Position:
     speed: tuple | None = None  # the epoch's throughput figures, once it is trained (not checkpointed)
 
 
-def load_data(cfg: TrainConfig, d: Dist) -> Data:
-    """The data YAML, the training set (this rank's sampler) and the
-    validation batches; warnings once, on rank 0, and an error for data that
-    cannot be trained on."""
-    spec = load_data_spec(cfg.data)
+def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None) -> Data:
+    """The data YAML (`spec`, where read already), the training set (this
+    rank's sampler) and the validation batches; warnings once, on rank 0,
+    and an error for data that cannot be trained on."""
+    spec = spec or load_data_spec(cfg.data)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
@@ -391,8 +394,7 @@ def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict,
     """(the run's newest valid checkpoint, None), or (None, the --weights to
     start from, or None). Either must do for this run (the checkpoint its
     settings, architecture and classes; the weights an architecture hpcyolo
-    trains) before rank 0 writes a file: then rank 0 removes unfinished
-    checkpoint writes and records the settings in RUN/config.yaml."""
+    trains) before rank 0 writes a file (start_run)."""
     state = ckpt.load_latest(run / rundir.CHECKPOINTS, lambda m: warn0(d, m))
     weights = None
     if state is not None:
@@ -404,12 +406,17 @@ def checkpoint_to_resume(cfg: TrainConfig, d: Dist, run: Path, settings: dict,
     if cfg.end2end and not families.load(arch[:-1]).END2END:
         raise HpcyoloError(f"end2end (--end2end, train.end2end): {arch} has no one-to-one head; NMS-free "
                            "validation is for YOLO26")
+    return state, weights
+
+
+def start_run(d: Dist, run: Path, settings: dict) -> None:
+    """The run accepted: rank 0 removes unfinished checkpoint writes and
+    records the settings in RUN/config.yaml."""
     if d.is_main:
         for partial in ckpt.remove_partials(run / rundir.CHECKPOINTS):
             warn0(d, f"removed {partial.name}, a checkpoint whose write never finished")
         (run / rundir.WEIGHTS).mkdir(parents=True, exist_ok=True)
         write_atomic(run / rundir.CONFIG, yaml.safe_dump(settings, sort_keys=False).encode())
-    return state, weights
 
 
 def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: Weights | None) -> Parts:
