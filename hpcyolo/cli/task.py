@@ -303,10 +303,14 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
         from pathlib import Path
 
         from hpcyolo_trainer import rundir
-        from hpcyolo_trainer.watchdog import read_blame
+        from hpcyolo_trainer.watchdog import HANG_EXIT_CODE, read_blame
 
         slurm_job, restart = os.environ["SLURM_JOB_ID"], str(restarts(os.environ))
-        failure = node_failure(status, errors, read_blame(rundir.hang_folder(run_dir, slurm_job, restart)))
+        blame = read_blame(rundir.hang_folder(run_dir, slurm_job, restart))
+        if blame is not None and f"Exited with exit code {HANG_EXIT_CODE}" in errors:
+            # The watchdog ended the step: its code, whatever srun's (a stopped rank it then killed gives 137).
+            status = HANG_EXIT_CODE
+        failure = node_failure(status, errors, blame)
         before = failures_retried(Path(run_dir), slurm_job)
     ending = end(status, marker, job=job_id(os.environ), restart=restarts(os.environ), max_requeues=max_requeues,
                  failed_first=failed_first(errors, torchrun), failure=failure, failures_before=before,
