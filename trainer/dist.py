@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import forksafe
 from .devices import device_for
 from .rendezvous import init_process_group
 
@@ -49,6 +50,7 @@ def pick_device(local_rank: int) -> torch.device:
 
 
 def setup(timeout_s: int = 600) -> Dist:
+    forksafe.install()  # loader workers fork beside gloo's threads
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))

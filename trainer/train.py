@@ -976,12 +976,11 @@ def stop_workers(batches) -> None:
 def settle_feeders(timeout: float = 5.0) -> None:
     """Wait for the feeder threads of the queues a loader just closed to end
     (multiprocessing's QueueFeederThread ends on its own, a moment after the
-    close). A process forked while another thread is ending deadlocks in
-    CPython 3.11 before it runs a line: the child waits for the runtime's
-    thread-state lock that the ending thread held (seen in CI: a loader
-    worker forked right after a loader was stopped hung in
-    PyOS_AfterFork_Child, and the run never ended). Called where the run's
-    only loader was stopped, so no feeder of a live queue is waited for."""
+    close), so that the next loader forks its workers beside as few
+    threads as possible. (A worker forked right after a loader was stopped
+    once hung in PyOS_AfterFork_Child; the cause found since is gloo's
+    threads and the runtime's lock: forksafe.) Called where the run's only
+    loader was stopped, so no feeder of a live queue is waited for."""
     import threading
 
     for thread in threading.enumerate():
