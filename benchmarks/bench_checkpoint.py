@@ -132,7 +132,8 @@ def main() -> None:
                 report(n, "sync", stalls["sync"][-1])
             else:
                 start = time.perf_counter()
-                writer.save(state(global_step), folder, keep=2, steady=steady_tensors(model, ema, optimizer))
+                now = state(global_step)
+                writer.save(now, folder, keep=2, steady=steady_tensors(model, now))
                 stalls["async"].append(time.perf_counter() - start)
                 parts["save"].append(stalls["async"][-1])
                 settled = writer.stall

@@ -59,6 +59,7 @@ def save_checkpoint(state: dict, folder: Path, keep: int) -> Path:
     return path
 
 
+_ONE_THREAD = 32768  # elements: ATen copies a tensor this small on the calling thread (its grain size)
 _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
                  torch.uint8, torch.bool}
 
@@ -105,6 +106,8 @@ class Snapshot:
             if obj.data_ptr() in self._steady:
                 self.later.append(obj)
                 return _Later(len(self.later) - 1)
+            if obj.device.type == "cpu" and obj.numel() < _ONE_THREAD:
+                return obj.detach().clone()  # one call: BatchNorm's statistics, a few hundred of them
             buf = torch.empty(obj.shape, dtype=obj.dtype)
             copy_into(buf, obj.detach())
             return buf

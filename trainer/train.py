@@ -1075,20 +1075,22 @@ def save_state(d: Dist, cfg: TrainConfig, parts: Parts, pos: Position, preempted
                  "best_epoch": pos.best_epoch, "epoch_seconds": pos.epoch_seconds, "epochs": pos.epochs,
                  "run_seconds": pos.run_seconds, "plan_seconds": pos.plan_seconds, "end_seconds": pos.end_seconds}
         parts.writer.save(state, Path(cfg.run_dir) / rundir.CHECKPOINTS, cfg.keep, wait=bool(preempted),
-                          steady=steady_tensors(parts.model, parts.ema, parts.optimizer))
+                          steady=steady_tensors(parts.model, state))
         if preempted:
             mark_preempted(preempted)
     if preempted and d.distributed:
         torch.distributed.barrier()  # nobody exits before the checkpoint is on disk
 
 
-def steady_tensors(model: torch.nn.Module, ema: ModelEMA, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """What only optimizer_step changes: the parameters, the EMA (BatchNorm's
-    statistics included: it never trains), the optimizer's state. The
-    checkpoint writer copies them while the next batches' forward and
-    backward passes run; train_epoch settles the copy before the step."""
-    state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-    return [*model.parameters(), *ema.module.state_dict().values(), *state]
+def steady_tensors(model: torch.nn.Module, state: dict) -> list[torch.Tensor]:
+    """What only optimizer_step changes, of a checkpoint's `state`: the
+    parameters, the EMA (BatchNorm's statistics included: it never trains),
+    the optimizer's state. The checkpoint writer copies them while the next
+    batches' forward and backward passes run; train_epoch settles the copy
+    before the step. (The EMA's and the optimizer's from `state` itself:
+    no second state_dict() on the loop's time.)"""
+    optimizer = (v for s in state["optimizer"]["state"].values() for v in s.values() if isinstance(v, torch.Tensor))
+    return [*model.parameters(), *state["ema"]["module"].values(), *optimizer]
 
 
 def reduce_mean(d: Dist, value: torch.Tensor) -> torch.Tensor:
