@@ -149,7 +149,9 @@ class TrainTask:
         # 6. end: submitit requeues (rank 0 hands over to its checkpoint path);
         # a rank's or node's failure is retried without its node; on every
         # other ending the node's first task removes its scratch.
-        if code not in (0, EXIT_CODE) and self._retried(code, rank, job, str(restart)):
+        # (A rank ended by the preemption's SIGTERM after the checkpoint is no failure: no wait for an answer.)
+        if code != 0 and not rundir.checkpointed(code, env[MARKER_ENV]) and \
+                self._retried(code, rank, job, str(restart)):
             return EXIT_CODE
         ending = end(code, env[MARKER_ENV], job=job, restart=restart, max_requeues=plan.max_requeues)
         if not ending.requeue:
