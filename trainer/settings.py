@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from .errors import HpcyoloError, shown
+from .record import make_record
 from .registry import ALIASES, CHOICES, FAMILIES, MODELS, SCALES, check_imgsz
 
 REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
@@ -421,11 +422,11 @@ def _train_config_methods() -> dict:
             "__doc__": "The trainer's configuration: one field per row of hpcyolo_trainer.settings, in its order."}
 
 
-TrainConfig = dataclasses.make_dataclass(
+TrainConfig = make_record(
     "TrainConfig",
     [(s.name, s.type) if s.default is REQUIRED else
      (s.name, s.type, dataclasses.field(default=s.default, metadata={"doc": s.doc})) for s in SETTINGS],
-    namespace={**_train_config_methods(), "__module__": __name__}, frozen=True, kw_only=True)
+    namespace={**_train_config_methods(), "__module__": __name__})
 
 
 def markdown() -> str:
