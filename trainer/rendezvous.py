@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 from .errors import HpcyoloError
 
@@ -65,6 +64,8 @@ def job_store(job: str, rank: int, world: int, timeout: datetime.timedelta):
     else:
         owner = store.get(OWNER_KEY).decode(errors="replace")  # waits for rank 0 to write it
         if owner != job:
+            import socket  # here: `hpcyolo render` imports this module (JOB_ENV) and needs no socket
+
             raise HpcyoloError(
                 f"rank {rank} on {socket.gethostname()}: {host}:{port} is the rendezvous of {owner}, not of this "
                 f"job ({job}): two jobs got the same MASTER_PORT, and this rank will not join another job's "

@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -91,6 +90,8 @@ def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume
     run_dir.mkdir(parents=True, exist_ok=True)
     if not record:
         return
+    import socket  # here: `hpcyolo render` imports this module for the plan's names only
+
     host = socket.gethostname()
     if via == "local":
         line = rundir.local_start_line(host)
