@@ -102,3 +102,34 @@ def test_a_field_left_out_of_a_method_is_refused():
 
     with pytest.raises(TypeError, match="a record's fields are all in"):
         record(Partial)
+
+
+@record(kw_only=False)
+@_fields
+class Pos:
+    """A record that takes its fields by position too."""
+
+
+@dataclasses.dataclass(frozen=True)
+@_fields
+class PosRef:
+    """The same, as a dataclass."""
+
+
+@pytest.mark.parametrize("args, kwargs", [(("a",), {}), (("a", 2), {"note": "n"}), (("a", 2, {"k": "v"}, "n"), {})])
+def test_a_positional_record_as_the_dataclass(args, kwargs):
+    rec, ref = Pos(*args, **kwargs), PosRef(*args, **kwargs)
+    assert repr(rec) == repr(ref).replace("PosRef(", "Pos(")
+    assert rec == Pos(**dict(zip(("name", "size", "tags", "note"), args)), **kwargs)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda cls: cls(), "__init__() missing 1 required positional argument: 'name'"),
+    (lambda cls: cls("a", name="b"), "__init__() got multiple values for argument 'name'"),
+    (lambda cls: cls("a", 1, {}, None, 5), "but 6 were given"),
+])
+def test_a_positional_record_refuses_as_the_dataclass(call, message):
+    for cls in (Pos, PosRef):
+        with pytest.raises(TypeError) as e:
+            call(cls)
+        assert message in str(e.value), (cls, str(e.value))

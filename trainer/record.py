@@ -1,15 +1,16 @@
-"""Frozen, keyword-only records: what `@dataclass(frozen=True, kw_only=True)`
-makes, for the classes that every `hpcyolo render` defines as it starts (the
-site config's and job spec's sections, the plan, TrainConfig).
+"""Frozen records: what `@dataclass(frozen=True, kw_only=True)` (or without
+kw_only) makes, for the classes that every `hpcyolo render` defines as it
+starts (the site config's and job spec's sections, the plan, the settings'
+rows, TrainConfig).
 
 Python 3.11's dataclass decorator writes six methods of each class as source
 text and compiles them one by one (exec, about 0.1 ms each): for the two dozen
 classes of `hpcyolo render`, 20 ms of its 110. A record is a dataclass
 whose methods are not generated: `fields`, `asdict` and `replace` work on it
 as on any dataclass, and one shared implementation of each method behaves as
-the generated one does: a keyword-only __init__ that takes each field's
-default or default factory, __repr__, __eq__ and __hash__ over the fields in
-their order, FrozenInstanceError on assignment.
+the generated one does: an __init__ (keyword-only unless asked) that takes
+each field's default or default factory, __repr__, __eq__ and __hash__ over
+the fields in their order, FrozenInstanceError on assignment.
 """
 
 from __future__ import annotations
@@ -18,23 +19,28 @@ import dataclasses
 from dataclasses import MISSING, FrozenInstanceError
 from typing import Any
 
-_PLAIN = {"kw_only": True, "init": False, "repr": False, "eq": False}  # dataclass's part: the fields only
+_PLAIN = {"init": False, "repr": False, "eq": False}  # dataclass's part: the fields only
 
 
-def record(cls: type) -> type:
-    """The decorator: `@record` for `@dataclass(frozen=True, kw_only=True)`."""
-    return _with_methods(dataclasses.dataclass(cls, **_PLAIN))
+def record(cls: type | None = None, /, *, kw_only: bool = True):
+    """The decorator: `@record` for `@dataclass(frozen=True, kw_only=True)`,
+    `@record(kw_only=False)` for `@dataclass(frozen=True)`."""
+    def make(cls: type) -> type:
+        return _with_methods(dataclasses.dataclass(cls, kw_only=kw_only, **_PLAIN), kw_only)
+
+    return make if cls is None else make(cls)
 
 
 def make_record(name: str, fields: list, namespace: dict) -> type:
     """`make_dataclass(name, fields, namespace=namespace, frozen=True, kw_only=True)` as a record."""
-    return _with_methods(dataclasses.make_dataclass(name, fields, namespace=namespace, **_PLAIN))
+    return _with_methods(dataclasses.make_dataclass(name, fields, namespace=namespace, kw_only=True, **_PLAIN), True)
 
 
-def _with_methods(cls: type) -> type:
+def _with_methods(cls: type, kw_only: bool) -> type:
     if any(not (f.repr and f.compare and f.hash is None and f.init) for f in dataclasses.fields(cls)):
         raise TypeError(f"{cls.__qualname__}: a record's fields are all in __init__, __repr__, __eq__ and __hash__")
     cls.__record_fields__ = tuple((f.name, f.default, f.default_factory) for f in dataclasses.fields(cls))
+    cls.__record_positional__ = 0 if kw_only else len(cls.__record_fields__)  # how many may be given by position
     methods = {"__init__": _init, "__repr__": _repr, "__eq__": _eq, "__hash__": _hash, "__setattr__": _setattr,
                "__delattr__": _delattr}
     for name, method in methods.items():
@@ -43,8 +49,17 @@ def _with_methods(cls: type) -> type:
     return cls
 
 
-def _init(self, /, **values: Any) -> None:
-    for name, default, factory in type(self).__record_fields__:
+def _init(self, /, *args: Any, **values: Any) -> None:
+    cls = type(self)
+    if len(args) > cls.__record_positional__:
+        most = cls.__record_positional__ + 1
+        raise TypeError(f"{cls.__qualname__}.__init__() takes {most} positional argument{'s' * (most > 1)} but "
+                        f"{len(args) + 1} were given")
+    for (name, _, _), value in zip(cls.__record_fields__, args):
+        if name in values:
+            raise TypeError(f"{cls.__qualname__}.__init__() got multiple values for argument {name!r}")
+        values[name] = value
+    for name, default, factory in cls.__record_fields__:
         if name in values:
             value = values.pop(name)
         elif default is not MISSING:
@@ -52,12 +67,11 @@ def _init(self, /, **values: Any) -> None:
         elif factory is not MISSING:
             value = factory()
         else:
-            raise TypeError(f"{type(self).__qualname__}.__init__() missing 1 required keyword-only argument: "
-                            f"{name!r}")
+            kind = "positional" if cls.__record_positional__ else "keyword-only"
+            raise TypeError(f"{cls.__qualname__}.__init__() missing 1 required {kind} argument: {name!r}")
         object.__setattr__(self, name, value)
     if values:
-        raise TypeError(f"{type(self).__qualname__}.__init__() got an unexpected keyword argument "
-                        f"{next(iter(values))!r}")
+        raise TypeError(f"{cls.__qualname__}.__init__() got an unexpected keyword argument {next(iter(values))!r}")
 
 
 def _values(self) -> tuple:

@@ -21,11 +21,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from .errors import HpcyoloError, shown
-from .record import make_record
+from .record import make_record, record
 from .registry import ALIASES, CHOICES, FAMILIES, MODELS, SCALES, check_imgsz
 
 REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
@@ -105,7 +104,7 @@ def check_signal(value: str) -> None:
 
 # -- the table -----------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Setting:
     name: str  # TrainConfig's field, and the key in the run's config.yaml
     default: Any

@@ -36,13 +36,13 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpcyolo.node.slurm_stop import SIGTERM_ENV
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, SCRATCH_ENV
+from hpcyolo_trainer.record import record
 
 STAGED = "data"  # the staged copy's folder in the run's node-local scratch
 
@@ -148,7 +148,7 @@ def task_env(run_dir: str, job: str, restart: str, scratch: str | None, sigterm:
 
 # == 6. end ==================================================================
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Ending:
     code: int  # the job's exit code
     requeue: bool  # the job starts again (Slurm requeues it): the node-local scratch stays for it
@@ -156,7 +156,7 @@ class Ending:
     exclude: tuple[str, ...] = ()  # nodes the requeued job must avoid (a failure retried without them)
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Failure:
     """A training step that ended because a rank or a node failed, not
     because of the user's code or settings: worth a retry without `nodes`."""
