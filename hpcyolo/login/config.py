@@ -6,8 +6,9 @@ never changed after loading: derived values live in the plan (hpcyolo.login.plan
 site_configs/example.yaml is the annotated version of the same schema.
 """
 
-from __future__ import annotations
-
+# Without `from __future__ import annotations`: the loader reads the fields'
+# types (typing.get_type_hints), which would otherwise compile each one's text
+# at every start of `hpcyolo render`.
 import re
 import sys
 from dataclasses import fields
