@@ -49,6 +49,7 @@ def test_it_behaves_as_the_dataclass(kwargs):
     rec, ref = Rec(**kwargs), Ref(**kwargs)
     assert repr(rec) == repr(ref).replace("Ref(", "Rec(")
     assert dataclasses.asdict(rec) == dataclasses.asdict(ref)
+    assert list(vars(rec).items()) == list(vars(ref).items())  # the same attributes, in the same order
     assert rec == Rec(**kwargs) and rec != Rec(**{**kwargs, "size": 7}) and rec != ref
     assert (rec == object()) is False
     assert dataclasses.replace(rec, size=9) == Rec(**{**kwargs, "size": 9})

@@ -60,18 +60,20 @@ def _init(self, /, *args: Any, **values: Any) -> None:
             raise TypeError(f"{cls.__qualname__}.__init__() got multiple values for argument {name!r}")
         values[name] = value
     for name, default, factory in cls.__record_fields__:
-        if name in values:
-            value = values.pop(name)
-        elif default is not MISSING:
-            value = default
-        elif factory is not MISSING:
-            value = factory()
-        else:
-            kind = "positional" if cls.__record_positional__ else "keyword-only"
-            raise TypeError(f"{cls.__qualname__}.__init__() missing 1 required {kind} argument: {name!r}")
-        object.__setattr__(self, name, value)
-    if values:
-        raise TypeError(f"{cls.__qualname__}.__init__() got an unexpected keyword argument {next(iter(values))!r}")
+        if name not in values:
+            if default is not MISSING:
+                values[name] = default
+            elif factory is not MISSING:
+                values[name] = factory()
+            else:
+                kind = "positional" if cls.__record_positional__ else "keyword-only"
+                raise TypeError(f"{cls.__qualname__}.__init__() missing 1 required {kind} argument: {name!r}")
+    if len(values) > len(cls.__record_fields__):
+        unexpected = next(name for name in values if name not in cls.__dataclass_fields__)
+        raise TypeError(f"{cls.__qualname__}.__init__() got an unexpected keyword argument {unexpected!r}")
+    # The instance's attributes in one go (past the frozen __setattr__), in the fields' order as the
+    # generated __init__ sets them: vars(), pickle and copy see the same dict.
+    self.__dict__.update({name: values[name] for name, _, _ in cls.__record_fields__})
 
 
 def _values(self) -> tuple:
