@@ -60,6 +60,8 @@ NONE, STOP, CHECKPOINT = 0, 1, 2  # ordered: ranks agree on the largest
 
 @record(kw_only=False)
 class Decision:
+    """What the ranks do at a step boundary, and why."""
+
     action: int  # NONE, STOP or CHECKPOINT
     reason: str = ""
     requeue: bool = False  # a requeue will follow: keep node-local scratch

@@ -26,6 +26,8 @@ def record(cls: type | None = None, /, *, kw_only: bool = True):
     """The decorator: `@record` for `@dataclass(frozen=True, kw_only=True)`,
     `@record(kw_only=False)` for `@dataclass(frozen=True)`."""
     def make(cls: type) -> type:
+        # A docstring where the class has none: dataclass would make one from the signature (inspect, 2 ms).
+        cls.__doc__ = cls.__doc__ or f"{cls.__name__}({', '.join(cls.__dict__.get('__annotations__', {}))})"
         return _with_methods(dataclasses.dataclass(cls, kw_only=kw_only, **_PLAIN), kw_only)
 
     return make if cls is None else make(cls)

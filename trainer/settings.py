@@ -106,6 +106,8 @@ def check_signal(value: str) -> None:
 
 @record(kw_only=False)
 class Setting:
+    """One row of the table: a setting of the trainer, everywhere it appears."""
+
     name: str  # TrainConfig's field, and the key in the run's config.yaml
     default: Any
     type: Any  # as annotated: int, str | None, Literal["sgd", "adamw"], ...

@@ -150,6 +150,8 @@ def task_env(run_dir: str, job: str, restart: str, scratch: str | None, sigterm:
 
 @record(kw_only=False)
 class Ending:
+    """How a job ends: its exit code, whether it requeues, what it says."""
+
     code: int  # the job's exit code
     requeue: bool  # the job starts again (Slurm requeues it): the node-local scratch stays for it
     message: str | None  # one line for the job's log, after the path's own "hpcyolo: "
