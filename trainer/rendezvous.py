@@ -22,6 +22,9 @@ from .errors import HpcyoloError
 
 OWNER_KEY = "hpcyolo/job"
 JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked here (hpcyolo.node.distenv and hpcyolo.node.local set it)
+# The rendezvous port a job derives from its id, PORT_BASE + id % PORT_SPAN (hpcyolo.node.distenv.default_port;
+# the batch script, through the plan): below Linux's ephemeral range (32768-60999).
+PORT_BASE, PORT_SPAN = 15000, 15000
 
 
 def port_in_use_message(host: str, port: int | str) -> str:

@@ -93,9 +93,8 @@ from hpcyolo.node.netif import resolve_master, site_interface
 from hpcyolo_trainer.devices import check_gpus, env_int, short_hostname, visible_gpus
 from hpcyolo_trainer.errors import HpcyoloError, shown
 from hpcyolo_trainer.record import record
-from hpcyolo_trainer.rendezvous import JOB_ENV
+from hpcyolo_trainer.rendezvous import JOB_ENV, PORT_BASE, PORT_SPAN
 
-PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (tests, a SageMaker-like platform)
 # Names every process of one job shares, outside Slurm: its port and identity derive from them.
