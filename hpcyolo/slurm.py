@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import time
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from hpcyolo_trainer.errors import SlurmError, shown
+
+if TYPE_CHECKING:
+    import subprocess  # imported by run(): `hpcyolo render` runs no command, and subprocess is 3 ms of it
 
 # Job states after which a job will not run again (squeue(1), JOB STATE CODES).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -34,6 +36,8 @@ class NoAnswer(SlurmError):
 
 def run(argv: list[str], *, input: str | None = None, env: Mapping[str, str] | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess:
+    import subprocess
+
     try:
         # surrogateescape: a script holding a path that is not UTF-8 goes to sbatch as the path's bytes.
         return subprocess.run(argv, input=input, env=None if env is None else dict(env), capture_output=True,

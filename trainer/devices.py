@@ -5,7 +5,6 @@ login node with the same rules the trainer places itself by."""
 
 from __future__ import annotations
 
-import socket
 from typing import Mapping, MutableMapping
 
 from .errors import HpcyoloError, shown
@@ -38,6 +37,8 @@ def idle_threads_sleep(env: MutableMapping[str, str]) -> None:
 
 
 def short_hostname() -> str:
+    import socket  # here: `hpcyolo render` imports this module (through distenv) and needs no socket
+
     return socket.gethostname().split(".")[0]
 
 

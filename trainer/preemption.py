@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Callable, Mapping
+
+from .record import record
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again later".
 EXIT_CODE = 75
@@ -57,8 +58,10 @@ HOLD_ENV = "HPCYOLO_DRILL_HOLD_STEP"
 NONE, STOP, CHECKPOINT = 0, 1, 2  # ordered: ranks agree on the largest
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Decision:
+    """What the ranks do at a step boundary, and why."""
+
     action: int  # NONE, STOP or CHECKPOINT
     reason: str = ""
     requeue: bool = False  # a requeue will follow: keep node-local scratch

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 from .errors import HpcyoloError
 
 OWNER_KEY = "hpcyolo/job"
 JOB_ENV = "HPCYOLO_JOB"  # the job's identity, checked here (hpcyolo.node.distenv and hpcyolo.node.local set it)
+# The rendezvous port a job derives from its id, PORT_BASE + id % PORT_SPAN (hpcyolo.node.distenv.default_port;
+# the batch script, through the plan): below Linux's ephemeral range (32768-60999).
+PORT_BASE, PORT_SPAN = 15000, 15000
 
 
 def port_in_use_message(host: str, port: int | str) -> str:
@@ -65,6 +67,8 @@ def job_store(job: str, rank: int, world: int, timeout: datetime.timedelta):
     else:
         owner = store.get(OWNER_KEY).decode(errors="replace")  # waits for rank 0 to write it
         if owner != job:
+            import socket  # here: `hpcyolo render` imports this module (JOB_ENV) and needs no socket
+
             raise HpcyoloError(
                 f"rank {rank} on {socket.gethostname()}: {host}:{port} is the rendezvous of {owner}, not of this "
                 f"job ({job}): two jobs got the same MASTER_PORT, and this rank will not join another job's "

@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from .errors import HpcyoloError, shown
+from .record import make_record, record
 from .registry import ALIASES, CHOICES, FAMILIES, MODELS, SCALES, check_imgsz
 
 REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
@@ -104,8 +104,10 @@ def check_signal(value: str) -> None:
 
 # -- the table -----------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Setting:
+    """One row of the table: a setting of the trainer, everywhere it appears."""
+
     name: str  # TrainConfig's field, and the key in the run's config.yaml
     default: Any
     type: Any  # as annotated: int, str | None, Literal["sgd", "adamw"], ...
@@ -421,11 +423,11 @@ def _train_config_methods() -> dict:
             "__doc__": "The trainer's configuration: one field per row of hpcyolo_trainer.settings, in its order."}
 
 
-TrainConfig = dataclasses.make_dataclass(
+TrainConfig = make_record(
     "TrainConfig",
     [(s.name, s.type) if s.default is REQUIRED else
      (s.name, s.type, dataclasses.field(default=s.default, metadata={"doc": s.doc})) for s in SETTINGS],
-    namespace={**_train_config_methods(), "__module__": __name__}, frozen=True, kw_only=True)
+    namespace={**_train_config_methods(), "__module__": __name__})
 
 
 def markdown() -> str:

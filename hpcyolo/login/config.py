@@ -6,17 +6,19 @@ never changed after loading: derived values live in the plan (hpcyolo.login.plan
 site_configs/example.yaml is the annotated version of the same schema.
 """
 
-from __future__ import annotations
-
+# Without `from __future__ import annotations`: the loader reads the fields'
+# types (typing.get_type_hints), which would otherwise compile each one's text
+# at every start of `hpcyolo render`.
 import re
 import sys
-from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
 from hpcyolo.login.loader import build, spec
 from hpcyolo.slurm import limit_seconds, parse_time
 from hpcyolo_trainer.errors import ConfigError, HpcyoloError, shown
+from hpcyolo_trainer.record import make_record, record
 from hpcyolo_trainer.settings import BY_KEY, SIGNALS, check_non_negative, check_positive, check_signal  # noqa: F401
 from hpcyolo_trainer.yamlfile import read_yaml
 
@@ -192,8 +194,7 @@ def trainer_section(name: str) -> type:
     fields_ = [(field, row.type, setting(row.key)) for field, row in rows]
     # A docstring of its own: dataclass would otherwise compute one from its signature (inspect, at import).
     doc = f"The job spec's `{name}:` section: the trainer's settings {name}.*."
-    return make_dataclass(name.title(), fields_, namespace={"__module__": __name__, "__doc__": doc}, frozen=True,
-                          kw_only=True)
+    return make_record(name.title(), fields_, namespace={"__module__": __name__, "__doc__": doc})
 
 
 def check_time(value: str) -> None:
@@ -210,7 +211,7 @@ def check_max_time(value: str) -> None:
 # -- site config ---------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class SlurmSite:
     """The site's `slurm:` section: where and how jobs are queued."""
 
@@ -237,7 +238,7 @@ class SlurmSite:
                                                    "(--array=0-N%K); empty: all of them.", check=check_positive)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class NodeSite:
     """The site's `node:` section: what one node of the partition holds."""
 
@@ -251,7 +252,7 @@ class NodeSite:
                                  check=check_positive)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class NetworkSite:
     """The site's `network:` section: how the ranks reach each other."""
 
@@ -265,7 +266,7 @@ class NetworkSite:
     nccl_env: dict[str, str] = spec({}, doc="More NCCL/network variables, exported ($VAR expands).", check=check_env)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class StorageSite:
     """The site's `storage:` section: shared runs, node-local scratch, logs."""
 
@@ -277,7 +278,7 @@ class StorageSite:
                             check=check_plain_path)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class EnvironmentSite:
     """The site's `environment:` section: the software a job's steps run in."""
 
@@ -290,7 +291,7 @@ class EnvironmentSite:
                                check=check_env)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class ContainerSite:
     """The site's `container:` section: the image the steps run in, if any."""
 
@@ -304,7 +305,7 @@ class ContainerSite:
     options: tuple[str, ...] | None = spec(None, doc="Extra runtime options; default for apptainer on GPUs: [--nv].")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class PreemptionSite:
     """The site's `preemption:` section: the signal before a job's end and its grace."""
 
@@ -323,7 +324,7 @@ class PreemptionSite:
                        "timing out the job (a cancel just stops); stop: always stop without a checkpoint.")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class SiteConfig:
     """A site config: facts about one cluster."""
 
@@ -341,7 +342,7 @@ class SiteConfig:
 # -- job spec ------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Resources:
     """The job spec's `resources:` section: nodes, GPUs or tasks, time."""
 
@@ -366,7 +367,7 @@ class Resources:
     launcher: Literal["srun", "torchrun"] | None = spec(None, doc="Override the site's launcher.")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Data:
     """The job spec's `data:` section: the dataset and its staging."""
 
@@ -383,7 +384,7 @@ Train = trainer_section("train")
 Checkpoint = trainer_section("checkpoint")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Run:
     """The job spec's `run:` section: the run directory's name and resumption."""
 
@@ -399,7 +400,7 @@ class Run:
     straggler_margin: setting_type("run.straggler_margin") = setting("run.straggler_margin")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class JobSpec:
     """A job spec: one training run."""
 

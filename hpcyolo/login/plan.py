@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig
 from hpcyolo.login.shell import Expand, Raw, Var
-from hpcyolo.node.distenv import PORT_BASE, PORT_SPAN
 from hpcyolo.node.job import STAGED, staged_yaml, task_env
 from hpcyolo.slurm import format_time, limit_seconds, parse_time
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
+from hpcyolo_trainer.record import record
+from hpcyolo_trainer.rendezvous import PORT_BASE, PORT_SPAN
 from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
 
 # torchrun's agent turns only these into a clean shutdown of its workers
@@ -28,7 +28,7 @@ from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
 TORCHRUN_SIGNALS = ("TERM", "INT", "HUP")
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class JobPlan:
     """Everything the job does; the batch script's template reads nothing else."""
 

@@ -84,18 +84,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping
 
 from hpcyolo.node.netif import resolve_master, site_interface
 from hpcyolo_trainer.devices import check_gpus, env_int, short_hostname, visible_gpus
 from hpcyolo_trainer.errors import HpcyoloError, shown
-from hpcyolo_trainer.rendezvous import JOB_ENV
+from hpcyolo_trainer.record import record
+from hpcyolo_trainer.rendezvous import JOB_ENV, PORT_BASE, PORT_SPAN
 
-PORT_BASE, PORT_SPAN = 15000, 15000  # below Linux's ephemeral range (32768-60999)
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (tests, a SageMaker-like platform)
 # Names every process of one job shares, outside Slurm: its port and identity derive from them.
@@ -104,7 +103,7 @@ JOB_NAME_VARS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "TRAINING_JOB_NAME
 LOCALHOST = frozenset({"localhost", "127.0.0.1", "::1", "127.0.1.1"})
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class DistEnv:
     """One process's place in the job."""
 
@@ -133,7 +132,7 @@ class DistEnv:
         return values
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class NodeLayout:
     """One host's place in a job whose launcher starts one process per host
     (SageMaker, a Kubernetes pod); hpcyolo's local launcher starts
@@ -436,6 +435,8 @@ def check_master(addr: str, nnodes: int) -> None:
     it, and a name that resolves to it, when the job spans several nodes. A
     name that does not resolve is a warning: DNS can fail for a moment at job
     start, and torch's store client keeps retrying the lookup."""
+    import socket  # here: `hpcyolo render` imports this module for the port's constants only
+
     if nnodes <= 1:
         return
     hint = (f"but the job spans {nnodes} nodes; set MASTER_ADDR (or the site's network.interface) to an address "

@@ -34,16 +34,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpcyolo.node.slurm_stop import SIGTERM_ENV
 from hpcyolo_trainer import rundir
 from hpcyolo_trainer.errors import HpcyoloError
 from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, SCRATCH_ENV
+from hpcyolo_trainer.record import record
 
 STAGED = "data"  # the staged copy's folder in the run's node-local scratch
 
@@ -91,6 +90,8 @@ def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume
     run_dir.mkdir(parents=True, exist_ok=True)
     if not record:
         return
+    import socket  # here: `hpcyolo render` imports this module for the plan's names only
+
     host = socket.gethostname()
     if via == "local":
         line = rundir.local_start_line(host)
@@ -147,15 +148,17 @@ def task_env(run_dir: str, job: str, restart: str, scratch: str | None, sigterm:
 
 # == 6. end ==================================================================
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Ending:
+    """How a job ends: its exit code, whether it requeues, what it says."""
+
     code: int  # the job's exit code
     requeue: bool  # the job starts again (Slurm requeues it): the node-local scratch stays for it
     message: str | None  # one line for the job's log, after the path's own "hpcyolo: "
     exclude: tuple[str, ...] = ()  # nodes the requeued job must avoid (a failure retried without them)
 
 
-@dataclass(frozen=True)
+@record(kw_only=False)
 class Failure:
     """A training step that ended because a rank or a node failed, not
     because of the user's code or settings: worth a retry without `nodes`."""

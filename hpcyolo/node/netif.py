@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import socket
 import struct
 from typing import Mapping
 
@@ -32,6 +31,8 @@ def resolve_master(addr: str, interface: str | None, *, hostname: str | None = N
     to the store on the fast network, not on whatever its own name resolves
     to: 127.0.1.1 on Debian, or the management network), unless the name
     already resolves into that interface's network. Elsewhere, the name."""
+    import socket  # here: `hpcyolo render`, which imports this module through the plan, does without it (3 ms)
+
     if not interface:
         return addr
     host = hostname or socket.gethostname()
@@ -47,6 +48,8 @@ def resolve_master(addr: str, interface: str | None, *, hostname: str | None = N
 def _match_interface(name: str, host: str) -> str:
     """The exact name, else the first interface it prefixes (NCCL's rule:
     NCCL_SOCKET_IFNAME=ib matches ib0)."""
+    import socket
+
     names = [n for _, n in socket.if_nameindex()]
     if name in names:
         return name
@@ -60,6 +63,7 @@ def _match_interface(name: str, host: str) -> str:
 def interface_ipv4(name: str) -> tuple[str, ipaddress.IPv4Network]:
     """The IPv4 address and network of an interface (Linux: netdevice(7) ioctls)."""
     import fcntl
+    import socket
 
     request = struct.pack("256s", name.encode()[:15])
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -73,6 +77,8 @@ def interface_ipv4(name: str) -> tuple[str, ipaddress.IPv4Network]:
 
 
 def _ipv4_addresses(name: str) -> list[ipaddress.IPv4Address]:
+    import socket
+
     try:
         infos = socket.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
