@@ -183,7 +183,9 @@ class Results:
         keep = np.flatnonzero(dropped == 0)
         rows = a["rows"].view()
         rows.flags.writeable = False  # one array shared by the images' views: none may change another's
-        labels = np.split(rows, index.row_start[1:-1]) if len(dropped) else []
+        # Each image's rows, a view (slices: np.split's views cost ten times as much, 0.1 s at 50k images).
+        starts = index.row_start.tolist()
+        labels = [rows[lo:hi] for lo, hi in zip(starts[:-1], starts[1:])]
         everything = len(keep) == len(dropped)
         if not everything:
             labels = [labels[i] for i in keep.tolist()]
