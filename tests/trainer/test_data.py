@@ -112,7 +112,8 @@ def ring_pixels(mask: np.ndarray, x1, y1, x2, y2, near: int, far: int) -> np.nda
     size = mask.shape[0]
     outer = np.zeros_like(mask)
     outer[max(0, math.floor(y1) - far):math.ceil(y2) + far, max(0, math.floor(x1) - far):math.ceil(x2) + far] = True
-    outer[max(0, math.floor(y1) - near):math.ceil(y2) + near, max(0, math.floor(x1) - near):math.ceil(x2) + near] = False
+    outer[max(0, math.floor(y1) - near):math.ceil(y2) + near,
+          max(0, math.floor(x1) - near):math.ceil(x2) + near] = False
     return mask[outer[:size, :size]]
 
 
