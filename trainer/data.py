@@ -48,7 +48,7 @@ from torch.utils.data import Dataset, default_collate
 from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste, copy_paste_flip, cut_mix,
                       flip_lr, flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine,
                       random_affine, rect_batches, resized_shapes, to_normalised, to_pixel_boxes)
-from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec
+from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec, texts
 from .fsutil import fsync_dir
 
 # The data YAML and label paths live in hpcyolo_trainer.dataset (no torch: the CLI
@@ -333,7 +333,7 @@ def cache_digest(items: Kept, imgsz: int) -> str:
     layout or the decoder version does, so a stale cache is never used (a new
     OpenCV may decode a JPEG slightly differently)."""
     h = hashlib.sha256(json.dumps([CACHE_FORMAT, imgsz, cv2.__version__]).encode())
-    for path, (size, mtime) in zip(items.paths, items.stats.tolist()):
+    for path, (size, mtime) in zip(texts(items.paths), items.stats.tolist()):
         h.update(f"{path}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()[:20]
 

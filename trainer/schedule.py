@@ -12,11 +12,13 @@ nbs / batch.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+from torch.optim import optimizer as optimizer_module
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,11 +115,57 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
                 extra = {"lr_scale": scale, "use_muon": group == "muon"} if muon else {}
                 param_groups.append({"params": params, "weight_decay": decays[group], "name": group, **extra})
     if name == "sgd":
-        return torch.optim.SGD(param_groups, lr=lr, momentum=momentum, nesterov=True)
+        return eager(torch.optim.SGD)(param_groups, lr=lr, momentum=momentum, nesterov=True)
     if name == "adamw":
-        return torch.optim.AdamW(param_groups, lr=lr, betas=(momentum, 0.999))
+        return eager(torch.optim.AdamW)(param_groups, lr=lr, betas=(momentum, 0.999))
     if muon:
         from .musgd import MuSGD
 
-        return MuSGD(param_groups, lr=lr, momentum=momentum, nesterov=True)
+        return eager(MuSGD)(param_groups, lr=lr, momentum=momentum, nesterov=True)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+# The code of torch's wrappers that import torch._dynamo at their first call (a second of a start's time,
+# CPU-bound, on every rank): the one that keeps torch.compile from tracing a method (torch._disable_dynamo),
+# and the one around the optimizers' step that sets the grad mode (and breaks torch.compile's graph there).
+_NOT_TRACED = torch._disable_dynamo(lambda: None).__code__
+_use_grad = getattr(optimizer_module, "_use_grad_for_differentiable", None)
+_GRAD_MODE = _use_grad(lambda self: None).__code__ if _use_grad is not None else None
+
+
+def eager(cls: type) -> type:
+    """`cls`, an optimizer class, without torch's wrappers that import
+    torch._dynamo (a second before the first step of every start): the
+    methods torch wraps in torch._disable_dynamo (the constructor's
+    add_param_group, zero_grad, state_dict, load_state_dict) as they are
+    unwrapped, and a step that sets the grad mode as torch's wrapper does
+    (to the optimizer's `differentiable`, back afterwards). What the
+    wrappers add beyond that matters only under torch.compile, which the
+    trainer never uses. The same class otherwise (its name, its steps, its
+    state dict, isinstance); where torch's wrappers are other than these,
+    left as they are."""
+    plain, seen = {}, set()
+    for klass in cls.__mro__:
+        for name, value in vars(klass).items():
+            if name in seen:  # a subclass's own method, as it is
+                continue
+            seen.add(name)
+            while getattr(value, "hooked", False):  # torch's profiler hook around a step, made again on the new class
+                value = value.__wrapped__
+            code, inner = getattr(value, "__code__", None), getattr(value, "__wrapped__", None)
+            if inner is not None and code is _NOT_TRACED:
+                plain[name] = inner
+            elif inner is not None and code is _GRAD_MODE and _GRAD_MODE is not None:
+                plain[name] = _grad_mode(inner)
+    return type(cls.__name__, (cls,), {**plain, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                       "__doc__": cls.__doc__})
+
+
+def _grad_mode(step):
+    """`step` run as torch.optim's wrapper runs it: grad mode on where the
+    optimizer is `differentiable`, else off; the caller's mode back after."""
+    @functools.wraps(step)
+    def wrapped(self, *args, **kwargs):
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return step(self, *args, **kwargs)
+    return wrapped

@@ -8,6 +8,7 @@ import hashlib
 import math
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import stat
 from pathlib import Path
@@ -22,6 +23,7 @@ import hpcyolo_trainer.data as data_module
 from hpcyolo_trainer.augment import mosaic4, mosaic_affine, random_affine
 from hpcyolo_trainer.data import (AugmentHyp, YoloDataset, cache_bytes, collate, label_path, load_data_spec,
                                   parse_label_row)
+from hpcyolo_trainer.dataset import IMG_EXTS, ImagePaths, texts
 from hpcyolo_trainer.errors import ConfigError
 from hpcyolo_trainer.sampler import EpochBatch, EvenShardSampler, RunBatches
 
@@ -110,7 +112,8 @@ def ring_pixels(mask: np.ndarray, x1, y1, x2, y2, near: int, far: int) -> np.nda
     size = mask.shape[0]
     outer = np.zeros_like(mask)
     outer[max(0, math.floor(y1) - far):math.ceil(y2) + far, max(0, math.floor(x1) - far):math.ceil(x2) + far] = True
-    outer[max(0, math.floor(y1) - near):math.ceil(y2) + near, max(0, math.floor(x1) - near):math.ceil(x2) + near] = False
+    outer[max(0, math.floor(y1) - near):math.ceil(y2) + near,
+          max(0, math.floor(x1) - near):math.ceil(x2) + near] = False
     return mask[outer[:size, :size]]
 
 
@@ -139,6 +142,28 @@ def test_yaml_forms_dir_list_file_and_list_of_dirs(tmp_path):
     yaml.write_text("path: ../ds\ntrain: images/train\nval: images/val\nnames: [a, b, c]\n")
     spec = load_data_spec(yaml)
     assert len(spec.train) == 2 and spec.test is None and spec.names == ["a", "b", "c"]
+
+
+def test_a_split_is_the_text_of_the_paths_rglob_finds_in_their_order(tmp_path):
+    """The split's images as ImagePaths: each one's text is str of its Path
+    (what the index, the stats and the cache digest read), and the images
+    are those `rglob` finds, sorted as Paths sort, in nested folders too."""
+    small_dataset(tmp_path / "ds")
+    nested = tmp_path / "ds" / "images" / "train" / "b-sub" / "deeper"
+    nested.mkdir(parents=True)
+    for name in ("z.jpg", "a.PNG", "notes.txt"):
+        (nested / name).write_bytes((tmp_path / "ds" / "images" / "train" / "train0.png").read_bytes())
+    (tmp_path / "ds" / "data.yaml").write_text("train: images/train\nval: [images/val, images/extra]\nnames: [a]\n")
+    spec = load_data_spec(tmp_path / "ds" / "data.yaml")
+    assert isinstance(spec.train, ImagePaths)
+    found = sorted(p for p in (spec.root / "images" / "train").rglob("*") if p.suffix.lower() in IMG_EXTS)
+    assert list(spec.train) == found and spec.train == found and len(found) == 4
+    assert spec.train.strings == [str(p) for p in found] == texts(found)
+    assert spec.train[1] == found[1] and spec.train[1:3] == found[1:3]
+    assert spec.train.take([3, 0]) == [found[3], found[0]]
+    assert spec.val == [spec.root / "images" / "val" / "val0.png", spec.root / "images" / "extra" / "extra0.png"]
+    assert pickle.loads(pickle.dumps(spec.train)) == spec.train  # loader workers get the dataset pickled
+    assert texts(["a//b.jpg", Path("c/./d.jpg")]) == ["a/b.jpg", "c/d.jpg"]  # as their Paths give them
 
 
 @pytest.mark.parametrize("body, key", [
