@@ -51,18 +51,7 @@ BIN = Path(sys.executable).parent
 UL_PYTHON = "/work/bench-ul-venv/bin/python"
 IMGSZ = 64
 BATCH = 16
-SITECUSTOMIZE = '''
-import os, sys
-_root, _log = os.environ.get("AUDIT_ROOT"), os.environ.get("AUDIT_LOG")
-if _root and _log:
-    _fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    def _hook(event, args):
-        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-            path = os.fsdecode(args[0])
-            if path.startswith(_root):
-                os.write(_fd, f"{os.environ.get('RANK', '0')} {path}\\n".encode())
-    sys.addaudithook(_hook)
-'''
+AUDIT_SITE = Path(__file__).resolve().parent / "audit_opens"  # its sitecustomize.py logs the opens
 UL_TRAIN = """
 import json, os, sys
 from ultralytics import YOLO
@@ -99,7 +88,7 @@ def opens(log: Path, root: Path) -> dict[str, Counter]:
     """Per rank: files opened under the dataset, labels and images."""
     out: dict[str, Counter] = {}
     for line in log.read_text().splitlines() if log.exists() else []:
-        rank, path = line.split(" ", 1)
+        rank, _, path = line.split(" ", 2)
         kind = "labels" if path.startswith(str(root / "labels")) else "images" \
             if path.startswith(str(root / "images")) else "other"
         out.setdefault(rank, Counter())[kind] += 1
@@ -215,9 +204,7 @@ def main() -> None:
     if not args.skip_ultralytics and not Path(args.ul_python).exists():
         sys.exit(f"bench_startup: no {args.ul_python}: run `bash benchmarks/ultralytics_venv.sh` or --skip-ultralytics")
     tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))
-    site = tmp / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    site = AUDIT_SITE
     print(f"{os.cpu_count()} CPUs; hpcyolo train --model n --imgsz {IMGSZ} --batch {BATCH} --nbs {BATCH} "
           f"--workers 0 --no-plots, HPCYOLO_DRILL_KILL=HOST:1; ultralytics: YOLO('yolov8n.yaml').train(imgsz={IMGSZ}, "
           f"batch={BATCH}, nbs={BATCH}, workers=0, device='cpu', val=False, plots=False) ending at its first "

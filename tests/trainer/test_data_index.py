@@ -19,21 +19,8 @@ from hpcyolo_trainer.dataset import label_path, load_data_spec
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-# Imported by every Python process started with its folder on PYTHONPATH:
-# logs each file that Python opens under AUDIT_ROOT (the audit event `open`:
-# builtins.open, io.open, os.open, Pillow's files) as `pid path` lines.
-SITECUSTOMIZE = '''
-import os, sys
-_root, _log = os.environ.get("AUDIT_ROOT"), os.environ.get("AUDIT_LOG")
-if _root and _log:
-    _fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    def _hook(event, args):
-        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-            path = os.fsdecode(args[0])
-            if path.startswith(_root):
-                os.write(_fd, f"{os.getpid()} {path}\\n".encode())
-    sys.addaudithook(_hook)
-'''
+# Its sitecustomize.py, on PYTHONPATH, logs each file a process opens under AUDIT_ROOT (`RANK PID PATH`).
+AUDIT_SITE = Path(__file__).resolve().parents[2] / "benchmarks" / "audit_opens"
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +156,11 @@ def test_an_unreadable_index_is_built_again(tmp_path, shapes):
 def label_opens(log: Path, root: Path) -> list[str]:
     lines = log.read_text().splitlines() if log.exists() else []
     labels = str(root / "labels")
-    return [line.split(" ", 1)[1] for line in lines if line.split(" ", 1)[1].startswith(labels)]
+    return [line.split(" ", 2)[2] for line in lines if line.split(" ", 2)[2].startswith(labels)]
 
 
 def test_a_second_train_start_reads_no_label_file_and_a_changed_one_is_noticed(tmp_path, shapes):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    site = AUDIT_SITE
     root, run = shapes.parent, tmp_path / "run"
 
     def start(epochs: int, name: str) -> list[str]:
