@@ -107,12 +107,19 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
         det = det.float().cpu().clone()
         det[:, [0, 2]] = ((det[:, [0, 2]] - left) / gain).clamp(0, w0)
         det[:, [1, 3]] = ((det[:, [1, 3]] - top) / gain).clamp(0, h0)
-        lab = torch.from_numpy(np.asarray(labels, dtype=np.float32)).reshape(-1, 5)
+        lab = torch.from_numpy(np.array(labels, dtype=np.float32)).reshape(-1, 5)  # the index's rows are read-only
         gt = xywh2xyxy(lab[:, 1:5]) * torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
         stats.update(det, gt, lab[:, 0])
         if confusion is not None:
             confusion.update(det, gt, lab[:, 0])
     return stats, preds
+
+
+def as_is(item):
+    """The validation loader's batches as ValBatches made them: torch's
+    default would turn each image's labels (read-only views of the dataset
+    index's rows) into tensors, warning that they are not writable."""
+    return item
 
 
 INTERRUPTED = {"interrupted": True}  # what validate() returns on every rank when a rank was asked to stop
@@ -135,7 +142,7 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     model.eval()
     mine = range(d.rank, len(batches), d.world_size)
     loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
-                        worker_init_fn=worker_init)
+                        worker_init_fn=worker_init, collate_fn=as_is)
     states, confusion, stopped = [], ConfusionMatrix(batches.nc) if plots else None, False
     for k, (x, metas) in zip(mine, loader):
         if interrupted is not None and interrupted():
