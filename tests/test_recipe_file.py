@@ -46,6 +46,11 @@ def test_classes_come_as_ultralytics_writes_them_one_id_or_a_list(tmp_path, text
     assert taken.get("classes") == ids and ignored == []
 
 
+def test_val_false_is_taken_as_ultralytics_means_it(tmp_path):
+    taken, ignored = read_recipe(write(tmp_path / "args.yaml", "val: false\n"))
+    assert taken == {"val": False} and ignored == []
+
+
 def test_the_fixtures_args_yaml_reads_as_its_run():
     taken, ignored = read_recipe(ARGS)
     assert taken["model"] == "yolo26n" and taken["optimizer"] == "auto" and taken["epochs"] == 15

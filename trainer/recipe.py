@@ -37,7 +37,7 @@ optimize dynamic simplify opset workspace quantize int8 tracker cfg overlap_mask
 dlog dgrad dlam auto_augment erasing dropout cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.
-NOT_YET = {"cls_pw": 0.0, "distill_model": None, "val": True}
+NOT_YET = {"cls_pw": 0.0, "distill_model": None}
 # Settings of the table that a recipe does not set: the run's own place and the cluster's.
 NOT_FROM_A_RECIPE = frozenset({"run_dir", "data", "weights", "cfg", "cache_dir", "signal", "dist_timeout"})
 OPTIMIZERS = {"sgd": "sgd", "adamw": "adamw", "musgd": "musgd", "auto": "auto"}  # ultralytics' names, lower-cased

@@ -600,11 +600,14 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
     parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
     broadcast_module(d, parts.ema.module)  # (after the wait: the checkpoint's copy of the EMA is done)
     # The plots of the run's last validation, as ultralytics draws them: the planned end, the
-    # time budget's, or patience's (its last epoch without a better fitness).
+    # time budget's, or patience's (its last epoch without a better fitness; with val off, as in
+    # ultralytics, no fitness is measured before the end and patience never stops the run).
     last = pos.epoch + 1 >= pos.epochs or pos.time_up or \
-        (cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
+        (cfg.val and cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
+    validated = cfg.val or last
     asked = validation_stop(cfg, parts, stop)
-    while True:
+    metrics = NOT_VALIDATED
+    while validated:
         with parts.watch.phase("validation"), parts.ledger.timed("validation"):
             metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
                                     plots=last and cfg.plots, drawings=parts.drawings, interrupted=asked)
@@ -645,10 +648,11 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         if last and parts.drawings is not None:  # the last validation's plots, after its weights
             parts.drawings.submit(write_val_plots, metrics, data.names, run)
         box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
+        measured = (f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
+                    f"mAP50-95 {metrics['map50_95']:.3f}") if validated else "not validated (val off)"
         print(f"epoch {pos.epoch}/{pos.epochs}: loss {train_loss.sum():.3f} "
               f"({box} {train_loss[0]:.3f} {cls} {train_loss[1]:.3f} {third} {train_loss[2]:.3f}) "
-              f"P {metrics['precision']:.3f} R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} "
-              f"mAP50-95 {metrics['map50_95']:.3f}; {describe(speed)}", flush=True)
+              f"{measured}; {describe(speed)}", flush=True)
         if last:  # per class, as ultralytics ends its training
             print(table(report(metrics, data.val_batches.labels, data.names)), flush=True)
     # Rank 0's, which decides when the budget is spent: validation, checkpoint and weights.
@@ -702,8 +706,9 @@ def complete(d: Dist, parts: Parts, run: Path, epoch: int) -> int:
 def patience_spent(cfg: TrainConfig, pos: Position) -> bool:
     """Whether cfg.patience epochs passed since the best one (ultralytics'
     EarlyStopping); a pure function of the checkpointed position, so a
-    resumed run decides as the uninterrupted one."""
-    return cfg.patience > 0 and pos.epoch - pos.best_epoch >= cfg.patience
+    resumed run decides as the uninterrupted one. With val off no fitness
+    is measured before the end: never."""
+    return cfg.val and cfg.patience > 0 and pos.epoch - pos.best_epoch >= cfg.patience
 
 
 def freeze(model, layers: int) -> str:
@@ -1143,7 +1148,11 @@ def epoch_metrics(d: Dist, model, batches: ValBatches, cfg: TrainConfig, names: 
     metrics = validate(d, model, batches, workers=cfg.workers, on_batch=draw if d.is_main else None,
                        worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")), end2end=cfg.end2end,
                        plots=plots, interrupted=interrupted)
-    return metrics or {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
+    return metrics or dict(NOT_VALIDATED)
+
+
+# The figures of an epoch with no validation (val off, or no validation images), as ultralytics writes them.
+NOT_VALIDATED = {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map50_95": 0.0}
 
 
 def draw_train_batch(imgs: np.ndarray, targets: np.ndarray, names: list[str], path: Path) -> None:

@@ -132,6 +132,27 @@ def test_patience_stops_all_ranks_where_ultralytics_rule_says_and_save_period_ke
     assert "stopping early" in again and len((run / "results.csv").read_text().splitlines()) == len(rows) + 1
 
 
+def test_val_off_validates_only_the_last_epoch_as_ultralytics_val_false(tmp_path, shapes):
+    """--no-val (ultralytics' val=False): epochs 1 and 2 are not validated
+    (zeros in results.csv, as ultralytics writes them, and said so in the
+    epoch's line), the last one is; patience 1 does not stop the run; best.pt
+    is the last epoch's. The fixture's weights score well above zero on
+    these images, so a zero row is one that was not validated."""
+    import subprocess
+
+    run = tmp_path / "run"
+    r = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch",
+                        "4", "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--no-val",
+                        "--patience", "1", "--close-mosaic", "0", "--lr0", "0.0005"], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line.split(",") for line in (run / "results.csv").read_text().splitlines()[1:]]
+    assert [[float(x) for x in row[4:8]] == [0.0] * 4 for row in rows] == [True, True, False]
+    assert float(rows[2][6]) > 0.3  # mAP50 of the validated last epoch
+    assert r.stdout.count("not validated (val off)") == 2 and "stopping early" not in r.stdout
+    assert (run / "weights" / "best.pt").read_bytes() == (run / "weights" / "last.pt").read_bytes()
+
+
 def test_fraction_trains_on_the_first_share_of_the_images_in_name_order():
     from hpcyolo_trainer.train import training_files
 
