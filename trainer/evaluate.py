@@ -25,6 +25,7 @@ one process does.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -169,13 +170,14 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
 @torch.no_grad()
 def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
              conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
-             warn=print, plots: Path | None = None) -> dict | None:
+             warn=print, plots: Path | None = None, workers: int = 0) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
     row per class (name, images, instances, precision, recall, map50, map50_95).
     `rect=False` letterboxes every image to imgsz x imgsz (slower: more padding).
     `plots`: a folder for ultralytics' validation plots (plots.write_val_plots,
-    val_batchN_labels.jpg and val_batchN_pred.jpg)."""
+    val_batchN_labels.jpg and val_batchN_pred.jpg). `workers`: loader
+    processes, at most the CPUs this process may use."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = read_weights(weights)
@@ -193,7 +195,8 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
-    s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end, plots=plots is not None,
+    workers = min(workers, len(os.sched_getaffinity(0)))
+    s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end, plots=plots is not None, workers=workers,
                  on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots))
     if s is None:
         return None

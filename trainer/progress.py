@@ -49,7 +49,9 @@ class Throughput:
     resumed run's figures differ from an uninterrupted one's.
 
     The wait is host time inside the loader's next(); on a GPU, queued kernels
-    may still run meanwhile, so it is an upper bound on the GPU's idle share."""
+    may still run meanwhile, so it is an upper bound on the GPU's idle share.
+    On a GPU the clock starts and stops after the device's queued work is
+    done (torch.cuda.synchronize), so the epoch's kernels are all inside it."""
 
     def __init__(self, device):
         self.device = device
@@ -57,6 +59,7 @@ class Throughput:
         if device.type == "cuda":
             import torch
 
+            torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
         self.started = time.perf_counter()
 
@@ -72,12 +75,13 @@ class Throughput:
 
     def figures(self) -> tuple[float, float, float | None]:
         """(images/s, data-wait fraction, peak GPU memory in GiB or None on CPU)."""
-        seconds = max(time.perf_counter() - self.started, 1e-9)
         memory = None
         if self.device.type == "cuda":
             import torch
 
+            torch.cuda.synchronize(self.device)
             memory = torch.cuda.max_memory_allocated(self.device) / 2**30
+        seconds = max(time.perf_counter() - self.started, 1e-9)
         return self.images / seconds, min(self.wait / seconds, 1.0), memory
 
 

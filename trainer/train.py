@@ -115,6 +115,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
               f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
               f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
+    print0(d, f"arithmetic: {arithmetic(parts.amp, parts.amp_dtype)}")
     code = None
     try:
         code = train_epochs(cfg, d, data, parts, pos, run, stop)
@@ -763,6 +764,15 @@ def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
         raise HpcyoloError(f"{weights.path}: holds {weights.arch}, but --model asks for {resolve_name(cfg.model)} "
                            "(leave --model out to train the weights' own architecture)")
     return weights.arch
+
+
+def arithmetic(amp: bool, dtype: torch.dtype) -> str:
+    """How this process computes, as run (for comparing runs and trainers):
+    `AMP bf16, cudnn.benchmark on, deterministic off, 8 torch threads`."""
+    precision = "fp32" if not amp else "AMP bf16" if dtype == torch.bfloat16 else "AMP fp16 with the gradient scaler"
+    on = {True: "on", False: "off"}
+    return (f"{precision}, cudnn.benchmark {on[torch.backends.cudnn.benchmark]}, deterministic "
+            f"{on[torch.are_deterministic_algorithms_enabled()]}, {torch.get_num_threads()} torch threads")
 
 
 def mixed_precision(device: torch.device, wanted: bool):

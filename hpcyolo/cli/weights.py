@@ -55,6 +55,9 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
 @click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
 @click.option("--rect/--no-rect", default=True, show_default=True,
               help="Rectangular batches (images sorted by aspect ratio); off: every image on an imgsz square.")
+@click.option("--workers", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Loader processes that read and letterbox the images, at most the CPUs this process may use "
+              "(ultralytics' default and cap); 0: in this process.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--end2end", is_flag=True, help="YOLO26: the NMS-free one-to-one head, its 300 best boxes "
               "(ultralytics' nms=False); without it the one-to-many head and NMS, as ultralytics does by default.")
@@ -62,7 +65,7 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
               "plots into this folder: confusion_matrix(_normalized).png, BoxPR/F1/P/R_curve.png, "
               "val_batchN_labels.jpg beside val_batchN_pred.jpg.")
 def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf: float, iou: float,
-        rect: bool, as_json: bool, end2end: bool, plots: str | None) -> None:
+        rect: bool, workers: int, as_json: bool, end2end: bool, plots: str | None) -> None:
     """Measure WEIGHTS (hpcyolo's or an ultralytics checkpoint) on a dataset split.
 
     mAP50, mAP50-95, precision and recall, overall and per class, computed as
@@ -87,7 +90,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     d = setup()
     try:
         result = evaluate(d, weights, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,
-                          rect=rect, end2end=end2end, warn=lambda m: click.echo(m, err=True),
+                          rect=rect, end2end=end2end, warn=lambda m: click.echo(m, err=True), workers=workers,
                           plots=None if plots is None else Path(plots))
     finally:
         cleanup()

@@ -61,3 +61,18 @@ def test_prediction_under_autocast_goes_through_nms():
 def test_without_cuda_the_trainer_trains_in_float32():
     amp, _, scaler = mixed_precision(torch.device("cpu"), wanted=True)
     assert not amp and not scaler.is_enabled()
+
+
+def test_the_arithmetic_line_says_what_the_process_computes_with():
+    from hpcyolo_trainer.train import arithmetic
+
+    torch.backends.cudnn.benchmark = False
+    threads = torch.get_num_threads()
+    assert arithmetic(False, torch.float16) == f"fp32, cudnn.benchmark off, deterministic off, {threads} torch threads"
+    assert arithmetic(True, torch.bfloat16).startswith("AMP bf16, ")
+    assert arithmetic(True, torch.float16).startswith("AMP fp16 with the gradient scaler, ")
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "deterministic on" in arithmetic(True, torch.bfloat16)
+    finally:
+        torch.use_deterministic_algorithms(False)

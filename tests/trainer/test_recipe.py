@@ -150,6 +150,7 @@ def test_val_off_validates_only_the_last_epoch_as_ultralytics_val_false(tmp_path
     assert [[float(x) for x in row[4:8]] == [0.0] * 4 for row in rows] == [True, True, False]
     assert float(rows[2][6]) > 0.3  # mAP50 of the validated last epoch
     assert r.stdout.count("not validated (val off)") == 2 and "stopping early" not in r.stdout
+    assert "arithmetic: fp32, cudnn.benchmark off, deterministic off, 1 torch threads" in r.stdout
     assert (run / "weights" / "best.pt").read_bytes() == (run / "weights" / "last.pt").read_bytes()
 
 

@@ -51,6 +51,17 @@ def test_val_matches_ultralytics_on_the_fixture(name):
     assert sum(c["instances"] for c in result["classes"]) == result["instances"] > 0
 
 
+def test_val_loader_workers_give_the_same_figures_as_loading_in_process():
+    """--workers 2 (loader processes, as ultralytics' val reads images) and
+    --workers 0 (in the process) measure the same."""
+    folder = FIXTURES / "yolov8n-shapes"
+    args = (str(folder / "model.pt"), "--data", str(folder / "data.yaml"), "--imgsz", "160", "--batch", "8", "--json")
+    runs = [val(*args, "--workers", n) for n in ("0", "2")]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    inline, workers = (json.loads(r.stdout) for r in runs)
+    assert inline == workers and inline["images"] == 40
+
+
 def test_val_table_and_two_ranks_agree_with_one(tmp_path, capfd):
     folder = FIXTURES / "yolov8n-shapes"
     if not (folder / "model.pt").is_file():
