@@ -1,39 +1,58 @@
 """Training throughput on a GPU: `hpcyolo train` against ultralytics' trainer
 and against the GPU alone, images/s per GPU, with the share of time spent
-waiting for data; and the time of a validation pass.
+waiting for data; the time of a validation pass; `hpcyolo val` against
+ultralytics' `val` on the same weights and images.
 
     bash scripts/gpu_check.sh bench                          # on a GPU machine (its python: scripts/gpu_python.sh)
     .venv/bin/python benchmarks/bench_gpu.py --smoke         # anywhere: tiny sizes, CPU allowed, checks the plumbing
 
-Default: yolov8n and yolov8s at imgsz 640, global batch 64, on one GPU, on
-generated COCO-like JPEGs (benchmarks/bench_loader.py's generator: 50-250 KB,
-about 7 boxes each, 80 classes), --epochs 3 of --images 2048 with mosaic on.
+Default: yolov8n, yolov8s and yolo26n at imgsz 640, global batch 64, on one
+GPU, on generated COCO-like JPEGs (benchmarks/bench_loader.py's generator:
+50-250 KB, about 7 boxes each, 80 classes, written by --jobs processes),
+--epochs 3 of --images 2048 with mosaic on.
+
+What each side runs, made the same where the trainers let it be:
+- Validation: neither validates during training (hpcyolo --no-val,
+  ultralytics val=False); both validate the last epoch, after its clock
+  stopped. (Validating only one side would let that side's loader workers
+  prepare the next epoch's batches in the untimed validation.)
+- AMP: bf16 on both where the GPU has it (ultralytics amp="bf16"; its own
+  default is fp16 with a gradient scaler), else fp16 with the scaler on both.
+- deterministic off on both (ultralytics' default is on).
+- The epoch's clock starts and stops after torch.cuda.synchronize() on both.
+- --workers loader processes each; torch threads: ultralytics' NUM_THREADS
+  (cores - 1, at most 8) for ours too. cudnn.benchmark: each trainer's own
+  (ours on, ultralytics off).
+Each side prints the settings it actually ran with, read from the run (ours:
+its "arithmetic:" line; ultralytics: its trainer's attributes at the start).
 
 - hpcyolo: `hpcyolo train` in a subprocess; steady state is the median of the
   epochs after the first (the first holds cudnn.benchmark's search and the
   workers' first start), read from results.csv's speed columns: images/s per
   rank and data wait (host time inside the loader's next(), over the loop).
 - ultralytics: its trainer (`YOLO("yolov8n.yaml").train(...)`, same data,
-  imgsz, batch, workers, epochs, close_mosaic 0, no validation, no plots) in a
+  imgsz, batch, nbs, workers, epochs, close_mosaic 0, no plots) in a
   subprocess of --ul-python (default: this python when it can import
-  ultralytics). The same two figures, timed from its batch callbacks with the
-  same definition (between the end of one batch and the start of the next),
-  over the same epochs. A GPU machine without a package index gets
-  ultralytics from the wheels that scripts/gpu_wheels.sh fetches into .whl/
-  (ultralytics, ultralytics-thop, polars), installed by scripts/gpu_python.sh.
+  ultralytics). The same two figures, timed from its callbacks with the same
+  definitions, over the same epochs. A GPU machine without a package index
+  gets ultralytics from the wheels that scripts/gpu_wheels.sh fetches into
+  .whl/ (ultralytics, ultralytics-thop); where polars is missing, its
+  trainer's read_results_csv (results.csv into a dict, once an epoch when it
+  saves) is done by the csv module instead, and the run says so.
 - ceiling: the model step alone on batches pre-loaded on the GPU (uint8, as
   the loader delivers them): /255, autocast, loss, backward, clip, SGD step,
   EMA update: what the trainer would reach with an infinitely fast loader.
   --compile and --channels-last add rows of the ceiling with torch.compile
   and channels_last memory format: what decides whether the trainer should
   have those knobs.
-- val: one `hpcyolo val`-equivalent pass (hpcyolo_trainer.evaluate, rect
-  batches of --batch, conf 0.001) over --val-images images, timed in process
-  after one untimed pass.
-
-AMP: hpcyolo uses bf16 where the GPU supports it, ultralytics fp16 with a
-gradient scaler. Not measured yet on a GPU: no device was lent to the session
-that wrote this; --smoke checked it end to end on CPU only.
+- val: one pass of hpcyolo's validation (hpcyolo_trainer.evaluate, rect
+  batches of --batch, conf 0.001) over --val-images images of the trained
+  run, timed in process after one untimed pass.
+- val race (--val-race, on by default): `hpcyolo val` against ultralytics'
+  `model.val()` on ultralytics' own checkpoints (--fixtures: the yolov8n and
+  yolo26n shapes checkpoints) and --val-images shapes images at --imgsz,
+  batch --val-batch, --workers, fp32 both: the second of two passes in one
+  process each, and the whole command once (start, imports, weights, pass).
 """
 
 from __future__ import annotations
@@ -41,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -63,7 +83,7 @@ def ours(yaml: Path, work: Path, model: str, args) -> dict:
     run = work / f"ours-{model}"
     cmd = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(yaml), "--model", model, "--epochs",
            str(args.epochs), "--batch", str(args.batch), "--nbs", str(args.batch), "--imgsz", str(args.imgsz),
-           "--workers", str(args.workers), "--close-mosaic", "0", "--seed", "0"]
+           "--workers", str(args.workers), "--close-mosaic", "0", "--seed", "0", "--no-val", "--no-plots"]
     # The main process's torch threads as ultralytics sets its own
     # (utils.NUM_THREADS: cores - 1, at most 8), leaving cores to the loader
     # workers alike: on a 2-core machine two threads against one busy worker
@@ -75,22 +95,73 @@ def ours(yaml: Path, work: Path, model: str, args) -> dict:
         sys.exit(f"hpcyolo train failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     rows = rundir.read_results(run)[1:] or rundir.read_results(run)  # after the warm-up epoch
     mem = [float(r["speed/gpu_mem_GiB"]) for r in rows if r["speed/gpu_mem_GiB"] != "n/a"]
+    arithmetic = re.search(r"^arithmetic: (.*)$", r.stdout, re.M)
+    workers = re.search(r"(\d+) loader worker\(s\) per rank", r.stdout)
+    ran = (f"{arithmetic.group(1) if arithmetic else 'arithmetic not printed'}, "
+           f"{workers.group(1) if workers else '?'} loader workers, validated: last epoch only")
     return {"images_per_s": statistics.median(float(r["speed/images_per_s"]) for r in rows),
             "data_wait": statistics.median(float(r["speed/data_wait"]) for r in rows),
             "gpu_mem": max(mem) if mem else None, "wall": time.perf_counter() - t,
-            "weights": str(run / "weights" / "last.pt")}
+            "weights": str(run / "weights" / "last.pt"), "ran": ran}
 
 
 # == ultralytics' trainer ====================================================
 
+def without_polars() -> str:
+    """Where polars is missing: ultralytics' trainer reads its results.csv
+    (once an epoch, when it saves) with the csv module instead; '' where
+    polars is there, else what was done."""
+    try:
+        import polars  # noqa: F401
+        return ""
+    except ImportError:
+        pass
+    import csv
+
+    from ultralytics.engine.trainer import BaseTrainer
+
+    def read_results_csv(self):
+        columns: dict[str, list] = {}
+        with open(self.csv, newline="") as f:
+            for row in csv.DictReader(f):
+                for key, value in row.items():
+                    columns.setdefault(key.strip(), []).append(float(value))
+        return columns
+
+    BaseTrainer.read_results_csv = read_results_csv
+    return "; results.csv read with the csv module (no polars here)"
+
+
+def ul_amp(device: str):
+    """Ultralytics' amp setting that computes as ours: bf16 where the GPU has it."""
+    import torch
+
+    if device == "cpu":
+        return False
+    return "bf16" if torch.cuda.is_bf16_supported() else True
+
+
 def ul_child(yaml: str, model: str, imgsz: int, batch: int, workers: int, epochs: int, device: str) -> None:
     """In a python that has ultralytics: its trainer, timed from callbacks; prints JSON."""
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())
+    import torch
     from ultralytics import YOLO
 
-    per_epoch, mark = {}, [0.0]
+    note = without_polars()
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    per_epoch, mark, ran = {}, [0.0], {}
+
+    def on_train_start(trainer):  # after its set-up: AMP, seeds and loaders are decided
+        scaler = trainer.scaler.is_enabled() if trainer.scaler is not None else False
+        precision = ("fp32" if not bool(trainer.amp) else "AMP bf16" if trainer.args.amp == "bf16"
+                     else "AMP fp16" + (" with the gradient scaler" if scaler else ""))
+        on = {True: "on", False: "off"}
+        ran["ran"] = (f"{precision}, cudnn.benchmark {on[torch.backends.cudnn.benchmark]}, deterministic "
+                      f"{on[torch.are_deterministic_algorithms_enabled()]}, {torch.get_num_threads()} torch threads, "
+                      f"{trainer.train_loader.num_workers} loader workers, validated: last epoch only{note}")
 
     def on_epoch_start(trainer):
+        sync()
         now = time.perf_counter()
         per_epoch[trainer.epoch] = {"wait": 0.0, "images": 0, "start": now, "stop": now}
         mark[0] = now  # the first batch's wait counts (the workers' start included)
@@ -99,43 +170,70 @@ def ul_child(yaml: str, model: str, imgsz: int, batch: int, workers: int, epochs
         per_epoch[trainer.epoch]["wait"] += time.perf_counter() - mark[0]
 
     def on_end(trainer):
-        e = per_epoch[trainer.epoch]
-        e["images"] += int(trainer.batch_size)
-        e["stop"] = mark[0] = time.perf_counter()
+        per_epoch[trainer.epoch]["images"] += int(trainer.batch_size)
+        mark[0] = time.perf_counter()
+
+    def on_epoch_end(trainer):  # after the epoch's last optimizer step, before its save (and last validation)
+        sync()
+        per_epoch[trainer.epoch]["stop"] = time.perf_counter()
 
     net = YOLO(f"{model}.yaml")
-    net.add_callback("on_train_epoch_start", on_epoch_start)
-    net.add_callback("on_train_batch_start", on_start)
-    net.add_callback("on_train_batch_end", on_end)
+    for event, callback in (("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
+                            ("on_train_batch_start", on_start), ("on_train_batch_end", on_end),
+                            ("on_train_epoch_end", on_epoch_end)):
+        net.add_callback(event, callback)
     # nbs=batch: an optimizer step every batch, as ours is run (--nbs); its
     # default of 64 would skip the optimizer and EMA on most smoke batches.
     net.train(data=yaml, epochs=epochs, imgsz=imgsz, batch=batch, nbs=batch, workers=workers, device=device,
-              val=False, plots=False, close_mosaic=0, pretrained=False, amp=device != "cpu", seed=0, verbose=False,
-              project=str(Path(yaml).parent / "ul-runs"), name=model, exist_ok=True)
+              val=False, plots=False, close_mosaic=0, pretrained=False, amp=ul_amp(device), deterministic=False,
+              seed=0, verbose=False, project=str(Path(yaml).parent / "ul-runs"), name=model, exist_ok=True)
     epochs_seen = [per_epoch[k] for k in sorted(per_epoch)]
     steady = epochs_seen[1:] or epochs_seen
     rates = [e["images"] / max(e["stop"] - e["start"], 1e-9) for e in steady]
     waits = [e["wait"] / max(e["stop"] - e["start"], 1e-9) for e in steady]
-    mem = None
-    import torch
-
-    if torch.cuda.is_available() and device != "cpu":
-        mem = torch.cuda.max_memory_allocated() / 2**30
+    mem = torch.cuda.max_memory_allocated() / 2**30 if device != "cpu" else None
     print("RESULT " + json.dumps({"images_per_s": statistics.median(rates), "data_wait": statistics.median(waits),
-                                  "gpu_mem": mem}), flush=True)
+                                  "gpu_mem": mem, "ran": ran.get("ran", "?")}), flush=True)
 
 
-def theirs(python: str, yaml: Path, model: str, args, device: str) -> dict:
-    cmd = [python, __file__, "--ul-child", str(yaml), "--ul-model", model, "--imgsz", str(args.imgsz), "--batch",
-           str(args.batch), "--workers", str(args.workers), "--epochs", str(args.epochs), "--device", device]
+def ul_val_child(weights: str, yaml: str, imgsz: int, batch: int, workers: int, device: str) -> None:
+    """In a python that has ultralytics: its model.val() twice on `weights`;
+    prints JSON of the second pass's seconds and the figures."""
+    os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())
+    import torch
+    from ultralytics import YOLO
+
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    model = YOLO(weights)
+    seconds, metrics = [], None
+    for _ in range(2):
+        sync()
+        t = time.perf_counter()
+        metrics = model.val(data=yaml, imgsz=imgsz, batch=batch, workers=workers, device=device, conf=0.001,
+                            iou=0.7, plots=False, verbose=False, save_json=False,
+                            project=str(Path(yaml).parent / "ul-val"), name="val", exist_ok=True)
+        sync()
+        seconds.append(time.perf_counter() - t)
+    print("RESULT " + json.dumps({"seconds": seconds[-1], "first": seconds[0], "map50_95": float(metrics.box.map),
+                                  "map50": float(metrics.box.map50), "ran": f"fp32, {workers} loader workers"}),
+          flush=True)
+
+
+def child(python: str, argv: list[str], yaml: Path) -> dict:
     env = {**os.environ, "YOLO_CONFIG_DIR": str(yaml.parent / "ul-config"), "YOLO_OFFLINE": "1"}
     t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    r = subprocess.run([python, __file__, *argv], capture_output=True, text=True, env=env)
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if r.returncode or not lines:
         print(f"ultralytics failed ({r.returncode}):\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}", file=sys.stderr)
         return {}
     return {**json.loads(lines[-1][7:]), "wall": time.perf_counter() - t}
+
+
+def theirs(python: str, yaml: Path, model: str, args, device: str) -> dict:
+    return child(python, ["--ul-child", str(yaml), "--ul-model", model, "--imgsz", str(args.imgsz), "--batch",
+                          str(args.batch), "--workers", str(args.workers), "--epochs", str(args.epochs), "--device",
+                          device], yaml)
 
 
 def ultralytics_python(requested: str | None) -> str | None:
@@ -213,13 +311,65 @@ def val_pass(weights: str, yaml: Path, args) -> dict:
     times = []
     for _ in range(2):
         t = time.perf_counter()
-        result = evaluate(d, weights, str(yaml), imgsz=args.imgsz, batch=args.batch, split="val", warn=lambda m: None)
+        result = evaluate(d, weights, str(yaml), imgsz=args.imgsz, batch=args.batch, split="val",
+                          warn=lambda m: None, workers=args.workers)
         if d.device.type == "cuda":
             import torch
 
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     return {"seconds": times[-1], "images": result["images"]}
+
+
+def val_race(work: Path, args, ul: str | None, device: str) -> list[str]:
+    """`hpcyolo val` against ultralytics' model.val() on ultralytics' own
+    checkpoints and the same shapes images: lines of the table."""
+    from hpcyolo.login.shapes import make_shapes
+    from hpcyolo_trainer.dist import setup
+    from hpcyolo_trainer.evaluate import evaluate
+
+    yaml = make_shapes(work / "val-shapes", n_train=1, n_val=args.val_images, imgsz=args.imgsz, classes=4, seed=3)
+    # ultralytics reads a relative `path:` from its datasets folder, not from the YAML's: an absolute one for both
+    yaml.write_text(yaml.read_text().replace("path: .\n", f"path: {yaml.parent}\n"))
+    d = setup()
+    sync = (lambda: __import__("torch").cuda.synchronize()) if d.device.type == "cuda" else (lambda: None)
+    lines = [f"  {'weights':<16} {'side':<12} {'pass s':>7} {'first s':>8} {'command s':>10} {'images/s':>9} "
+             f"{'mAP50':>7} {'mAP50-95':>9}  ran with"]
+    for name in args.fixtures_models.split(","):
+        weights = args.fixtures / name / "model.pt"
+        if not weights.is_file():
+            lines.append(f"  {name:<16} no checkpoint at {weights}")
+            continue
+        seconds, result = [], None
+        for _ in range(2):
+            sync()
+            t = time.perf_counter()
+            result = evaluate(d, str(weights), str(yaml), imgsz=args.imgsz, batch=args.val_batch,
+                              warn=lambda m: None, workers=args.workers)
+            sync()
+            seconds.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        cmd = subprocess.run([HPCYOLO, "val", str(weights), "--data", str(yaml), "--imgsz", str(args.imgsz),
+                              "--batch", str(args.val_batch), "--workers", str(args.workers), "--json"],
+                             capture_output=True, text=True)
+        command = time.perf_counter() - t if cmd.returncode == 0 else float("nan")
+        images = result["images"]
+        lines.append(f"  {name:<16} {'hpcyolo':<12} {seconds[1]:>7.2f} {seconds[0]:>8.2f} {command:>10.2f} "
+                     f"{images / seconds[1]:>9.0f} {result['map50']:>7.4f} {result['map50_95']:>9.4f}  "
+                     f"fp32, {min(args.workers, len(os.sched_getaffinity(0)))} loader workers")
+        if ul is None:
+            continue
+        argv = ["--ul-val", str(weights), "--ul-data", str(yaml), "--imgsz", str(args.imgsz), "--batch",
+                str(args.val_batch), "--workers", str(args.workers), "--device", device]
+        theirs_ = child(ul, argv, yaml)
+        if not theirs_:
+            lines.append(f"  {name:<16} {'ultralytics':<12} failed")
+            continue
+        lines.append(f"  {name:<16} {'ultralytics':<12} {theirs_['seconds']:>7.2f} {theirs_['first']:>8.2f} "
+                     f"{theirs_['wall']:>10.2f} {images / theirs_['seconds']:>9.0f} {theirs_['map50']:>7.4f} "
+                     f"{theirs_['map50_95']:>9.4f}  {theirs_['ran']}")
+        lines.append(f"  {name:<16} hpcyolo / ultralytics pass time: {seconds[1] / theirs_['seconds']:.2f}x")
+    return lines
 
 
 # == main ====================================================================
@@ -232,33 +382,58 @@ def row(what: str, r: dict, top: float | None) -> str:
     return f"  {what:<22} {r['images_per_s']:>12.1f} {100 * r['data_wait']:>9.0f}% {share:>11} {mem:>8}"
 
 
+def make_data(root: Path, count: int, jobs: int) -> Path:
+    """--images generated COCO-like JPEGs, written by `jobs` processes."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = max(1, min(jobs, count))
+    sizes = [count // jobs + (k < count % jobs) for k in range(jobs)]
+    firsts = [sum(sizes[:k]) for k in range(jobs)]
+    with ProcessPoolExecutor(jobs) as pool:
+        list(pool.map(generate, [root] * jobs, sizes, range(jobs), firsts))
+    return root / "data.yaml"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="yolov8n,yolov8s")
+    p.add_argument("--models", default="yolov8n,yolov8s,yolo26n")
     p.add_argument("--images", type=int, default=2048)
     p.add_argument("--val-images", type=int, default=500)
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--val-batch", type=int, default=32, help="the val race's batch")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes generating the images")
     p.add_argument("--steps", type=int, default=50, help="timed steps of the ceiling")
     p.add_argument("--warmup-steps", type=int, default=15)
     p.add_argument("--compile", action="store_true", help="also the ceiling with torch.compile")
     p.add_argument("--channels-last", action="store_true", help="also the ceiling in channels_last")
+    p.add_argument("--no-train", action="store_true", help="only the ceilings (and the val race)")
+    p.add_argument("--no-val-race", dest="val_race", action="store_false")
+    p.add_argument("--fixtures", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared" /
+                   "fixtures" / "ultralytics", help="ultralytics' checkpoints for the val race")
+    p.add_argument("--fixtures-models", default="yolov8n-shapes,yolo26n-shapes")
     p.add_argument("--ul-python", default=None, help="a python with ultralytics (default: this one, if it has it)")
     p.add_argument("--skip-ultralytics", action="store_true")
     p.add_argument("--data", type=Path, default=None, help="reuse this generated folder")
     p.add_argument("--smoke", action="store_true", help="tiny sizes; runs on CPU: checks the plumbing only")
     p.add_argument("--ul-child", metavar="YAML", help=argparse.SUPPRESS)
     p.add_argument("--ul-model", help=argparse.SUPPRESS)
+    p.add_argument("--ul-val", help=argparse.SUPPRESS)
+    p.add_argument("--ul-data", help=argparse.SUPPRESS)
     p.add_argument("--device", default="0", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.ul_child:
         ul_child(args.ul_child, args.ul_model, args.imgsz, args.batch, args.workers, args.epochs, args.device)
         return
+    if args.ul_val:
+        ul_val_child(args.ul_val, args.ul_data, args.imgsz, args.batch, args.workers, args.device)
+        return
     if args.smoke:
         args.models, args.images, args.val_images, args.imgsz, args.batch = "yolov8n", 24, 8, 64, 4
-        args.workers, args.epochs, args.steps, args.warmup_steps = 1, 2, 3, 1
+        args.workers, args.epochs, args.steps, args.warmup_steps, args.val_batch = 1, 2, 3, 1, 4
+        args.fixtures_models = "yolov8n-shapes"
 
     import torch
 
@@ -269,25 +444,29 @@ def main() -> None:
     ul = None if args.skip_ultralytics else ultralytics_python(args.ul_python)
     if not args.skip_ultralytics and ul is None:
         print("bench_gpu: no python with ultralytics (--ul-python): its rows are skipped", file=sys.stderr)
+    ul_device = "0" if device.type == "cuda" else "cpu"
 
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         work = Path(tmp)
-        root = args.data or work / "data"
-        yaml = root / "data.yaml"
-        if not yaml.exists():
-            yaml = generate(root, args.images)
-        val_root = work / "val"
-        (val_root / "images").mkdir(parents=True)
-        (val_root / "labels").mkdir(parents=True)
-        for img in sorted((root / "images" / "train").glob("*.jpg"))[:args.val_images]:
-            (val_root / "images" / img.name).symlink_to(img)
-            (val_root / "labels" / f"{img.stem}.txt").symlink_to(root / "labels" / "train" / f"{img.stem}.txt")
-        text = yaml.read_text().replace("val: images/train", f"val: {val_root / 'images'}")
-        yaml = work / "data.yaml"
-        yaml.write_text(text)
-
         print(f"bench_gpu: {gpu}, torch {torch.__version__}, imgsz {args.imgsz}, batch {args.batch}, "
-              f"{args.workers} workers, {args.epochs} epochs of {args.images} images (steady state: epochs 2+)")
+              f"{args.workers} workers, {args.epochs} epochs of {args.images} images (steady state: epochs 2+)",
+              flush=True)
+        if not args.no_train:
+            root = args.data or work / "data"
+            yaml = root / "data.yaml"
+            if not yaml.exists():
+                t = time.perf_counter()
+                yaml = make_data(root, args.images, args.jobs)
+                print(f"data: {args.images} images in {time.perf_counter() - t:.1f} s", flush=True)
+            val_root = work / "val"
+            (val_root / "images").mkdir(parents=True)
+            (val_root / "labels").mkdir(parents=True)
+            for img in sorted((root / "images" / "train").glob("*.jpg"))[:args.val_images]:
+                (val_root / "images" / img.name).symlink_to(img)
+                (val_root / "labels" / f"{img.stem}.txt").symlink_to(root / "labels" / "train" / f"{img.stem}.txt")
+            text = yaml.read_text().replace("val: images/train", f"val: {val_root / 'images'}")
+            yaml = work / "data.yaml"
+            yaml.write_text(text)
         header = f"  {'':<22} {'images/s/GPU':>12} {'data wait':>10} {'of ceiling':>11} {'GPU GiB':>8}"
         for model in args.models.split(","):
             top = ceiling(model, args, device)
@@ -296,19 +475,32 @@ def main() -> None:
                 extra.append(("ceiling channels_last", ceiling(model, args, device, channels_last=True)))
             if args.compile:
                 extra.append(("ceiling compiled", ceiling(model, args, device, compile_=True)))
-            mine = ours(yaml, work, model, args)
-            other = theirs(ul, yaml, model, args, "0" if device.type == "cuda" else "cpu") if ul else {}
-            val = val_pass(mine["weights"], yaml, args)
+                if args.channels_last:
+                    extra.append(("ceiling compiled + c_l", ceiling(model, args, device, compile_=True,
+                                                                     channels_last=True)))
             print(f"\n{model}\n{header}")
-            print(row("hpcyolo train", mine, top["images_per_s"]))
-            print(row("ultralytics train", other, top["images_per_s"]))
+            if not args.no_train:
+                mine = ours(yaml, work, model, args)
+                other = theirs(ul, yaml, model, args, ul_device) if ul else {}
+                print(row("hpcyolo train", mine, top["images_per_s"]))
+                print(row("ultralytics train", other, top["images_per_s"]))
             print(row("ceiling (GPU alone)", top, top["images_per_s"]))
             for name, r in extra:
                 print(row(name, r, top["images_per_s"]))
+            if args.no_train:
+                continue
+            print(f"  hpcyolo ran with: {mine['ran']} ({mine['wall']:.0f} s in all)")
             if other:
+                print(f"  ultralytics ran with: {other['ran']} ({other['wall']:.0f} s in all)")
                 print(f"  hpcyolo / ultralytics: {mine['images_per_s'] / other['images_per_s']:.2f}x")
+            val = val_pass(mine["weights"], yaml, args)
             print(f"  validation pass: {val['seconds']:.2f} s for {val['images']} images "
                   f"({val['images'] / val['seconds']:.0f} images/s, batch {args.batch})", flush=True)
+        if args.val_race:
+            print(f"\nval race: {args.val_images} shapes images at {args.imgsz}, batch {args.val_batch}, conf 0.001, "
+                  f"iou 0.7 (pass: the second of two in one process; command: the whole command, once)", flush=True)
+            for line in val_race(work, args, ul, ul_device):
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

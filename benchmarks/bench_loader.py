@@ -75,8 +75,9 @@ SIZES = [(640, 480), (480, 640), (640, 427), (640, 360), (500, 375), (640, 640),
 
 # == data ====================================================================
 
-def generate(root: Path, count: int, seed: int = 0) -> Path:
-    """COCO-like images and labels; returns the data YAML."""
+def generate(root: Path, count: int, seed: int = 0, first: int = 0) -> Path:
+    """COCO-like images and labels, numbered from `first`; returns the data
+    YAML (of the whole folder: chunks written in parallel share it)."""
     import cv2
     import numpy as np
     from PIL import Image
@@ -85,7 +86,7 @@ def generate(root: Path, count: int, seed: int = 0) -> Path:
     for sub in ("images/train", "labels/train"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     sizes, boxes = [], 0
-    for k in range(count):
+    for k in range(first, first + count):
         w, h = SIZES[k % len(SIZES)]
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
         phase = rng.uniform(0, 6.28, 3)
