@@ -469,26 +469,30 @@ def main() -> None:
             yaml.write_text(text)
         header = f"  {'':<22} {'images/s/GPU':>12} {'data wait':>10} {'of ceiling':>11} {'GPU GiB':>8}"
         for model in args.models.split(","):
+            if args.no_train:  # each row as soon as it is measured (a compile takes minutes)
+                print(f"\n{model}\n{header}", flush=True)
             top = ceiling(model, args, device)
-            extra = []
-            if args.channels_last:
-                extra.append(("ceiling channels_last", ceiling(model, args, device, channels_last=True)))
+            if args.no_train:
+                print(row("ceiling (GPU alone)", top, top["images_per_s"]), flush=True)
+            variants = [("ceiling channels_last", False, True)] if args.channels_last else []
             if args.compile:
-                extra.append(("ceiling compiled", ceiling(model, args, device, compile_=True)))
-                if args.channels_last:
-                    extra.append(("ceiling compiled + c_l", ceiling(model, args, device, compile_=True,
-                                                                     channels_last=True)))
+                variants += [("ceiling compiled", True, False)]
+                variants += [("ceiling compiled + c_l", True, True)] if args.channels_last else []
+            extra = []
+            for name, compile_, channels_last in variants:
+                extra.append((name, ceiling(model, args, device, compile_=compile_, channels_last=channels_last)))
+                if args.no_train:
+                    print(row(*extra[-1], top["images_per_s"]), flush=True)
+            if args.no_train:
+                continue
+            mine = ours(yaml, work, model, args)
+            other = theirs(ul, yaml, model, args, ul_device) if ul else {}
             print(f"\n{model}\n{header}")
-            if not args.no_train:
-                mine = ours(yaml, work, model, args)
-                other = theirs(ul, yaml, model, args, ul_device) if ul else {}
-                print(row("hpcyolo train", mine, top["images_per_s"]))
-                print(row("ultralytics train", other, top["images_per_s"]))
+            print(row("hpcyolo train", mine, top["images_per_s"]))
+            print(row("ultralytics train", other, top["images_per_s"]))
             print(row("ceiling (GPU alone)", top, top["images_per_s"]))
             for name, r in extra:
                 print(row(name, r, top["images_per_s"]))
-            if args.no_train:
-                continue
             print(f"  hpcyolo ran with: {mine['ran']} ({mine['wall']:.0f} s in all)")
             if other:
                 print(f"  ultralytics ran with: {other['ran']} ({other['wall']:.0f} s in all)")
