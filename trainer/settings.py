@@ -336,6 +336,9 @@ SETTINGS: tuple[Setting, ...] = (
       "in a row, is named in the log (host, rank, data or compute) and recorded in RUN/stragglers.csv.", False,
       "which ranks are named as slow", check_non_negative, key="run.straggler_margin", flag="--straggler-margin"),
     U("amp", True, bool, "Mixed precision, on GPU only.", True, "the arithmetic of every step"),
+    U("channels_last", True, bool, "On a GPU, the model's weights and batches in channels_last (NHWC) memory "
+      "format, as ultralytics trains there (its channels_last: null); off: NCHW. The CPU trains NCHW either way.",
+      False, "the memory layout of the same arithmetic"),
     U("fraction", 1.0, float, "Train on this fraction of the training images: the first of them in file-name "
       "order, the same on every rank and after a resume.", True, "the images trained on", check_share),
     U("single_cls", False, bool, "Train every class as one, named item (ultralytics' single_cls): a detector of "

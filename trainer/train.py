@@ -115,7 +115,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
               f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
               f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
-    print0(d, f"arithmetic: {arithmetic(parts.amp, parts.amp_dtype)}")
+    print0(d, f"arithmetic: {arithmetic(parts.amp, parts.amp_dtype, layout(cfg, d.device))}")
     code = None
     try:
         code = train_epochs(cfg, d, data, parts, pos, run, stop)
@@ -428,7 +428,7 @@ def build(cfg: TrainConfig, d: Dist, data: Data, state: dict | None, weights: We
     model, report = initial_model(arch, data.nc, cfg.seed, weights)
     if report:
         print0(d, report)
-    model = place_model(model, d)
+    model = place_model(model, d, layout(cfg, d.device))
     if cfg.freeze:  # after place_model: its BatchNorm layers for several ranks are new modules
         print0(d, freeze(model, cfg.freeze))
     if cfg.optimizer == "auto":
@@ -549,7 +549,7 @@ def device_batch(cfg: TrainConfig, d: Dist, imgs: torch.Tensor, metas, step: int
         imgs = hsv_jitter_batch(imgs, gains)
     if cfg.multi_scale:
         imgs = rescale(imgs, step_size(cfg.imgsz, cfg.multi_scale, cfg.seed, step), cfg.imgsz)
-    return imgs
+    return imgs.contiguous(memory_format=layout(cfg, d.device))
 
 
 def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: StopFlag,
@@ -766,12 +766,13 @@ def choose_arch(cfg: TrainConfig, weights: Weights | None) -> str:
     return weights.arch
 
 
-def arithmetic(amp: bool, dtype: torch.dtype) -> str:
+def arithmetic(amp: bool, dtype: torch.dtype, memory_format: torch.memory_format = torch.contiguous_format) -> str:
     """How this process computes, as run (for comparing runs and trainers):
-    `AMP bf16, cudnn.benchmark on, deterministic off, 8 torch threads`."""
+    `AMP bf16, channels_last, cudnn.benchmark on, deterministic off, 8 torch threads`."""
     precision = "fp32" if not amp else "AMP bf16" if dtype == torch.bfloat16 else "AMP fp16 with the gradient scaler"
     on = {True: "on", False: "off"}
-    return (f"{precision}, cudnn.benchmark {on[torch.backends.cudnn.benchmark]}, deterministic "
+    return (f"{precision}, {'channels_last' if memory_format == torch.channels_last else 'NCHW'}, "
+            f"cudnn.benchmark {on[torch.backends.cudnn.benchmark]}, deterministic "
             f"{on[torch.are_deterministic_algorithms_enabled()]}, {torch.get_num_threads()} torch threads")
 
 
@@ -812,11 +813,22 @@ def build_optimization(cfg: TrainConfig, model, batches: int, images: int | None
     return optimizer, schedule, accumulate
 
 
-def place_model(model, d: Dist):
-    """`model` on d's device; with several ranks, its BatchNorm layers
-    normalise over the global batch, as one process does (syncbn.py)."""
-    model = model.to(d.device)
+def place_model(model, d: Dist, memory_format: torch.memory_format = torch.contiguous_format):
+    """`model` on d's device, its weights in `memory_format` (layout); with
+    several ranks, its BatchNorm layers normalise over the global batch, as
+    one process does (syncbn.py)."""
+    model = model.to(d.device, memory_format=memory_format)
     return normalise_across_ranks(model, d.device) if d.distributed else model
+
+
+def layout(cfg: TrainConfig, device: torch.device) -> torch.memory_format:
+    """The memory format of the model's weights and batches: channels_last
+    (NHWC) on a GPU where cfg.channels_last, as ultralytics trains there (on an
+    H200 it doubled the model step's images/s: benchmarks/bench_gpu.py);
+    NCHW otherwise, and always on the CPU (no gain there, as in ultralytics)."""
+    if cfg.channels_last and device.type == "cuda":
+        return torch.channels_last
+    return torch.contiguous_format
 
 
 def detection_loss(model, nc: int, d: Dist, cfg: TrainConfig) -> DetectionLoss | EndToEndLoss:

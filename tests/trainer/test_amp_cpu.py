@@ -68,8 +68,9 @@ def test_the_arithmetic_line_says_what_the_process_computes_with():
 
     torch.backends.cudnn.benchmark = False
     threads = torch.get_num_threads()
-    assert arithmetic(False, torch.float16) == f"fp32, cudnn.benchmark off, deterministic off, {threads} torch threads"
-    assert arithmetic(True, torch.bfloat16).startswith("AMP bf16, ")
+    assert arithmetic(False, torch.float16) == f"fp32, NCHW, cudnn.benchmark off, deterministic off, {threads} torch " \
+        "threads"
+    assert arithmetic(True, torch.bfloat16, torch.channels_last).startswith("AMP bf16, channels_last, ")
     assert arithmetic(True, torch.float16).startswith("AMP fp16 with the gradient scaler, ")
     torch.use_deterministic_algorithms(True)
     try:

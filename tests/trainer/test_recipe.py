@@ -28,6 +28,7 @@ OTHER_MEANING = {
     "augment": "ultralytics' augment is test-time augmentation at predict; ours switches training augmentation",
     "cache": "ultralytics says False/True/'disk'; ours none/ram/disk",
     "lr0": "ours is empty: 0.01 for sgd and musgd (ultralytics' 0.01), 0.001 for adamw",
+    "channels_last": "ultralytics' null means on for CUDA (but on Windows); ours True means on for CUDA",
 }
 # Defaults still ours, not ultralytics' (issue 27 is open on them).
 def test_every_setting_that_ultralytics_has_defaults_to_ultralytics_value():
@@ -150,7 +151,7 @@ def test_val_off_validates_only_the_last_epoch_as_ultralytics_val_false(tmp_path
     assert [[float(x) for x in row[4:8]] == [0.0] * 4 for row in rows] == [True, True, False]
     assert float(rows[2][6]) > 0.3  # mAP50 of the validated last epoch
     assert r.stdout.count("not validated (val off)") == 2 and "stopping early" not in r.stdout
-    assert "arithmetic: fp32, cudnn.benchmark off, deterministic off, 1 torch threads" in r.stdout
+    assert "arithmetic: fp32, NCHW, cudnn.benchmark off, deterministic off, 1 torch threads" in r.stdout
     assert (run / "weights" / "best.pt").read_bytes() == (run / "weights" / "last.pt").read_bytes()
 
 
