@@ -250,11 +250,12 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     """Images/s of the training step alone on pre-loaded uint8 batches."""
     import torch
 
+    from hpcyolo_trainer.dist import Dist
     from hpcyolo_trainer.ema import ModelEMA
-    from hpcyolo_trainer.loss import DetectionLoss
     from hpcyolo_trainer.model import build_model
     from hpcyolo_trainer.schedule import build_optimizer
-    from hpcyolo_trainer.train import mixed_precision, optimizer_step
+    from hpcyolo_trainer.settings import TrainConfig
+    from hpcyolo_trainer.train import detection_loss, mixed_precision, optimizer_step
 
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)  # as both trainers run (see ours())
@@ -264,7 +265,8 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     model = model.to(memory_format=memory)
     ema = ModelEMA(model)
     optimizer = build_optimizer(model, "sgd", 0.01, 0.937, 5e-4)
-    loss_fn = DetectionLoss(80, reg_max=model.reg_max, strides=tuple(model.stride.tolist()))
+    one = Dist(rank=0, local_rank=0, world_size=1, device=device)
+    loss_fn = detection_loss(model, 80, one, TrainConfig(run_dir="-", data="-", epochs=args.epochs))
     net = torch.compile(model) if compile_ else model
     amp, dtype, scaler = mixed_precision(device, True)
     g = torch.Generator().manual_seed(0)

@@ -292,5 +292,8 @@ def test_hsv_jitter_on_the_gpu_equals_the_cpu_result():
     gains = 1 + (torch.rand(8, 3, generator=g) * 2 - 1) * torch.tensor([0.015, 0.7, 0.4])
     cpu = hsv_jitter_batch(imgs, gains)
     gpu = hsv_jitter_batch(imgs.cuda(), gains).cpu()
-    # rounding to the 8-bit grid may land one level apart where a value sits on a boundary
-    assert (cpu - gpu).abs().max() <= 1 / 255 + 1e-6 and (cpu != gpu).float().mean() < 0.001
+    # Compared as 8-bit levels: the GPU's float arithmetic differs from the CPU's in the last bits
+    # (on an H200, 41% of the values by up to 6e-8), and rounding to the 8-bit grid may land one
+    # level apart where a value sits on a boundary.
+    cpu_levels, gpu_levels = (cpu * 255).round(), (gpu * 255).round()
+    assert (cpu_levels - gpu_levels).abs().max() <= 1 and (cpu_levels != gpu_levels).float().mean() < 0.001
