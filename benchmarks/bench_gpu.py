@@ -42,9 +42,10 @@ its "arithmetic:" line; ultralytics: its trainer's attributes at the start).
 - ceiling: the model step alone on batches pre-loaded on the GPU (uint8, as
   the loader delivers them): /255, autocast, loss, backward, clip, SGD step,
   EMA update: what the trainer would reach with an infinitely fast loader.
-  --compile and --channels-last add rows of the ceiling with torch.compile
-  and channels_last memory format: what decides whether the trainer should
-  have those knobs.
+  In the trainer's memory format: channels_last on a GPU (train.channels_last,
+  on by default, as ultralytics trains there). --nchw adds a row of the
+  ceiling in NCHW and --compile one with torch.compile: what decides whether
+  the trainer should have those knobs.
 - val: one pass of hpcyolo's validation (hpcyolo_trainer.evaluate, rect
   batches of --batch, conf 0.001) over --val-images images of the trained
   run, timed in process after one untimed pass.
@@ -246,8 +247,10 @@ def ultralytics_python(requested: str | None) -> str | None:
 
 # == the GPU alone ===========================================================
 
-def ceiling(model_name: str, args, device, compile_: bool = False, channels_last: bool = False) -> dict:
-    """Images/s of the training step alone on pre-loaded uint8 batches."""
+def ceiling(model_name: str, args, device, compile_: bool = False, channels_last: bool | None = None) -> dict:
+    """Images/s of the training step alone on pre-loaded uint8 batches, in
+    the trainer's memory format (channels_last on a GPU) unless told."""
+    channels_last = device.type == "cuda" if channels_last is None else channels_last
     import torch
 
     from hpcyolo_trainer.dist import Dist
@@ -410,7 +413,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50, help="timed steps of the ceiling")
     p.add_argument("--warmup-steps", type=int, default=15)
     p.add_argument("--compile", action="store_true", help="also the ceiling with torch.compile")
-    p.add_argument("--channels-last", action="store_true", help="also the ceiling in channels_last")
+    p.add_argument("--nchw", action="store_true", help="also the ceiling in NCHW (the trainer's is channels_last on "
+                   "a GPU)")
     p.add_argument("--no-train", action="store_true", help="only the ceilings (and the val race)")
     p.add_argument("--no-val-race", dest="val_race", action="store_false")
     p.add_argument("--fixtures", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared" /
@@ -470,16 +474,15 @@ def main() -> None:
             yaml = work / "data.yaml"
             yaml.write_text(text)
         header = f"  {'':<22} {'images/s/GPU':>12} {'data wait':>10} {'of ceiling':>11} {'GPU GiB':>8}"
-        for model in args.models.split(","):
+        for model in filter(None, args.models.split(",")):  # --models "": the val race alone
             if args.no_train:  # each row as soon as it is measured (a compile takes minutes)
                 print(f"\n{model}\n{header}", flush=True)
             top = ceiling(model, args, device)
             if args.no_train:
                 print(row("ceiling (GPU alone)", top, top["images_per_s"]), flush=True)
-            variants = [("ceiling channels_last", False, True)] if args.channels_last else []
+            variants = [("ceiling NCHW", False, False)] if args.nchw else []
             if args.compile:
-                variants += [("ceiling compiled", True, False)]
-                variants += [("ceiling compiled + c_l", True, True)] if args.channels_last else []
+                variants += [("ceiling compiled", True, None)]
             extra = []
             for name, compile_, channels_last in variants:
                 extra.append((name, ceiling(model, args, device, compile_=compile_, channels_last=channels_last)))
