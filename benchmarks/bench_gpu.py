@@ -54,6 +54,20 @@ its "arithmetic:" line; ultralytics: its trainer's attributes at the start).
   yolo26n shapes checkpoints) and --val-images shapes images at --imgsz,
   batch --val-batch, --workers, fp32 both: the second of two passes in one
   process each, and the whole command once (start, imports, weights, pass).
+
+History (NVIDIA H200, 16 CPUs, torch 2.11.0+cu130, ultralytics 8.4.190,
+2026-11-26; two machines of that kind, one call each):
+- First machine, the trainer in NCHW: yolov8n hpcyolo 555.7 images/s (data
+  wait 0%), ultralytics 938.3 (0%), ceiling NCHW 610.3, ceiling
+  channels_last 1339.5; yolov8s 470.4 / 860.7 / 513.0 / 1002.5. Our step was
+  the limit, and ultralytics trains in channels_last on a GPU: hence
+  train.channels_last, on by default.
+- Second machine, the trainer in channels_last: yolov8n hpcyolo 481.4 (data
+  wait 41%), ultralytics 751.7 (19%), ceiling 1140.5: 0.64x, now our input
+  pipeline is the limit on that machine (our loader was 1.07x ultralytics'
+  per CPU core on a 2-core VM at imgsz 640, bench_loader.py, HSV on the
+  device). yolov8s, yolo26n, --compile and the val race did not fit in the
+  device time.
 """
 
 from __future__ import annotations
