@@ -133,6 +133,13 @@ _use_grad = getattr(optimizer_module, "_use_grad_for_differentiable", None)
 _GRAD_MODE = _use_grad(lambda self: None).__code__ if _use_grad is not None else None
 
 
+def not_traced_inner(fn):
+    """The function that torch's torch._disable_dynamo wrapper `fn` wraps;
+    None where `fn` is not such a wrapper."""
+    inner = getattr(fn, "__wrapped__", None)
+    return inner if inner is not None and getattr(fn, "__code__", None) is _NOT_TRACED else None
+
+
 def eager(cls: type) -> type:
     """`cls`, an optimizer class, without torch's wrappers that import
     torch._dynamo (a second before the first step of every start): the

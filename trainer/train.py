@@ -49,7 +49,7 @@ from .preemption import NONE, SCRATCH_ENV, STOP, TERMINATED_EXIT_CODE, Decision,
 from .progress import Progress, Throughput, describe, merge_figures
 from .sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from .scale import rescale, step_size
-from .schedule import Schedule, build_optimizer, warmup_batches_for
+from .schedule import Schedule, build_optimizer, not_traced_inner, warmup_batches_for
 from .settings import TrainConfig
 from .stragglers import Stragglers
 from .syncbn import normalise_across_ranks
@@ -853,9 +853,49 @@ def data_parallel(model, d: Dist):
     # (end_epoch broadcasts its EMA), are the same either way, as DDP
     # broadcast them from rank 0. torch 2.13 names it forward_sync_buffers.
     device_ids = [d.device.index] if d.device.type == "cuda" else None
-    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
-        return DDP(model, device_ids=device_ids, forward_sync_buffers=False)
-    return DDP(model, device_ids=device_ids, broadcast_buffers=False)
+    quiet = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+             else "broadcast_buffers": False}
+    with dynamo_stand_in():
+        return EAGER_DDP(model, device_ids=device_ids, **quiet)
+
+
+def eager_ddp() -> type:
+    """DDP without torch's torch._disable_dynamo wrapper around its
+    _inside_ddp_forward, which imports torch._dynamo at the first forward
+    (what it adds matters only under torch.compile, which the trainer never
+    uses); DDP itself where torch's method is other than that."""
+    wrapped = getattr(vars(DDP).get("_inside_ddp_forward"), "__wrapped__", None)  # under @contextmanager
+    inner = not_traced_inner(wrapped)
+    if inner is None:
+        return DDP
+    return type(DDP.__name__, (DDP,), {"_inside_ddp_forward": contextmanager(inner), "__module__": DDP.__module__,
+                                       "__qualname__": DDP.__qualname__, "__doc__": DDP.__doc__})
+
+
+EAGER_DDP = eager_ddp()
+
+
+@contextmanager
+def dynamo_stand_in():
+    """Around DDP's constructor: it asks torch._dynamo which reducer to use,
+    and that import costs each rank about a second of CPU at every start
+    (with 4 ranks on 2 CPUs, 2 s of a 8 s start), though the trainer never
+    compiles. Where torch._dynamo is not imported yet, a stand-in gives
+    dynamo's default answer (optimize_ddp True: "ddp_optimizer", DDP's own
+    C++ reducer) and leaves afterwards; a later use imports the real one."""
+    if "torch._dynamo" in sys.modules or "_dynamo" in vars(torch):
+        yield
+        return
+    utils = type(sys)("torch._dynamo.utils (hpcyolo's stand-in)")
+    utils.get_optimize_ddp_mode = lambda: "ddp_optimizer"
+    stand_in = type(sys)("torch._dynamo (hpcyolo's stand-in)")
+    stand_in.utils = utils
+    torch._dynamo = stand_in
+    try:
+        yield
+    finally:
+        if vars(torch).get("_dynamo") is stand_in:
+            del torch._dynamo
 
 
 def health(cfg: TrainConfig, d: Dist, parts: Parts, run: Path, hosts: list[str]) -> None:
