@@ -64,12 +64,12 @@ def held(sem: int) -> bool:
     return _value(sem) == 0
 
 
-def wait_free(sem: int | None = None, timeout: float = 2.0) -> float:
+def wait_free(timeout: float = 2.0) -> float:
     """Wait until the lock reads free three times in a row; returns the
     seconds waited. Past `timeout` the fork goes ahead (a holder stuck for
     good would hang the child whatever we do)."""
     start = time.monotonic()
-    sem = sem or lock_address()
+    sem = lock_address()
     free = 0
     while free < 3 and time.monotonic() - start < timeout:
         if held(sem):
