@@ -362,7 +362,7 @@ SETTINGS: tuple[Setting, ...] = (
       "training settings hpcyolo lacks are refused; relative to this file.", False, "where the recipe came from (its "
       "values are compared, as the settings they set)", key="train.cfg", flag="--cfg", path="file"),
     U("val", True, bool, "Validate every epoch; off: only the last (the planned end, the time budget's), as "
-      "ultralytics' val=False: the other epochs' rows of results.csv hold zeros for P, R and mAP, best.pt is "
+      "ultralytics' val=False: the other epochs' result rows hold zeros for P, R and mAP, best.pt is "
       "the last epoch's, and patience never stops the run.", False, "which epochs are validated"),
     S("val_images", 4, int, "Validation images drawn with predictions each epoch.", False,
       "how many validation images are drawn", check_non_negative),
