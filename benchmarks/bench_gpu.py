@@ -322,36 +322,39 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
 
 # == validation ==============================================================
 
-def val_pass(weights: str, yaml: Path, args) -> dict:
+def two_passes(weights: str, yaml: Path, batch: int, args) -> tuple[list[float], dict]:
+    """hpcyolo's validation of `weights` twice in this process: (the passes'
+    seconds, each ended by torch.cuda.synchronize on a GPU; the figures)."""
+    import torch
+
     from hpcyolo_trainer.dist import setup
     from hpcyolo_trainer.evaluate import evaluate
 
     d = setup()
-    times = []
+    seconds, result = [], None
     for _ in range(2):
         t = time.perf_counter()
-        result = evaluate(d, weights, str(yaml), imgsz=args.imgsz, batch=args.batch, split="val",
-                          warn=lambda m: None, workers=args.workers)
+        result = evaluate(d, weights, str(yaml), imgsz=args.imgsz, batch=batch, warn=lambda m: None,
+                          workers=args.workers)
         if d.device.type == "cuda":
-            import torch
-
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return {"seconds": times[-1], "images": result["images"]}
+        seconds.append(time.perf_counter() - t)
+    return seconds, result
+
+
+def val_pass(weights: str, yaml: Path, args) -> dict:
+    seconds, result = two_passes(weights, yaml, args.batch, args)
+    return {"seconds": seconds[-1], "images": result["images"]}
 
 
 def val_race(work: Path, args, ul: str | None, device: str) -> list[str]:
     """`hpcyolo val` against ultralytics' model.val() on ultralytics' own
     checkpoints and the same shapes images: lines of the table."""
     from hpcyolo.login.shapes import make_shapes
-    from hpcyolo_trainer.dist import setup
-    from hpcyolo_trainer.evaluate import evaluate
 
     yaml = make_shapes(work / "val-shapes", n_train=1, n_val=args.val_images, imgsz=args.imgsz, classes=4, seed=3)
     # ultralytics reads a relative `path:` from its datasets folder, not from the YAML's: an absolute one for both
     yaml.write_text(yaml.read_text().replace("path: .\n", f"path: {yaml.parent}\n"))
-    d = setup()
-    sync = (lambda: __import__("torch").cuda.synchronize()) if d.device.type == "cuda" else (lambda: None)
     lines = [f"  {'weights':<16} {'side':<12} {'pass s':>7} {'first s':>8} {'command s':>10} {'images/s':>9} "
              f"{'mAP50':>7} {'mAP50-95':>9}  ran with"]
     for name in args.fixtures_models.split(","):
@@ -359,14 +362,7 @@ def val_race(work: Path, args, ul: str | None, device: str) -> list[str]:
         if not weights.is_file():
             lines.append(f"  {name:<16} no checkpoint at {weights}")
             continue
-        seconds, result = [], None
-        for _ in range(2):
-            sync()
-            t = time.perf_counter()
-            result = evaluate(d, str(weights), str(yaml), imgsz=args.imgsz, batch=args.val_batch,
-                              warn=lambda m: None, workers=args.workers)
-            sync()
-            seconds.append(time.perf_counter() - t)
+        seconds, result = two_passes(str(weights), yaml, args.val_batch, args)
         t = time.perf_counter()
         cmd = subprocess.run([HPCYOLO, "val", str(weights), "--data", str(yaml), "--imgsz", str(args.imgsz),
                               "--batch", str(args.val_batch), "--workers", str(args.workers), "--json"],

@@ -607,7 +607,7 @@ def end_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position
         (cfg.val and cfg.patience > 0 and pos.epoch + 1 - pos.best_epoch >= cfg.patience)
     validated = cfg.val or last
     asked = validation_stop(cfg, parts, stop)
-    metrics = NOT_VALIDATED
+    metrics = dict(NOT_VALIDATED)
     while validated:
         with parts.watch.phase("validation"), parts.ledger.timed("validation"):
             metrics = epoch_metrics(d, parts.ema.module, data.val_batches, cfg, data.names, run,
