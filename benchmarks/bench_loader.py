@@ -43,7 +43,11 @@ Unchanged code, two later runs on an idle machine: 1.66x and 1.77x (the
 repeats' own ratios 1.67x both times); HSV on the device 2.33x and 2.56x.
 Mosaic partners drawn from the whole dataset again, four decodes per mosaic
 (bench_mosaic_partners.py: those from the batch trained a worse detector):
-the figures above predate that and were not measured again.
+the figures above predate that and were not measured again. At imgsz 640,
+batch 32, 640 images, 3 repeats: 1.07x per core with HSV on the device.
+Partners from each batch's pool of recent images (sampler.STREAM, as
+ultralytics' buffer): 1.42x per core, 1.95x with HSV on the device (173.0
+against 88.7 images/s per core; decode 7.69 of 12.61 ms per image).
 Tried and dropped, slower in alternating A/B runs: collating HWC views with
 one transposing copy, OpenCV's RGB decode plus in-place HSV lookups, one
 3-channel HSV lookup, persistent_workers (no change per core; the one

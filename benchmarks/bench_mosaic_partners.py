@@ -1,33 +1,32 @@
-"""Mosaic partners from the batch or from the whole dataset: does the
-loader's faster scheme learn as well?
+"""Mosaic partners from the batch's pool of recent images or from the whole
+dataset: does the loader's faster scheme learn as well?
 
     .venv/bin/python benchmarks/bench_mosaic_partners.py [--seeds 3] [--epochs 12]
     .venv/bin/python benchmarks/bench_mosaic_partners.py --sets 1 --seeds 1 --epochs 1 --train 32   # plumbing
 
-A mosaic is an image and three partners. Ultralytics draws the partners at
-random from the whole dataset, as hpcyolo's loader does now; it used to draw
-them, for batches of at least 8 images, from the other images of the same
-batch, so that each image was decoded once per batch instead of four times
-(trainer/data.py, BATCH_MOSAIC). This benchmark trains the demo's settings
-(the n model, two processes, global batch 32, imgsz 160, 12 epochs,
-close_mosaic 3, one loader worker per rank) on generated shapes sets of two
-sizes and seeds, --seeds training seeds each, once per scheme: "batch"
-(BATCH_MOSAIC = 8 in each training process) and "dataset" (as shipped).
-Everything else is the same on both sides: data, seeds, settings, code.
+A mosaic is an image and three partners. Ultralytics draws the partners from
+each loader worker's buffer of recently loaded images (at most 8 x batch,
+1000); hpcyolo's loader draws them from each batch's pool, the images of
+that batch and of the 7 batches STREAM, 2 STREAM, ... before it in the run
+(trainer/sampler.py), which the worker mostly still holds decoded: about one
+decode per mosaic. Before, it drew them from the whole dataset, four decodes
+per mosaic. This benchmark trains the demo's settings (the n model, two
+processes, global batch 32, imgsz 160, 12 epochs, close_mosaic 3, one
+loader worker per rank) on generated shapes sets of two sizes and seeds,
+--seeds training seeds each, once per scheme: "pool" (as shipped) and
+"dataset" (POOL_PARTNERS = False in each training process). Everything else
+is the same on both sides: data, seeds, settings, code.
 
 Prints each run's final mAP50-95 and mAP50 on the set's held-out images,
 per set the mean and spread (max - min over the seeds) of each scheme, and
-per seed the difference, the wall-time ratio, and the issue's rule: the
-batch scheme would do if its mean is not lower than the dataset scheme's by
-more than the seed spread (the larger of the two schemes' spreads).
+per seed the difference, the wall-time ratio, and the rule: the pool
+scheme will do if its mean is not lower than the dataset scheme's by more
+than the seed spread (the larger of the two schemes' spreads).
 
-Measured (2-core VM, 3 seeds): 800 images: batch 0.532 0.551 0.745 (mean
-0.609), dataset 0.765 0.713 0.777 (mean 0.752), the batch lower in 3 of 3
-seeds, wall time 277 s against 280 s. 400 images (models that barely
-learnt in 12 epochs): batch 0.139 0.172 0.155 (0.155), dataset 0.144 0.181
-0.114 (0.146), wall time 145 s both. The loader now draws from the whole
-dataset: no slower end to end here, ultralytics' scheme, and never lower
-where the models learnt.
+History (2-core VM, 3 seeds, 800 and 400 images): an earlier scheme drew
+partners from the batch's own images (16 images per rank made 16 mosaics of
+the same 16 images): 800 images 0.532 0.551 0.745 (mean 0.609) against the
+whole dataset's 0.765 0.713 0.777 (0.752), lower in 3 of 3 seeds; dropped.
 """
 
 from __future__ import annotations
@@ -43,19 +42,19 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-# One training process whose batches of 8 or more images draw mosaic
-# partners from the batch: the module constant set before `hpcyolo train`
-# runs (loader workers fork from this process and inherit it).
-FROM_THE_BATCH = ("import sys; import hpcyolo_trainer.data as data; data.BATCH_MOSAIC = 8; "
-                  "from hpcyolo.entry import main; sys.argv = ['hpcyolo', *sys.argv[1:]]; sys.exit(main())")
-SCHEMES = ("batch", "dataset")
+# One training process that draws mosaic partners from the whole dataset:
+# the module constant set before `hpcyolo train` runs (loader workers fork
+# from this process and inherit it).
+FROM_THE_DATASET = ("import sys; import hpcyolo_trainer.data as data; data.POOL_PARTNERS = False; "
+                    "from hpcyolo.entry import main; sys.argv = ['hpcyolo', *sys.argv[1:]]; sys.exit(main())")
+SCHEMES = ("pool", "dataset")
 
 
 def train(data: Path, run: Path, scheme: str, seed: int, args) -> tuple[dict, float]:
     """The last results.csv row of one run, and its wall time."""
     from hpcyolo.node.local import launch
 
-    head = [str(BIN / "hpcyolo")] if scheme == "dataset" else [sys.executable, "-c", FROM_THE_BATCH]
+    head = [str(BIN / "hpcyolo")] if scheme == "pool" else [sys.executable, "-c", FROM_THE_DATASET]
     argv = [*head, "train", "--run-dir", str(run), "--data", str(data), "--model", "n", "--epochs",
             str(args.epochs), "--batch", "32", "--nbs", "32", "--imgsz", "160", "--workers", "1", "--close-mosaic",
             str(min(3, args.epochs - 1)), "--seed", str(seed), "--optimizer", "sgd"]
@@ -79,14 +78,15 @@ def main() -> None:
     args = parser.parse_args()
 
     from hpcyolo.login.shapes import make_shapes
-    from hpcyolo_trainer.data import BATCH_MOSAIC
+    from hpcyolo_trainer.data import POOL_PARTNERS
+    from hpcyolo_trainer.sampler import POOL_BATCHES, STREAM
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-mosaic-"))
     sizes = [800, 400][:args.sets]
     print(f"bench_mosaic_partners: the demo's settings (n model, 2 processes x 16 images, imgsz 160, "
-          f"{args.epochs} epochs, SGD), {args.seeds} seed(s) per set and scheme; 'batch': partners from the "
-          "batch (batches of at least 8 images); 'dataset': from the whole dataset (ultralytics', as shipped: "
-          f"BATCH_MOSAIC {BATCH_MOSAIC})", flush=True)
+          f"{args.epochs} epochs, SGD), {args.seeds} seed(s) per set and scheme; 'pool': partners from the "
+          f"batch's pool ({POOL_BATCHES} batches, every {STREAM}th; as shipped: POOL_PARTNERS {POOL_PARTNERS}); "
+          "'dataset': from the whole dataset", flush=True)
     rows = []
     for k, size in enumerate(sizes):
         n_train = args.train or size
@@ -111,15 +111,15 @@ def main() -> None:
             print(f"{k:3d}  {scheme:7s}  {' '.join(f'{v:.3f}' for v in values):22s}  {means[scheme]:.3f}  "
                   f"{spreads[scheme]:.3f}   {statistics.median(r['wall'] for r in mine):.0f}")
         spread = max(spreads.values())
-        lower = means["dataset"] - means["batch"]
+        lower = means["dataset"] - means["pool"]
         paired = [d["map50_95"] - b["map50_95"] for d, b in zip(
             (r for r in rows if r["set"] == k and r["scheme"] == "dataset"),
-            (r for r in rows if r["set"] == k and r["scheme"] == "batch"))]
+            (r for r in rows if r["set"] == k and r["scheme"] == "pool"))]
         walls = {s: statistics.median(r["wall"] for r in rows if r["set"] == k and r["scheme"] == s) for s in SCHEMES}
-        print(f"     set {k}: batch mean lower by {lower:+.3f} (per seed {' '.join(f'{p:+.3f}' for p in paired)}: "
+        print(f"     set {k}: pool mean lower by {lower:+.3f} (per seed {' '.join(f'{p:+.3f}' for p in paired)}: "
               f"lower in {sum(p > 0 for p in paired)} of {len(paired)}); seed spread {spread:.3f}; wall time "
-              f"batch / dataset {walls['batch'] / walls['dataset']:.2f}x: "
-              f"{'the batch scheme would do' if lower <= spread else 'the batch scheme learns worse'}")
+              f"pool / dataset {walls['pool'] / walls['dataset']:.2f}x: "
+              f"{'the pool scheme will do' if lower <= spread else 'the pool scheme learns worse'}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@
   `np.random.default_rng((seed, e, i))`, never from global or worker RNG state,
   so a resumed run sees bit-identical batches whatever the worker count. A
   DataLoader fetches a batch through `__getitems__`; a mosaic's partners
-  come from the whole dataset, drawn by the same generator.
+  are drawn by the same generator from the batch's pool of recently loaded
+  images (sampler.STREAM: a pure function of the run's batch order, as
+  ultralytics' buffer of recent images), or from the whole dataset for a
+  plain index list.
   DataLoader workers get a copy of the dataset when an iterator starts, so
   the epoch and the mosaic setting travel with each batch (an EpochBatch
   from sampler.RunBatches, which the trainer uses: one iterator for the
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -34,6 +38,7 @@ import math
 import os
 import shutil
 import socket
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +55,7 @@ from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, 
                       random_affine, rect_batches, resized_shapes, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec, texts
 from .fsutil import fsync_dir
+from .sampler import STREAM
 
 # The data YAML and label paths live in hpcyolo_trainer.dataset (no torch: the CLI
 # checks a dataset with them on a login node); re-exported for the trainer.
@@ -61,12 +67,15 @@ COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordi
 MAX_PROBLEM_LINES = 20
 CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
 CACHE_MARKER = "COMPLETE"
-# Batches of at least this many images would draw mosaic partners from the
-# batch (YoloDataset.__getitems__), decoding each image once; None: never, all
-# draw from the whole dataset as ultralytics does. The batch's own images made
-# a markedly worse detector (benchmarks/bench_mosaic_partners.py, which sets
-# this to compare).
-BATCH_MOSAIC: int | None = None
+# Mosaic partners from each batch's pool of recent images (sampler.STREAM);
+# False: from the whole dataset, four decodes per mosaic, as hpcyolo drew
+# them before (benchmarks/bench_mosaic_partners.py sets it to compare).
+POOL_PARTNERS = True
+# What one process keeps of the images it decoded recently, for the mosaics
+# of the next batches: the decoded images of all loader workers of a rank
+# together, at most (ultralytics' buffers at imgsz 640, batch 64 and 8
+# workers hold about 3.8 GB).
+RECENT_BYTES = 4 << 30
 
 # OpenCV's own thread pool, multiplied by DataLoader workers and ranks, would
 # oversubscribe the node's cores; parallelism comes from workers instead.
@@ -604,42 +613,63 @@ class YoloDataset(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list:
         """A whole batch: the DataLoader's fetcher calls this with what the
-        batch sampler yields, a list of indices or an EpochBatch (whose epoch
-        and mosaic setting win over this copy's: see sampler.RunBatches).
+        batch sampler yields, a list of indices or an EpochBatch (whose epoch,
+        mosaic setting and pool win over this copy's: see sampler.RunBatches).
 
         The images are written straight into one [B, 3, H, W] tensor, in
         shared memory in a loader worker, which `collate` passes on as the
         batch: no per-image tensor, no stacking copy.
 
-        A mosaic's three partners are drawn from the whole dataset, as
-        ultralytics draws them. With BATCH_MOSAIC set (a benchmark's
-        baseline), batches of that many images draw them from the batch
-        instead, and decode each image once: faster, but 16 images per rank
-        then make 16 mosaics of the same 16 images, and the detector learnt
-        markedly less (benchmarks/bench_mosaic_partners.py)."""
+        A mosaic's three partners come from the batch's pool (sampler.STREAM),
+        whose images this process mostly decoded for the batches before and
+        still holds (`_load_recent`): about one decode per mosaic, where
+        partners from the whole dataset cost four."""
         epoch, mosaic = getattr(indices, "epoch", self.epoch), getattr(indices, "mosaic", self.mosaic)
+        pool = getattr(indices, "pool", None) if POOL_PARTNERS else None
         indices = [int(i) for i in indices]
         shapes = {self.canvas[i] for i in indices}
         rows = batch_tensor(len(indices), shapes.pop()) if len(shapes) == 1 else None
         outs = [rows[k] if rows is not None else torch.empty((3, *self.canvas[i]), dtype=torch.uint8)
                 for k, i in enumerate(indices)]
-        if not (self.augment and mosaic and BATCH_MOSAIC and len(indices) >= BATCH_MOSAIC):
+        if not (self.augment and mosaic and pool):
             return [self._item(i, self._partners_any, self.load, epoch, mosaic, out) for i, out in zip(indices, outs)]
-        loaded: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-        def load(j: int) -> tuple[np.ndarray, np.ndarray]:
-            if j not in loaded:
-                loaded[j] = self.load(j)
-            return loaded[j]
+        def partners(rng: np.random.Generator) -> list[int]:
+            return [pool[k] for k in rng.integers(0, len(pool), size=3)]
 
-        def partners(pos: int):
-            others = indices[:pos] + indices[pos + 1:]
-            return lambda rng: [others[k] for k in rng.integers(0, len(others), size=3)]
-
-        return [self._item(i, partners(pos), load, epoch, mosaic, outs[pos]) for pos, i in enumerate(indices)]
+        load = self.load if self.cache is not None else functools.partial(self._load_recent, len(pool))
+        return [self._item(i, partners, load, epoch, mosaic, out) for i, out in zip(indices, outs)]
 
     def _partners_any(self, rng: np.random.Generator) -> list[int]:
         return [int(j) for j in rng.integers(0, len(self), size=3)]
+
+    def _load_recent(self, pool_size: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """load(i), kept for the pools of the batches to come: first in,
+        first out, as many images as this process's share of the pools needs
+        (the STREAM / workers streams it serves, a pool each) within its
+        share of RECENT_BYTES. Kept images are read-only: no augmentation
+        may change what a later mosaic reads."""
+        recent = self.__dict__.setdefault("_recent", OrderedDict())
+        if i in recent:
+            return recent[i]
+        img, labels = self.load(i)
+        img.flags.writeable = False
+        recent[i] = img, labels
+        info = torch.utils.data.get_worker_info()
+        workers = info.num_workers if info is not None else 1
+        keep, budget = -(-STREAM // workers) * pool_size, RECENT_BYTES // workers
+        held = self.__dict__.get("_recent_bytes", 0) + img.nbytes
+        while len(recent) > keep or held > budget and len(recent) > 1:
+            held -= recent.popitem(last=False)[1][0].nbytes
+        self._recent_bytes = held
+        return img, labels
+
+    def __getstate__(self) -> dict:
+        """A copy for a loader worker: without this process's recent images."""
+        state = dict(self.__dict__)
+        state.pop("_recent", None)
+        state.pop("_recent_bytes", None)
+        return state
 
     def _item(self, i: int, partners, load, epoch: int, mosaic: bool, out: torch.Tensor):
         """Item i with its image written into `out` (uint8 [3, H, W] of its

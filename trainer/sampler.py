@@ -13,6 +13,21 @@ import math
 import torch
 from torch.utils.data import Sampler
 
+# Mosaic partners come from the images loaded recently, as ultralytics draws
+# them from each loader worker's buffer of recently loaded images, so that a
+# mosaic decodes about one image, not four. Here "recently" is a pure
+# function of the run's batch order, never of a worker's history: batch n
+# (counted over the run: epoch x batches per epoch + batch) draws from its
+# own images and those of batches n - STREAM, n - 2 STREAM, ... (POOL_BATCHES
+# batches in all, at most POOL_IMAGES images: ultralytics' min(8 x batch,
+# 1000)). A DataLoader hands batches to its workers in turn, so with a
+# worker count that divides STREAM those batches went through the same
+# worker, which still holds their decoded images (YoloDataset's recent
+# images); with another count the items are the same, only more is decoded.
+STREAM = 8
+POOL_BATCHES = 8
+POOL_IMAGES = 1000
+
 
 class EvenShardSampler(Sampler[int]):
     def __init__(self, n: int, rank: int, world: int, seed: int, shuffle: bool = True):
@@ -97,9 +112,9 @@ class EpochBatch(list):
     not from its own copy: a loader worker's copy of the dataset is the one
     it got when it started, epochs ago."""
 
-    def __init__(self, indices, epoch: int, mosaic: bool):
+    def __init__(self, indices, epoch: int, mosaic: bool, pool: list[int] | None = None):
         super().__init__(indices)
-        self.epoch, self.mosaic = epoch, mosaic
+        self.epoch, self.mosaic, self.pool = epoch, mosaic, pool
 
 
 class RunBatches(Sampler[EpochBatch]):
@@ -115,12 +130,17 @@ class RunBatches(Sampler[EpochBatch]):
     RectBatchSampler (already batched); either gives each epoch's order.
 
     `epochs` None: no end (a `time` budget's run, whose plan moves; the
-    training loop stops taking batches), and replan() moves mosaic_until."""
+    training loop stops taking batches), and replan() moves mosaic_until.
+
+    A mosaic batch carries its pool of mosaic partners (see STREAM), taken
+    from the epochs' whole orders: the same at a resume as in the run it
+    resumes. Rectangular batches have no mosaics and no pool."""
 
     def __init__(self, epoch_sampler, batch: int, first: int, start: int, epochs: int | None, mosaic_until: int):
         self.sampler, self.batch, self.first, self.start = epoch_sampler, batch, first, start
         self.epochs, self.mosaic_until = epochs, mosaic_until
         self.drawn = first - 1  # the epoch of the latest batch handed out (workers prepare batches ahead)
+        self._orders: dict[int, list[list[int]]] = {}  # whole epochs' batches, for the pools
 
     def replan(self, next_epoch: int, mosaic_until: int) -> bool:
         """Move mosaic_until for the batches not drawn yet; False where a
@@ -141,12 +161,38 @@ class RunBatches(Sampler[EpochBatch]):
         order = list(self.sampler)
         return [order[k:k + self.batch] for k in range(0, len(order), self.batch)]
 
+    def whole_epoch(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of all of `epoch` (kept for the pools of the epochs after it)."""
+        if epoch not in self._orders:
+            start, self.start = self.start, 0
+            try:
+                self._orders[epoch] = self.epoch_batches(epoch)
+            finally:
+                self.start = start
+        return self._orders[epoch]
+
+    def pool(self, epoch: int, k: int) -> list[int]:
+        """The mosaic partners' pool of batch k of `epoch` (see STREAM)."""
+        per_epoch = len(self.whole_epoch(epoch))
+        n = epoch * per_epoch + k
+        depth = max(1, min(POOL_BATCHES, POOL_IMAGES // max(1, self.batch)))
+        out: list[int] = []
+        batches = range(n, max(-1, n - depth * STREAM), -STREAM)
+        for m in batches:
+            out += self.whole_epoch(m // per_epoch)[m % per_epoch]
+        for old in [e for e in self._orders if e < batches[-1] // per_epoch]:
+            del self._orders[old]  # batches come in order: no later pool reaches back this far
+        return out
+
     def __iter__(self):
         epoch = self.first
+        rect = isinstance(self.sampler, RectBatchSampler)
         while self.epochs is None or epoch < self.epochs:
-            for indices in self.epoch_batches(epoch):
+            skipped = self.start // self.batch if epoch == self.first and not rect else 0
+            for k, indices in enumerate(self.epoch_batches(epoch), start=skipped):
                 self.drawn = epoch
-                yield EpochBatch(indices, epoch, epoch < self.mosaic_until)
+                mosaic = epoch < self.mosaic_until
+                yield EpochBatch(indices, epoch, mosaic, self.pool(epoch, k) if mosaic and not rect else None)
             epoch += 1
 
     def __len__(self) -> int:

@@ -347,31 +347,84 @@ def test_mosaic_without_canvas_matches_canvas_then_warp():
             np.testing.assert_allclose([*inside.min(0), *inside.max(0)], box[1:], atol=1.0)
 
 
-@pytest.mark.parametrize("from_batch", [None, 8])
-def test_mosaic_partners_come_from_the_whole_dataset_or_where_asked_from_the_batch(rects, monkeypatch, from_batch):
-    """As ultralytics draws them, by default: a batch of two of the four
-    images also shows the other two, as mosaic partners. With BATCH_MOSAIC
-    (bench_mosaic_partners.py's baseline) the batch decodes its own two
-    images once each and shows nothing else. Either way the same batch of
-    the same epoch is the same again."""
-    monkeypatch.setattr(data_module, "BATCH_MOSAIC", from_batch)
+def test_a_plain_index_list_draws_mosaic_partners_from_the_whole_dataset(rects):
+    """Without a pool (an index list, not the trainer's EpochBatch): a
+    batch of two of the four images also shows the other two, as mosaic
+    partners; the same batch of the same epoch is the same again."""
     ds = rect_dataset(rects, **NO_COLOUR)
-    decoded = []
-    real = data_module.decode_resized
-    monkeypatch.setattr(data_module, "decode_resized", lambda path, shape: decoded.append(path) or real(path, shape))
     batch = [0, 1] * 4
     shown = set()
     for epoch in range(3):
         ds.set_epoch(epoch)
-        decoded.clear()
         items = ds.__getitems__(batch)
-        if from_batch:
-            assert sorted(decoded) == sorted(ds.paths[:2])  # once each, whatever the mosaics
-        judged = sum(check_boxes_follow_pixels(img, labels) for img, labels, _, _ in items)
-        assert judged >= 4
+        assert sum(check_boxes_follow_pixels(img, labels) for img, labels, _, _ in items) >= 4
         shown |= {int(c) // 3 for _, labels, _, _ in items for c in labels[:, 0].tolist()}
-    assert shown == ({0, 1} if from_batch else {0, 1, 2, 3})
+    assert shown == {0, 1, 2, 3}
     assert torch.equal(collate(items)[0], collate(ds.__getitems__(batch))[0])  # same epoch, same batch
+
+
+def run_order(n: int, batch: int, epochs: int) -> list[list[int]]:
+    """Every batch of a run, epoch after epoch, from EvenShardSampler alone."""
+    out = []
+    for epoch in range(epochs):
+        sampler = EvenShardSampler(n, 0, 1, seed=3)
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        out += [order[k:k + batch] for k in range(0, len(order), batch)]
+    return out
+
+
+@pytest.mark.parametrize("batch", [4, 300])
+def test_a_batchs_pool_is_its_own_images_and_those_of_every_stream_th_batch_before_it(batch):
+    """Batch n of the run (over epochs) draws mosaic partners from batches
+    n, n - STREAM, n - 2 STREAM, ...: POOL_BATCHES of them, fewer where one
+    batch is big (ultralytics' cap, 1000 images) or the run is young. A
+    resumed run's batches carry the pools the whole run's had."""
+    from hpcyolo_trainer.sampler import POOL_BATCHES, POOL_IMAGES, STREAM
+
+    n, epochs = (40, 7) if batch == 4 else (600, 9)
+    flat = run_order(n, batch, epochs)
+    depth = min(POOL_BATCHES, POOL_IMAGES // batch)
+    whole = list(RunBatches(EvenShardSampler(n, 0, 1, seed=3), batch, 0, 0, epochs, epochs))
+    assert [list(b) for b in whole] == flat
+    for m, got in enumerate(whole):
+        want = [i for j in range(depth) if m - j * STREAM >= 0 for i in flat[m - j * STREAM]]
+        assert got.pool == want
+    assert len(whole[-1].pool) == depth * batch and (batch == 4) == (depth == POOL_BATCHES)
+    per = len(flat) // epochs
+    resumed = list(RunBatches(EvenShardSampler(n, 0, 1, seed=3), batch, 1, batch, epochs, epochs))
+    assert [(list(b), b.pool) for b in resumed] == [(list(b), b.pool) for b in whole[per + 1:]]
+    closed = list(RunBatches(EvenShardSampler(n, 0, 1, seed=3), batch, 0, 0, epochs, mosaic_until=1))
+    assert all(b.pool is None for b in closed[per:]) and closed[per - 1].pool == whole[per - 1].pool
+
+
+def test_pool_partners_decode_about_one_image_per_mosaic_and_come_from_the_pool(rects, monkeypatch):
+    """The trainer's batches (RunBatches): every mosaic's partners are in
+    its batch's pool, and a process keeps the images it decoded for the
+    pools to come: at most one decode per item where, kept for its own
+    batch only, an item costs more than two. Kept images are read-only, and the items equal
+    those of a process that starts afresh at each batch (nothing kept)."""
+    ds = rect_dataset(rects * 16, **NO_COLOUR)
+    decoded, mosaics = [], []
+    real_decode, real_mosaic = data_module.decode_resized, YoloDataset._mosaic
+    monkeypatch.setattr(data_module, "decode_resized", lambda path, shape: decoded.append(path) or
+                        real_decode(path, shape))
+    monkeypatch.setattr(YoloDataset, "_mosaic", lambda self, indices, *a: mosaics.append(indices) or
+                        real_mosaic(self, indices, *a))
+    batches = list(RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), 4, 0, 0, 3, 3))
+    kept = []
+    for b in batches:
+        mosaics.clear()
+        kept.append(collate(ds.__getitems__(b))[0])
+        assert len(mosaics) == len(b) and all(set(m[1:]) <= set(b.pool) for m in mosaics)
+    items = 4 * len(batches)
+    assert len(decoded) <= items  # at most one decode an item (each of 64 images once, here)
+    assert all(not img.flags.writeable for img, _ in ds._recent.values())
+    decoded.clear()
+    for b, want in zip(batches, kept):
+        ds.__dict__.pop("_recent", None)
+        assert torch.equal(collate(ds.__getitems__(b))[0], want)
+    assert len(decoded) > 2 * items  # nothing kept between batches: more than two decodes an item
 
 
 def test_mosaic_batches_same_for_any_worker_count_and_after_a_resume(rects):
@@ -406,18 +459,40 @@ def test_one_loader_for_the_run_gives_each_epochs_batches_as_a_loader_per_epoch_
         ds.mosaic = epoch < mosaic_until
         return list(DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=0, collate_fn=collate))
 
-    want = [b for e in range(epochs) for b in per_epoch(e)]
-    ds.set_epoch(0)
-    ds.mosaic = True  # the main process's copy says epoch 0, mosaic on: the batches must win
-    whole = RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), batch, 0, 0, epochs, mosaic_until)
-    got = list(DataLoader(ds, batch_sampler=whole, num_workers=2, collate_fn=collate, persistent_workers=False))
+    data_module.POOL_PARTNERS = False  # the per-epoch loaders' index lists have no pools
+    try:
+        want = [b for e in range(epochs) for b in per_epoch(e)]
+        ds.set_epoch(0)
+        ds.mosaic = True  # the main process's copy says epoch 0, mosaic on: the batches must win
+        whole = RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), batch, 0, 0, epochs, mosaic_until)
+        got = list(DataLoader(ds, batch_sampler=whole, num_workers=2, collate_fn=collate, persistent_workers=False))
+    finally:
+        data_module.POOL_PARTNERS = True
     per = math.ceil(len(ds) / batch)
     assert per >= 2 and len(got) == len(want) == len(whole) == epochs * per
     for (a, ta, _, _), (b, tb, _, _) in zip(want, got):
         assert torch.equal(a, b) and torch.equal(ta, tb)
     assert not torch.equal(want[0][0], want[per][0])  # epochs differ, so the tags mattered
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_the_runs_batches_with_pools_are_the_same_for_any_worker_count_and_after_a_resume(rects, workers):
+    """The pool scheme's items depend on the batch order alone: workers
+    that divide STREAM (2) keep what the pools need, others (3) decode
+    more, and none changes an item; a resumed run's one loader continues
+    mid-epoch with the items of the whole run."""
+    ds = YoloDataset(rects * 4, IMGSZ, augment=True, seed=7, names_count=len(COLOURS))
+    batch, epochs, mosaic_until = 4, 4, 3
+    per = math.ceil(len(ds) / batch)
+    whole = RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), batch, 0, 0, epochs, mosaic_until)
+    want = [collate(ds.__getitems__(b)) for b in whole]  # in this process, afresh
+    got = list(DataLoader(ds, batch_sampler=RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), batch, 0, 0, epochs,
+                                                        mosaic_until), num_workers=workers, collate_fn=collate))
+    assert len(got) == len(want) == epochs * per
+    for (a, ta, _, _), (b, tb, _, _) in zip(want, got):
+        assert torch.equal(a, b) and torch.equal(ta, tb)
     resumed = RunBatches(EvenShardSampler(len(ds), 0, 1, seed=3), batch, 2, batch, epochs, mosaic_until)
-    rest = list(DataLoader(ds, batch_sampler=resumed, num_workers=2, collate_fn=collate))
+    rest = list(DataLoader(ds, batch_sampler=resumed, num_workers=workers, collate_fn=collate))
     assert len(rest) == 2 * per - 1 and all(torch.equal(a[0], b[0]) for a, b in zip(rest, want[2 * per + 1:]))
     tags = [(b.epoch, b.mosaic) for b in resumed]
     assert tags == [(2, True)] * (per - 1) + [(3, False)] * per and all(isinstance(b, EpochBatch) for b in resumed)
