@@ -11,10 +11,10 @@
   `np.random.default_rng((seed, e, i))`, never from global or worker RNG state,
   so a resumed run sees bit-identical batches whatever the worker count. A
   DataLoader fetches a batch through `__getitems__`; a mosaic's partners
-  are drawn by the same generator from the batch's pool of recently loaded
-  images (sampler.STREAM: a pure function of the run's batch order, as
-  ultralytics' buffer of recent images), or from the whole dataset for a
-  plain index list.
+  are drawn by the same generator from the batch's pool of images loaded
+  around the same time (sampler.STREAM: a pure function of the run's batch
+  order, as ultralytics' buffer of recent images), or from the whole
+  dataset for a plain index list.
   DataLoader workers get a copy of the dataset when an iterator starts, so
   the epoch and the mosaic setting travel with each batch (an EpochBatch
   from sampler.RunBatches, which the trainer uses: one iterator for the
@@ -71,11 +71,10 @@ CACHE_MARKER = "COMPLETE"
 # False: from the whole dataset, four decodes per mosaic, as hpcyolo drew
 # them before (benchmarks/bench_mosaic_partners.py sets it to compare).
 POOL_PARTNERS = True
-# What one process keeps of the images it decoded recently, for the mosaics
-# of the next batches: the decoded images of all loader workers of a rank
-# together, at most (ultralytics' buffers at imgsz 640, batch 64 and 8
-# workers hold about 3.8 GB).
-RECENT_BYTES = 4 << 30
+# What one rank's loader processes keep, all together, of the images they
+# decoded for the pools in use (a pool of 1000 images at imgsz 640 is about
+# 0.9 GB; ultralytics' buffers at batch 64 and 8 workers hold about 3.8 GB).
+RECENT_BYTES = 8 << 30
 
 # OpenCV's own thread pool, multiplied by DataLoader workers and ranks, would
 # oversubscribe the node's cores; parallelism comes from workers instead.
@@ -644,10 +643,10 @@ class YoloDataset(Dataset):
         return [int(j) for j in rng.integers(0, len(self), size=3)]
 
     def _load_recent(self, pool_size: int, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """load(i), kept for the pools of the batches to come: first in,
-        first out, as many images as this process's share of the pools needs
-        (the STREAM / workers streams it serves, a pool each) within its
-        share of RECENT_BYTES. Kept images are read-only: no augmentation
+        """load(i), kept while the pools in use hold it: first in, first
+        out, as many images as this process's share of the pools needs (the
+        STREAM / workers streams it serves, a pool each) within its share of
+        RECENT_BYTES. Kept images are read-only: no augmentation
         may change what a later mosaic reads."""
         recent = self.__dict__.setdefault("_recent", OrderedDict())
         if i in recent:

@@ -13,19 +13,22 @@ import math
 import torch
 from torch.utils.data import Sampler
 
-# Mosaic partners come from the images loaded recently, as ultralytics draws
-# them from each loader worker's buffer of recently loaded images, so that a
-# mosaic decodes about one image, not four. Here "recently" is a pure
-# function of the run's batch order, never of a worker's history: batch n
-# (counted over the run: epoch x batches per epoch + batch) draws from its
-# own images and those of batches n - STREAM, n - 2 STREAM, ... (POOL_BATCHES
-# batches in all, at most POOL_IMAGES images: ultralytics' min(8 x batch,
-# 1000)). A DataLoader hands batches to its workers in turn, so with a
-# worker count that divides STREAM those batches went through the same
-# worker, which still holds their decoded images (YoloDataset's recent
-# images); with another count the items are the same, only more is decoded.
+# Mosaic partners come from a pool of images loaded around the same time, as
+# ultralytics draws them from each loader worker's buffer of recently loaded
+# images, so that a mosaic decodes about one image, not four. Here the pool
+# is a pure function of the run's batch order, never of a worker's history:
+# batch n (counted over the run: epoch x batches per epoch + batch) draws
+# from the images of POOL_IMAGES // batch batches of its stream, n mod
+# STREAM, centred on n (at the run's start, the first ones). A DataLoader
+# hands batches to its workers in turn, so with a worker count that divides
+# STREAM one worker serves a stream and holds the pool's images while they
+# are in use (YoloDataset's recent images): it decodes each image about
+# once. With another count the items are the same, only more is decoded.
+# Ultralytics' buffer holds 8 x batch images, 1000 at most; this pool holds
+# 1000 whatever the batch: with ultralytics' 8 x batch (16 images per rank,
+# 128 in the pool) the shapes set's detector learnt markedly less than with
+# partners from the whole dataset (benchmarks/bench_mosaic_partners.py).
 STREAM = 8
-POOL_BATCHES = 8
 POOL_IMAGES = 1000
 
 
@@ -175,12 +178,12 @@ class RunBatches(Sampler[EpochBatch]):
         """The mosaic partners' pool of batch k of `epoch` (see STREAM)."""
         per_epoch = len(self.whole_epoch(epoch))
         n = epoch * per_epoch + k
-        depth = max(1, min(POOL_BATCHES, POOL_IMAGES // max(1, self.batch)))
+        depth = max(1, POOL_IMAGES // max(1, self.batch))
+        first = max(n - depth // 2 * STREAM, n % STREAM)
         out: list[int] = []
-        batches = range(n, max(-1, n - depth * STREAM), -STREAM)
-        for m in batches:
+        for m in range(first, first + depth * STREAM, STREAM):
             out += self.whole_epoch(m // per_epoch)[m % per_epoch]
-        for old in [e for e in self._orders if e < batches[-1] // per_epoch]:
+        for old in [e for e in self._orders if e < first // per_epoch]:
             del self._orders[old]  # batches come in order: no later pool reaches back this far
         return out
 

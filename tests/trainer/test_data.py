@@ -375,23 +375,25 @@ def run_order(n: int, batch: int, epochs: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("batch", [4, 300])
-def test_a_batchs_pool_is_its_own_images_and_those_of_every_stream_th_batch_before_it(batch):
-    """Batch n of the run (over epochs) draws mosaic partners from batches
-    n, n - STREAM, n - 2 STREAM, ...: POOL_BATCHES of them, fewer where one
-    batch is big (ultralytics' cap, 1000 images) or the run is young. A
-    resumed run's batches carry the pools the whole run's had."""
-    from hpcyolo_trainer.sampler import POOL_BATCHES, POOL_IMAGES, STREAM
+def test_a_batchs_pool_is_the_images_of_its_streams_batches_around_it(batch):
+    """Batch n of the run (over epochs) draws mosaic partners from the
+    images of POOL_IMAGES // batch batches n + j STREAM around it (at the
+    run's start, the first ones; later epochs' batches too, as their
+    orders are fixed already). A resumed run's batches carry the pools the
+    whole run's had."""
+    from hpcyolo_trainer.sampler import POOL_IMAGES, STREAM
 
     n, epochs = (40, 7) if batch == 4 else (600, 9)
-    flat = run_order(n, batch, epochs)
-    depth = min(POOL_BATCHES, POOL_IMAGES // batch)
+    depth = POOL_IMAGES // batch
+    per = math.ceil(n / batch)
+    flat = run_order(n, batch, epochs + math.ceil(depth * STREAM / per))
     whole = list(RunBatches(EvenShardSampler(n, 0, 1, seed=3), batch, 0, 0, epochs, epochs))
-    assert [list(b) for b in whole] == flat
+    assert [list(b) for b in whole] == flat[:epochs * per]
     for m, got in enumerate(whole):
-        want = [i for j in range(depth) if m - j * STREAM >= 0 for i in flat[m - j * STREAM]]
-        assert got.pool == want
-    assert len(whole[-1].pool) == depth * batch and (batch == 4) == (depth == POOL_BATCHES)
-    per = len(flat) // epochs
+        first = max(m - depth // 2 * STREAM, m % STREAM)
+        assert got.pool == [i for j in range(depth) for i in flat[first + j * STREAM]]
+        assert len(got.pool) == min(POOL_IMAGES, depth * batch)
+    assert set(whole[0].pool) > set(whole[0])  # the first batch's pool reaches forward
     resumed = list(RunBatches(EvenShardSampler(n, 0, 1, seed=3), batch, 1, batch, epochs, epochs))
     assert [(list(b), b.pool) for b in resumed] == [(list(b), b.pool) for b in whole[per + 1:]]
     closed = list(RunBatches(EvenShardSampler(n, 0, 1, seed=3), batch, 0, 0, epochs, mosaic_until=1))
