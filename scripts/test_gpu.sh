@@ -21,7 +21,7 @@ bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 print(f"test_gpu: torch {torch.__version__}, CUDA {torch.version.cuda}, {n} GPU(s): {names}; AMP "
       f"{'bf16' if bf16 else 'fp16 with the gradient scaler' if n else 'off'}", flush=True)
 PY
-"$python" -m pytest -ra tests/gpu "$@"
+"$python" -m pytest -ra --durations=0 tests/gpu "$@"
 status=$?
 if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU \
         && ! sees_cuda "$python"; then
