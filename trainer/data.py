@@ -67,7 +67,7 @@ COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordi
 MAX_PROBLEM_LINES = 20
 CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
 CACHE_MARKER = "COMPLETE"
-# Mosaic partners from each batch's pool of recent images (sampler.STREAM);
+# Mosaic partners from each batch's pool (sampler.STREAM);
 # False: from the whole dataset, four decodes per mosaic, as hpcyolo drew
 # them before (benchmarks/bench_mosaic_partners.py sets it to compare).
 POOL_PARTNERS = True
@@ -620,9 +620,9 @@ class YoloDataset(Dataset):
         batch: no per-image tensor, no stacking copy.
 
         A mosaic's three partners come from the batch's pool (sampler.STREAM),
-        whose images this process mostly decoded for the batches before and
-        still holds (`_load_recent`): about one decode per mosaic, where
-        partners from the whole dataset cost four."""
+        whose images this process decodes once and holds while its pools use
+        them (`_load_recent`): about one decode per mosaic, where partners
+        from the whole dataset cost four."""
         epoch, mosaic = getattr(indices, "epoch", self.epoch), getattr(indices, "mosaic", self.mosaic)
         pool = getattr(indices, "pool", None) if POOL_PARTNERS else None
         indices = [int(i) for i in indices]

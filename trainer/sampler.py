@@ -165,7 +165,7 @@ class RunBatches(Sampler[EpochBatch]):
         return [order[k:k + self.batch] for k in range(0, len(order), self.batch)]
 
     def whole_epoch(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of all of `epoch` (kept for the pools of the epochs after it)."""
+        """This rank's batches of all of `epoch` (kept while the pools reach into it)."""
         if epoch not in self._orders:
             start, self.start = self.start, 0
             try:
