@@ -48,6 +48,10 @@ batch 32, 640 images, 3 repeats: 1.07x per core with HSV on the device.
 Partners from each batch's pool of recent images (sampler.STREAM, as
 ultralytics' buffer): 1.42x per core, 1.95x with HSV on the device (173.0
 against 88.7 images/s per core; decode 7.69 of 12.61 ms per image).
+Pools of 1000 images around each batch (805d932): 1.31x per core, 1.81x
+with HSV on the device (167.9 against 92.7). Each epoch here is a loader of
+its own, 20 batches, whose pools reach into the epochs after it: images
+decoded for batches this benchmark never loads.
 Tried and dropped, slower in alternating A/B runs: collating HWC views with
 one transposing copy, OpenCV's RGB decode plus in-place HSV lookups, one
 3-channel HSV lookup, persistent_workers (no change per core; the one
