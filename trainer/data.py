@@ -665,10 +665,7 @@ class YoloDataset(Dataset):
 
     def __getstate__(self) -> dict:
         """A copy for a loader worker: without this process's recent images."""
-        state = dict(self.__dict__)
-        state.pop("_recent", None)
-        state.pop("_recent_bytes", None)
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_recent", "_recent_bytes")}
 
     def _item(self, i: int, partners, load, epoch: int, mosaic: bool, out: torch.Tensor):
         """Item i with its image written into `out` (uint8 [3, H, W] of its

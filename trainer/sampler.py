@@ -156,9 +156,10 @@ class RunBatches(Sampler[EpochBatch]):
         self.mosaic_until = mosaic_until
         return True
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of `epoch` (from `start` in the first)."""
-        self.sampler.set_epoch(epoch, self.start if epoch == self.first else 0)
+    def epoch_batches(self, epoch: int, start: int | None = None) -> list[list[int]]:
+        """This rank's batches of `epoch`, from `start` samples in (default:
+        the run's `start` in its first epoch, else 0)."""
+        self.sampler.set_epoch(epoch, start if start is not None else self.start if epoch == self.first else 0)
         if isinstance(self.sampler, RectBatchSampler):
             return list(self.sampler)
         order = list(self.sampler)
@@ -167,11 +168,7 @@ class RunBatches(Sampler[EpochBatch]):
     def whole_epoch(self, epoch: int) -> list[list[int]]:
         """This rank's batches of all of `epoch` (kept while the pools reach into it)."""
         if epoch not in self._orders:
-            start, self.start = self.start, 0
-            try:
-                self._orders[epoch] = self.epoch_batches(epoch)
-            finally:
-                self.start = start
+            self._orders[epoch] = self.epoch_batches(epoch, start=0)
         return self._orders[epoch]
 
     def pool(self, epoch: int, k: int) -> list[int]:
