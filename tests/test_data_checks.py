@@ -14,6 +14,7 @@ import yaml
 from conftest import COCO8, REPO, SHARED
 
 from hpcyolo.login import doctor
+from hpcyolo.node.local import free_port
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -163,6 +164,25 @@ def test_labels_with_no_usable_line_stop_train_after_a_bounded_list_of_warnings(
         "lines; see the warnings above): class ids run 0..3 for the 4 names, coordinates are fractions of the "
         "image in [0, 1]"]
     assert not (tmp_path / "run").exists()
+
+
+def test_every_rank_of_a_refused_start_exits_with_the_refusals_code(tmp_path, shapes):
+    # Two gloo ranks refuse the data together, right after rank 0's index is broadcast. A gloo thread
+    # releasing that broadcast while the interpreter finalized used to abort a rank (SIGABRT: srun's
+    # exit 134, read as a crash and retried) in about 3 of 10 starts; each rank now ends with code 1.
+    for label in (shapes.parent / "labels" / "train").glob("*.txt"):
+        label.write_text("4 0.5 0.5 0.2 0.2\n")
+    for trial in range(8):
+        port = free_port()
+        ranks = [subprocess.Popen([HPCYOLO, "train", "--run-dir", str(tmp_path / f"run{trial}"), "--data", str(shapes),
+                                   "--imgsz", "64", "--epochs", "1", "--batch", "4", "--workers", "0"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  env={**ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                       "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                 for r in range(2)]
+        ended = [(p.communicate(timeout=120)[1], p.returncode) for p in ranks]
+        for rank, (err, code) in enumerate(ended):
+            assert code == 1 and "no label line is usable" in err.splitlines()[-1], (trial, rank, code, err[-1500:])
 
 
 def test_coco8_passes_the_data_check():

@@ -6,11 +6,12 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import traceback
 
 import click
 
 from hpcyolo.cli.group import main, this_process_vars
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.errors import HpcyoloError, printable
 from hpcyolo_trainer.settings import SIGNALS
 
 
@@ -158,13 +159,36 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
 
     try:
         code = train_main(train_config(run_dir, data, signal, **options), stop)
-    except RuntimeError as e:  # this rank's device failed, or a collective's peer died: one line
-        line, code = device_fault_line(e), DEVICE_FAULT_EXIT_CODE
-        if line is None:
+    except HpcyoloError as e:  # said as the group says it (hpcyolo.cli.group), then _end_rank
+        print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr, flush=True)
+        code = e.exit_code
+    except Exception as e:  # noqa: BLE001 - said, then ended by _end_rank like every other ending
+        # This rank's device failed, or a collective's peer died: one line; anything else: its traceback.
+        line, code = (device_fault_line(e), DEVICE_FAULT_EXIT_CODE) if isinstance(e, RuntimeError) else (None, 1)
+        if line is None and isinstance(e, RuntimeError):
             line, code = lost_peer_line(e), PEER_LOST_EXIT_CODE
         if line is None:
-            raise
-        print(line, file=sys.stderr, flush=True)
+            traceback.print_exc()
+            code = 1
+        else:
+            print(line, file=sys.stderr, flush=True)
+    _end_rank(code)
+
+
+def _end_rank(code: int):  # NoReturn
+    """End a training process with `code`. Where its process group is still
+    up (an error ended training; a normal ending has left it), without the
+    interpreter's teardown: gloo's work threads release their last
+    collective's tensors under the GIL, and one that tries while the
+    interpreter finalizes ends the process in std::terminate (SIGABRT, exit
+    134), which srun and the job's end read as a crash, retried, instead of
+    this code. Everything of the run's was written and closed by then."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        os._exit(code)
     sys.exit(code)
 
 
