@@ -1,7 +1,7 @@
 """Slow ranks named: every `every` optimizer steps the ranks share, in one
 small all-gather, their mean data wait and their mean forward pass over the
 interval. Both are a rank's own work: the loader's batch, and the forward
-less its waits for the other ranks (the BatchNorm statistics' all-reduces,
+less its waits for the other ranks (the BatchNorm statistics' all-gathers,
 timed in syncbn.py; DDP runs with broadcast_buffers off), whereas a step's
 whole time is the same on every rank (the fast ones wait for the slow one).
 On GPUs the forward is timed with CUDA events (no host wait), over the

@@ -8,10 +8,10 @@ model than one process on the same global batch: per step the gradient
 differed by more than itself (tests/trainer/test_world_size.py), and at 2
 and 4 processes the shapes set ended far below one process's mAP
 (benchmarks/bench_world_size.py). CrossRankBatchNorm2d is the same maths
-for CPU process groups (gloo): the batch mean and variance come from the
-ranks' sums through differentiable all-reduces (two passes: the mean, then
-the squared deviations from it, so no precision is lost to E[x^2] - E[x]^2),
-and the backward pass all-reduces their gradients in turn. Every rank must
+for CPU process groups (gloo), with the same collectives per layer: one
+all-gather of each rank's count, mean and squared deviations in the forward
+pass (combined without losing precision to E[x^2] - E[x]^2), one all-reduce
+of two gradient sums in the backward pass (_Normalise). Every rank must
 run every forward and backward in training mode in step, as DDP already
 requires; in eval mode it is plain BatchNorm (the running statistics).
 """
@@ -33,20 +33,12 @@ class CrossRankBatchNorm2d(nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(x)
-        dims = (0, 2, 3)
-        local = torch.tensor([x.numel() // x.shape[1]], dtype=x.dtype, device=x.device)
-        total = all_reduce(torch.cat([x.sum(dims), local]))
-        count = total[-1].detach()
-        mean = total[:-1] / count
-        centred = x - mean[None, :, None, None]
-        var = all_reduce(centred.square().sum(dims)) / count  # biased, as BatchNorm normalises
+        xhat, mean, var, count = _Normalise.apply(x, self.eps)
         if self.track_running_stats:
-            self._update_running(mean.detach(), var.detach() * count / max(count.item() - 1, 1))
-        scale = torch.rsqrt(var + self.eps)
-        y = centred * scale[None, :, None, None]
-        if self.affine:
-            y = y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
-        return y
+            self._update_running(mean, var * count / max(count - 1, 1))
+        if not self.affine:
+            return xhat
+        return xhat * self.weight[None, :, None, None] + self.bias[None, :, None, None]
 
     @torch.no_grad()
     def _update_running(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
@@ -54,40 +46,68 @@ class CrossRankBatchNorm2d(nn.BatchNorm2d):
         `momentum`, or the cumulative one when momentum is None."""
         self.num_batches_tracked.add_(1)
         factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
-        self.running_mean.lerp_(mean, factor)
-        self.running_var.lerp_(unbiased_var, factor)
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
+        self.running_var.lerp_(unbiased_var.to(self.running_var.dtype), factor)
 
 
-class _SumOverRanks(torch.autograd.Function):
-    """The sum of a tensor over all ranks, differentiable: each rank's input
-    reaches every rank's output, so its gradient is the sum of theirs.
-    `forward_seconds` adds up the forward all-reduces' time (a rank's wait
-    for the others: the straggler report subtracts it from the forward pass)."""
+_DIMS = (0, 2, 3)  # what a channel's statistics span in an NCHW batch
 
-    forward_seconds = 0.0
+
+def _channel(v: torch.Tensor) -> torch.Tensor:
+    return v[None, :, None, None]
+
+
+class _Normalise(torch.autograd.Function):
+    """x normalised with the mean and biased variance of every rank's batch
+    together: one all-gather forward, one all-reduce backward (as torch's
+    SyncBatchNorm). Each rank sends its element count, mean and sum of
+    squared deviations from its own mean per channel, in float64, and every
+    rank combines them the same way (Chan et al.'s parallel variance): no
+    E[x^2] - E[x]^2 cancellation. The backward pass needs the global sums
+    of the gradient and of gradient x normalised input, per channel.
+
+    Returns (x normalised, mean, biased variance, element count per channel);
+    only the first carries a gradient. `seconds` adds up the forward
+    all-gathers' time (a rank's wait for the others: the straggler report
+    subtracts it from the forward pass)."""
+
+    seconds = 0.0
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        out = x.clone()
+    def forward(ctx, x: torch.Tensor, eps: float):
+        channels = x.shape[1]
+        local_mean = x.mean(_DIMS)
+        local_m2 = (x - _channel(local_mean)).square().sum(_DIMS)
+        mine = torch.cat([torch.tensor([x.numel() // channels], dtype=torch.float64, device=x.device),
+                          local_mean.double(), local_m2.double()])
+        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         start = time.perf_counter()
-        dist.all_reduce(out)
-        _SumOverRanks.forward_seconds += time.perf_counter() - start
-        return out
+        dist.all_gather(everyone, mine)
+        _Normalise.seconds += time.perf_counter() - start
+        table = torch.stack(everyone)  # [ranks, 1 + 2C]
+        counts, means, m2s = table[:, :1], table[:, 1:1 + channels], table[:, 1 + channels:]
+        count = float(counts.sum())
+        mean = (counts * means).sum(0) / count
+        var = (m2s.sum(0) + (counts * (means - mean).square()).sum(0)) / count
+        invstd = torch.rsqrt(var + eps).to(x.dtype)
+        xhat = (x - _channel(mean.to(x.dtype))) * _channel(invstd)
+        ctx.save_for_backward(xhat, invstd)
+        ctx.count = count
+        ctx.mark_non_differentiable(mean, var)
+        return xhat, mean, var, count
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        out = grad.clone()
-        dist.all_reduce(out)
-        return out
-
-
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    return _SumOverRanks.apply(x)
+    def backward(ctx, grad: torch.Tensor, *_):
+        xhat, invstd = ctx.saved_tensors
+        sums = torch.stack([grad.sum(_DIMS), (grad * xhat).sum(_DIMS)])
+        dist.all_reduce(sums)
+        sums /= ctx.count
+        return (grad - _channel(sums[0]) - xhat * _channel(sums[1])) * _channel(invstd), None
 
 
 def forward_wait() -> float:
-    """Seconds this process spent so far in the forward passes' all-reduces."""
-    return _SumOverRanks.forward_seconds
+    """Seconds this process spent so far in the forward passes' all-gathers."""
+    return _Normalise.seconds
 
 
 def normalise_across_ranks(model: nn.Module, device: torch.device) -> nn.Module:

@@ -1010,9 +1010,9 @@ def settle_buckets(net, model, loss_fn, imgsz: int, device, amp: bool, amp_dtype
     and RNG state as they were.
 
     BatchNorm layers run in eval mode here: across ranks (SyncBatchNorm,
-    CrossRankBatchNorm2d) each would add two all-reduces to the forward and
-    two to the backward, about 230 collectives before the first step for
-    nothing, since only the order of the gradients matters here."""
+    CrossRankBatchNorm2d) each would add a collective to the forward and one
+    to the backward, over a hundred before the first step for nothing, since
+    only the order of the gradients matters here."""
     buffers = [b.detach().clone() for b in model.buffers()]
     imgs = torch.zeros(2, 3, imgsz, imgsz, device=device)
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.25, 0.25], [1, 0, 0.5, 0.5, 0.25, 0.25]], device=device)

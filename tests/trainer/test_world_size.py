@@ -94,6 +94,7 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
         mean_items /= world
     after = {k: p.detach().clone() for k, p in model.named_parameters()}
     return {"after": after, "delta": {k: p - before[k] for k, p in after.items()},
+            "buffers": {k: b.detach().clone() for k, b in model.named_buffers()},
             "norm": None if norm is None else float(norm), "items": mean_items}
 
 
@@ -154,6 +155,10 @@ def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(steps, case):
         # as a BatchNorm bias's, keeps the rounding of its terms, which the split reorders.
         for name, p in many["after"].items():
             torch.testing.assert_close(p, one["after"][name], rtol=1e-5, atol=2.5e-7,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+        # BatchNorm's running statistics: those of the global batch (its unbiased variance), as one process's.
+        for name, b in many["buffers"].items():
+            torch.testing.assert_close(b, one["buffers"][name], rtol=1e-5, atol=1e-6,
                                        msg=lambda m, name=name: f"{name}: {m}")
         # What the ranks log, averaged, is what one process logs.
         torch.testing.assert_close(many["items"], one["items"], rtol=1e-5, atol=0)
