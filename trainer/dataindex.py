@@ -147,8 +147,16 @@ class Index:
         return tuple(text.replace(LABEL, str(label_path(path))).replace(IMAGE, str(path))
                      for text in self.problems.get(i, ()))
 
-    def results(self, paths: list[Path]) -> Results:
-        return Results(self, paths)
+    def results(self, root: Path) -> Results:
+        """The results, for the images at the index's names under `root`."""
+        return Results(self, self.paths(root))
+
+    def paths(self, root: Path) -> ImagePaths:
+        """The images' paths, as every rank names them: `root` joined with each
+        name (an absolute name as it is), as text; the same on every rank,
+        whatever text rank 0's listing had (the image cache's digest is of it)."""
+        prefix = str(root).rstrip(os.sep) + os.sep
+        return ImagePaths([n if os.path.isabs(n) else prefix + n for n in self.names])
 
 
 class Results:
@@ -264,7 +272,7 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path) -> tuple[Results
     now = stats(files)
     old = load(file)
     if old is not None and old.meta.get("nc") == nc and old.version == version_of(names, now, nc):
-        return old.results(files), None, 0, old.version
+        return old.results(root), None, 0, old.version
     results: list[Checked | None] = [None] * len(files)
     again = list(range(len(files)))
     if old is not None and old.meta.get("nc") == nc:
@@ -280,7 +288,7 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path) -> tuple[Results
         results[i] = r
     index = Index(arrays_of(results, names, now, nc))
     # As the other ranks read them: every rank then holds the same results.
-    return index.results(files), index, len(again), index.version
+    return index.results(root), index, len(again), index.version
 
 
 def write(file: Path, index: Index) -> None:
@@ -291,15 +299,12 @@ def write(file: Path, index: Index) -> None:
     write_atomic(file, buf.getvalue())
 
 
-def read(file: Path, root: Path, version: str, files: list[Path] | None = None) -> Results:
+def read(file: Path, root: Path, version: str) -> Results:
     """Every file's check result from the index rank 0 left in `file` (its
-    `version`); the other ranks' part. `files`: this rank's list of the
-    split, used for the paths where it names the index's files (no Path
-    to build per image)."""
+    `version`); the other ranks' part: the index names the split's images,
+    so these ranks list no folder."""
     index = load(file)
     if index is None or index.version != version:
         found = "none" if index is None else f"version {index.version}"
         raise OSError(f"the dataset index {file} is not the one rank 0 wrote (version {version}; found {found})")
-    if files is not None and len(files) == len(index.names) and relatives(files, root) == index.names:
-        return index.results(files)
-    return index.results([Path(n) if os.path.isabs(n) else root / n for n in index.names])
+    return index.results(root)

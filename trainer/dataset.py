@@ -146,28 +146,31 @@ class DataSpec:
     """Dataset root (`path:`, relative to the YAML's folder; empty = that folder)."""
     names: list[str]
     """Class names, index = class id."""
-    train: ImagePaths
-    """Training images."""
-    val: ImagePaths
-    """Validation images."""
+    train: ImagePaths | None
+    """Training images (None where not listed: see load_data_spec)."""
+    val: ImagePaths | None
+    """Validation images (None where not listed)."""
     test: ImagePaths | None
-    """Test images, or None when the YAML has no test split."""
+    """Test images, or None when the YAML has no test split (or it is not listed)."""
     yaml: str
     """The data YAML itself, as given: what messages name."""
 
 
-def load_data_spec(path: str | Path) -> DataSpec:
+def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
     """Read a data YAML; a missing split, folder or list file is a ConfigError
-    naming the YAML and the key."""
+    naming the YAML and the key. `listed=False`: the splits' images are not
+    listed (train, val and test are None): a training rank other than 0
+    takes them from the dataset's index that rank 0 wrote, so that a job's
+    directory reads do not grow with its ranks."""
     file = str(path)
     spec = read_data_yaml(path)
     root = dataset_root(Path(path), spec)
     if not root.is_dir():
         raise ConfigError(file, "path", f"dataset root {root} is not a directory")
-    splits = {key: _split_files(file, root, key, spec.get(key)) for key in ("train", "val", "test")}
     for key in ("train", "val"):
-        if splits[key] is None:
+        if spec.get(key) in (None, "", []):
             raise ConfigError(file, key, "missing: give a folder, a .txt list of images, or a list of those")
+    splits = {key: _split_files(file, root, key, spec.get(key)) if listed else None for key in ("train", "val", "test")}
     return DataSpec(root=root, names=_names(file, spec), yaml=file, **splits)
 
 

@@ -85,7 +85,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     seed_all(cfg.seed + d.rank)
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
-    spec = load_data_spec(cfg.data)
+    spec = load_data_spec(cfg.data, listed=d.is_main)  # the other ranks take the images from rank 0's index
     # This run's newest valid checkpoint, or the weights to start from (or neither): checked before the
     # dataset's index in the run directory is brought up to date, so that a start refused here writes nothing.
     state, weights = checkpoint_to_resume(cfg, d, run, settings, 1 if cfg.single_cls else len(spec.names))
@@ -283,11 +283,11 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None) -> Data:
     """The data YAML (`spec`, where read already), the training set (this
     rank's sampler) and the validation batches; warnings once, on rank 0,
     and an error for data that cannot be trained on."""
-    spec = spec or load_data_spec(cfg.data)
+    spec = spec or load_data_spec(cfg.data, listed=d.is_main)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
-    train_files = training_files(spec.train, cfg.fraction)
+    train_files = training_files(spec.train, cfg.fraction) if d.is_main else None  # others: from the index
     with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}) as checked:
         if d.is_main:  # refused there, the other ranks stop with its words (see indexed)
             # Label files counted from the index's stats where it holds the whole split, not listed again.
@@ -336,7 +336,9 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
     written, while the other ranks wait; it writes the index once the data
     is accepted (leaving the block: data that cannot be trained on stops
     before a run directory exists), then every rank reads it, one file per
-    split. What stops rank 0 in the block stops the others with its words."""
+    split, which names the images (`splits`, each split's images, are rank
+    0's alone: the other ranks list no folder). What stops rank 0 in the
+    block stops the others with its words."""
     if not d.is_main:
         shared = [None]
         torch.distributed.broadcast_object_list(shared, 0)
@@ -344,7 +346,7 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
         if error:
             raise HpcyoloError(error)
         try:
-            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version, splits[split])
+            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version)
                        for split, version in versions.items()}
         except OSError as e:
             raise HpcyoloError(f"rank {d.rank}: {e}") from None

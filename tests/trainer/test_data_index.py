@@ -4,6 +4,7 @@ and only it is checked again; what the check found is kept exactly."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,8 @@ from hpcyolo_trainer.dataset import label_path, load_data_spec
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-# Its sitecustomize.py, on PYTHONPATH, logs each file a process opens under AUDIT_ROOT (`RANK PID PATH`).
+# Its sitecustomize.py, on PYTHONPATH, logs each file a process opens under AUDIT_ROOT (`RANK PID PATH`), and
+# each folder it lists there to AUDIT_LISTS.
 AUDIT_SITE = Path(__file__).resolve().parents[2] / "benchmarks" / "audit_opens"
 
 
@@ -188,3 +190,39 @@ def test_a_second_train_start_reads_no_label_file_and_a_changed_one_is_noticed(t
     i = next(k for k, n in enumerate(index.names) if Path(n).stem == label.stem)
     assert np.array_equal(index.checked(i, root / index.names[i]).labels,
                           np.array([[1, 0.5, 0.5, 0.25, 0.25]], np.float32))
+
+
+def test_only_rank_0_lists_the_dataset_and_every_rank_names_its_images_alike(tmp_path, shapes):
+    # Three gloo ranks, a first start: rank 0 lists the split folders and checks the files; the others
+    # list no folder and open no label file under the dataset: they take the images from its index.
+    root, log, lists = shapes.parent, tmp_path / "opens.log", tmp_path / "lists.log"
+    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(AUDIT_SITE), ENV.get("PYTHONPATH")])),
+           "AUDIT_ROOT": str(root), "AUDIT_LOG": str(log), "AUDIT_LISTS": str(lists)}
+    argv = [HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(shapes), "--model", "n", "--imgsz",
+            "64", "--epochs", "1", "--batch", "6", "--workers", "0", "--no-plots"]
+    r = subprocess.run([sys.executable, "-c", "import json, sys; from hpcyolo.node.local import launch; "
+                        "sys.exit(launch(json.loads(sys.argv[1]), 3))", json.dumps(argv)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    listed = [line.split(" ", 2) for line in lists.read_text().splitlines()]
+    assert {(rank, path) for rank, _, path in listed} >= {("0", str(root / "images" / "train")),
+                                                           ("0", str(root / "images" / "val"))}, listed
+    assert {rank for rank, _, _ in listed} == {"0"}, listed
+    assert {line.split(" ", 1)[0] for line in label_opens_lines(log, root)} == {"0"}
+
+
+def label_opens_lines(log: Path, root: Path) -> list[str]:
+    labels = str(root / "labels")
+    return [line for line in log.read_text().splitlines() if line.split(" ", 2)[2].startswith(labels)]
+
+
+def test_the_paths_of_an_index_are_the_same_for_the_rank_that_built_it_and_those_that_read_it(tmp_path, shapes):
+    # A list file naming images through `..` and the folder itself: rank 0's listing has other text than
+    # the index's names; both sides name the images the same (the image cache's digest is of their text).
+    root = shapes.parent
+    files = [root / "images" / ".." / "images" / "train" / p.name for p in sorted((root / "images" / "train").iterdir())]
+    file = tmp_path / "index.npz"
+    built, index, _, version = dataindex.refresh(files, 4, root, file)
+    dataindex.write(file, index)
+    read = dataindex.read(file, root, version)
+    assert list(built.paths) == list(read.paths) == [root / "images" / "train" / f.name for f in files]
