@@ -220,7 +220,8 @@ def test_the_paths_of_an_index_are_the_same_for_the_rank_that_built_it_and_those
     # A list file naming images through `..` and the folder itself: rank 0's listing has other text than
     # the index's names; both sides name the images the same (the image cache's digest is of their text).
     root = shapes.parent
-    files = [root / "images" / ".." / "images" / "train" / p.name for p in sorted((root / "images" / "train").iterdir())]
+    names = sorted(p.name for p in (root / "images" / "train").iterdir())
+    files = [root / "images" / ".." / "images" / "train" / name for name in names]
     file = tmp_path / "index.npz"
     built, index, _, version = dataindex.refresh(files, 4, root, file)
     dataindex.write(file, index)
