@@ -75,10 +75,10 @@ class _Normalise(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, eps: float):
-        channels = x.shape[1]
-        local_mean = x.mean(_DIMS)
+        channels, n = x.shape[1], x.numel() // x.shape[1]
+        local_mean = x.sum(_DIMS) / max(n, 1)  # a rank without images adds nothing (its count is 0)
         local_m2 = (x - _channel(local_mean)).square().sum(_DIMS)
-        mine = torch.cat([torch.tensor([x.numel() // channels], dtype=torch.float64, device=x.device),
+        mine = torch.cat([torch.tensor([n], dtype=torch.float64, device=x.device),
                           local_mean.double(), local_m2.double()])
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         start = time.perf_counter()

@@ -164,3 +164,48 @@ def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(steps, case):
         torch.testing.assert_close(many["items"], one["items"], rtol=1e-5, atol=0)
         if clip:
             assert many["norm"] == pytest.approx(one["norm"], rel=1e-5)
+
+
+def _uneven_batchnorm(rank: int, world: int, port: int, out: str, bounds: list[int]) -> None:
+    """Rank `rank` normalises images bounds[rank]:bounds[rank + 1] of one global
+    batch with CrossRankBatchNorm2d; saves its output, input gradient and buffers."""
+    import torch.distributed as dist
+
+    from hpcyolo_trainer.syncbn import CrossRankBatchNorm2d
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    x_all, w_all = torch.randn(6, 3, 5, 4) * 3 + 2, torch.randn(6, 3, 5, 4)
+    bn = CrossRankBatchNorm2d(3)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, 1.5, -1.0]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    x = x_all[bounds[rank]:bounds[rank + 1]].clone().requires_grad_()
+    y = bn(x)
+    (y * w_all[bounds[rank]:bounds[rank + 1]]).sum().backward()
+    torch.save({"y": y.detach(), "grad": x.grad, "mean": bn.running_mean, "var": bn.running_var},
+               f"{out}-{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("bounds", [[0, 2, 6], [0, 6, 6], [0, 1, 1, 6]], ids=["2+4", "6+0", "1+0+5"])
+def test_cross_rank_batchnorm_is_one_batchnorm_of_the_global_batch_for_any_split(tmp_path, bounds):
+    # Ranks with uneven shares, one with none: outputs, input gradients and running statistics are
+    # those of torch's own BatchNorm2d over the whole batch in one process.
+    world = len(bounds) - 1
+    mp.spawn(_uneven_batchnorm, args=(world, free_port(), str(tmp_path / "bn"), bounds), nprocs=world, join=True)
+    parts = [torch.load(tmp_path / f"bn-{r}.pt") for r in range(world)]
+    torch.manual_seed(0)
+    x_all, w_all = torch.randn(6, 3, 5, 4) * 3 + 2, torch.randn(6, 3, 5, 4)
+    ref = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor([0.5, 1.5, -1.0]))
+        ref.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    x = x_all.clone().requires_grad_()
+    y = ref(x)
+    (y * w_all).sum().backward()
+    torch.testing.assert_close(torch.cat([p["y"] for p in parts]), y.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat([p["grad"] for p in parts]), x.grad, rtol=1e-5, atol=1e-5)
+    for p in parts:
+        torch.testing.assert_close(p["mean"], ref.running_mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p["var"], ref.running_var, rtol=1e-5, atol=1e-6)
