@@ -162,16 +162,18 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     except HpcyoloError as e:  # said as the group says it (hpcyolo.cli.group), then _end_rank
         print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr, flush=True)
         code = e.exit_code
-    except Exception as e:  # noqa: BLE001 - said, then ended by _end_rank like every other ending
-        # This rank's device failed, or a collective's peer died: one line; anything else: its traceback.
-        line, code = (device_fault_line(e), DEVICE_FAULT_EXIT_CODE) if isinstance(e, RuntimeError) else (None, 1)
-        if line is None and isinstance(e, RuntimeError):
+    except RuntimeError as e:  # this rank's device failed, or a collective's peer died: one line
+        line, code = device_fault_line(e), DEVICE_FAULT_EXIT_CODE
+        if line is None:
             line, code = lost_peer_line(e), PEER_LOST_EXIT_CODE
         if line is None:
             traceback.print_exc()
             code = 1
         else:
             print(line, file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - its traceback, then ended by _end_rank like every other ending
+        traceback.print_exc()
+        code = 1
     _end_rank(code)
 
 

@@ -155,10 +155,15 @@ def test_an_unreadable_index_is_built_again(tmp_path, shapes):
     assert again == len(files) and index is not None
 
 
-def label_opens(log: Path, root: Path) -> list[str]:
+def label_open_lines(log: Path, root: Path) -> list[str]:
+    """The audit log's `RANK PID PATH` lines of label files opened."""
     lines = log.read_text().splitlines() if log.exists() else []
     labels = str(root / "labels")
-    return [line.split(" ", 2)[2] for line in lines if line.split(" ", 2)[2].startswith(labels)]
+    return [line for line in lines if line.split(" ", 2)[2].startswith(labels)]
+
+
+def label_opens(log: Path, root: Path) -> list[str]:
+    return [line.split(" ", 2)[2] for line in label_open_lines(log, root)]
 
 
 def test_a_second_train_start_reads_no_label_file_and_a_changed_one_is_noticed(tmp_path, shapes):
@@ -208,12 +213,7 @@ def test_only_rank_0_lists_the_dataset_and_every_rank_names_its_images_alike(tmp
     assert {(rank, path) for rank, _, path in listed} >= {("0", str(root / "images" / "train")),
                                                            ("0", str(root / "images" / "val"))}, listed
     assert {rank for rank, _, _ in listed} == {"0"}, listed
-    assert {line.split(" ", 1)[0] for line in label_opens_lines(log, root)} == {"0"}
-
-
-def label_opens_lines(log: Path, root: Path) -> list[str]:
-    labels = str(root / "labels")
-    return [line for line in log.read_text().splitlines() if line.split(" ", 2)[2].startswith(labels)]
+    assert {line.split(" ", 1)[0] for line in label_open_lines(log, root)} == {"0"}
 
 
 def test_the_paths_of_an_index_are_the_same_for_the_rank_that_built_it_and_those_that_read_it(tmp_path, shapes):

@@ -166,6 +166,19 @@ def test_one_optimizer_step_is_the_same_for_any_split_of_the_batch(steps, case):
             assert many["norm"] == pytest.approx(one["norm"], rel=1e-5)
 
 
+def _global_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """The images of one global batch (6 x 3 channels) and the weights of a loss on its output."""
+    torch.manual_seed(0)
+    return torch.randn(6, 3, 5, 4) * 3 + 2, torch.randn(6, 3, 5, 4)
+
+
+def _affine(bn: torch.nn.BatchNorm2d) -> torch.nn.BatchNorm2d:
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, 1.5, -1.0]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    return bn
+
+
 def _uneven_batchnorm(rank: int, world: int, port: int, out: str, bounds: list[int]) -> None:
     """Rank `rank` normalises images bounds[rank]:bounds[rank + 1] of one global
     batch with CrossRankBatchNorm2d; saves its output, input gradient and buffers."""
@@ -174,12 +187,8 @@ def _uneven_batchnorm(rank: int, world: int, port: int, out: str, bounds: list[i
     from hpcyolo_trainer.syncbn import CrossRankBatchNorm2d
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    x_all, w_all = torch.randn(6, 3, 5, 4) * 3 + 2, torch.randn(6, 3, 5, 4)
-    bn = CrossRankBatchNorm2d(3)
-    with torch.no_grad():
-        bn.weight.copy_(torch.tensor([0.5, 1.5, -1.0]))
-        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    x_all, w_all = _global_batch()
+    bn = _affine(CrossRankBatchNorm2d(3))
     x = x_all[bounds[rank]:bounds[rank + 1]].clone().requires_grad_()
     y = bn(x)
     (y * w_all[bounds[rank]:bounds[rank + 1]]).sum().backward()
@@ -195,12 +204,8 @@ def test_cross_rank_batchnorm_is_one_batchnorm_of_the_global_batch_for_any_split
     world = len(bounds) - 1
     mp.spawn(_uneven_batchnorm, args=(world, free_port(), str(tmp_path / "bn"), bounds), nprocs=world, join=True)
     parts = [torch.load(tmp_path / f"bn-{r}.pt") for r in range(world)]
-    torch.manual_seed(0)
-    x_all, w_all = torch.randn(6, 3, 5, 4) * 3 + 2, torch.randn(6, 3, 5, 4)
-    ref = torch.nn.BatchNorm2d(3)
-    with torch.no_grad():
-        ref.weight.copy_(torch.tensor([0.5, 1.5, -1.0]))
-        ref.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    x_all, w_all = _global_batch()
+    ref = _affine(torch.nn.BatchNorm2d(3))
     x = x_all.clone().requires_grad_()
     y = ref(x)
     (y * w_all).sum().backward()
