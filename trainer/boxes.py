@@ -29,6 +29,9 @@ _NMS_ROUNDS = 12
 _NMS_SETTLE_MIN = 2048
 _NMS_SETTLE_TOP = 256
 _NMS_SETTLE_PAIRS = 64
+# Off the CPU (a GPU), NMS decides the boxes in score order, this many at a
+# time, from their whole overlap matrix (a byte a pair): see _dense_nms.
+_NMS_DENSE_TOP = 8192
 
 
 def xywh2xyxy(x: Tensor) -> Tensor:
@@ -122,12 +125,19 @@ def bbox2dist(points: Tensor, bbox: Tensor, reg_max: int | float | None = None) 
     return ltrb if reg_max is None else ltrb.clamp(0, reg_max - 0.01)
 
 
-def nms(boxes: Tensor, scores: Tensor, iou_thres: float) -> Tensor:
-    """Greedy NMS of xyxy boxes [N,4]; returns kept indices [K] sorted by score, highest first."""
+def nms(boxes: Tensor, scores: Tensor, iou_thres: float, dense: bool | None = None) -> Tensor:
+    """Greedy NMS of xyxy boxes [N,4]; returns kept indices [K] sorted by score, highest first.
+
+    `dense`: decide from whole overlap matrices (_dense_nms) rather than the
+    sparse overlap graph; None: dense off the CPU. Both give the same boxes.
+    """
     assert 0 <= iou_thres <= 1, "iou_thres must lie in [0, 1]"
     order = scores.argsort(descending=True, stable=True)
     ranked = boxes[order]
     keep = torch.zeros(len(order), dtype=torch.bool, device=boxes.device)
+    if dense if dense is not None else boxes.device.type != "cpu":
+        _dense_nms(ranked, iou_thres, keep)
+        return order[keep]
     if _crowded(ranked, iou_thres):
         rest = _settle_top(ranked, iou_thres, keep)
     else:
@@ -158,6 +168,52 @@ def _settle_top(ranked: Tensor, iou_thres: float, keep: Tensor) -> Tensor:
         if len(rest) - len(alive) < 3 * _NMS_SETTLE_TOP:  # no longer pays for itself
             break
     return alive
+
+
+def _dense_nms(ranked: Tensor, iou_thres: float, keep: Tensor) -> None:
+    """Greedy NMS for a GPU, marking keep: a few passes over whole matrices.
+
+    The sparse path (below) finds the few overlapping pairs with sorts,
+    searches and Python loops: cheap on a CPU, but on a GPU each of its many
+    small steps is a kernel launch and many wait for the GPU, which made a
+    validation pass twice as long as ultralytics' (torchvision's one NMS
+    kernel). Here the best _NMS_DENSE_TOP boxes are decided from their
+    overlap matrix, everything they suppress is dropped, and so on with the
+    boxes left.
+    """
+    alive = torch.arange(len(ranked), device=ranked.device)
+    while len(alive):
+        top, alive = alive[:_NMS_DENSE_TOP], alive[_NMS_DENSE_TOP:]
+        over = torch.cat(list(_overlap_blocks(ranked[top], ranked[top], iou_thres))).triu_(1)
+        kept = top[_fixed_point_keep(over)]
+        keep[kept] = True
+        if len(alive) and len(kept):
+            alive = alive[~torch.cat([b.any(1) for b in _overlap_blocks(ranked[alive], ranked[kept], iou_thres)])]
+
+
+def _overlap_blocks(a: Tensor, b: Tensor, iou_thres: float):
+    """_overlaps(a, b) in blocks of a's rows, each about _NMS_PAIR_CHUNK pairs at most (memory)."""
+    rows = max(1, _NMS_PAIR_CHUNK // max(1, len(b)))
+    for i in range(0, len(a), rows):
+        yield _overlaps(a[i:i + rows], b, iou_thres)
+
+
+def _fixed_point_keep(over: Tensor) -> Tensor:
+    """Greedy NMS's keep mask from the strictly upper overlap matrix of n score-ranked boxes.
+
+    Greedy keeps box j iff no kept box above it overlaps it: keep is the
+    fixed point of keep = not any(over[i, j] for kept i). Iterated from all
+    kept, the first t boxes are final after t passes, and an unchanged pass
+    means all are: real detections take a handful of passes; a long chain of
+    boxes each suppressing the next is left to _greedy_keep.
+    """
+    keep = torch.ones(len(over), dtype=torch.bool, device=over.device)
+    for _ in range(_NMS_ROUNDS):
+        new = ~(over & keep[:, None]).any(0)
+        if torch.equal(new, keep):
+            return keep
+        keep = new
+    return _greedy_keep(*over.nonzero(as_tuple=True), len(over))
 
 
 def _overlaps(a: Tensor, b: Tensor, iou_thres: float) -> Tensor:

@@ -4,7 +4,7 @@ the GPU supports it, fp16 with the gradient scaler otherwise) and EMA; DDP
 with SyncBatchNorm over NCCL in one process, and over several when the
 machine has several GPUs; a stop by a real signal and its resume; `hpcyolo
 val`, `predict` and `export` on a GPU machine; the device choice in real
-processes; the batch HSV jitter on the GPU against the CPU.
+processes; the batch HSV jitter and NMS on the GPU against the CPU.
 
 GPU kernels are not deterministic (cudnn.benchmark, atomics), so a resumed
 run is checked for resuming where it stopped and for finite losses, not for
@@ -297,3 +297,24 @@ def test_hsv_jitter_on_the_gpu_equals_the_cpu_result():
     # level apart where a value sits on a boundary.
     cpu_levels, gpu_levels = (cpu * 255).round(), (gpu * 255).round()
     assert (cpu_levels - gpu_levels).abs().max() <= 1 and (cpu_levels != gpu_levels).float().mean() < 0.001
+
+
+def test_nms_on_the_gpu_takes_the_dense_path_and_keeps_the_cpus_boxes(monkeypatch):
+    """A GPU's NMS decides from whole overlap matrices (boxes._dense_nms), the
+    CPU's from the sparse overlap graph: the same boxes, in the same order."""
+    from hpcyolo_trainer import boxes as B
+
+    calls = []
+    dense = B._dense_nms
+    monkeypatch.setattr(B, "_dense_nms", lambda *a: calls.append(a[0].device.type) or dense(*a))
+    g = torch.Generator().manual_seed(0)
+    n = 20000  # more than _NMS_DENSE_TOP: decided in two blocks
+    centres = torch.rand(40, 2, generator=g) * 600
+    xy = centres[torch.randint(0, 40, (n,), generator=g)] + torch.randn(n, 2, generator=g) * 4
+    # Whole-pixel boxes: areas and intersections are exact in float32 on both devices.
+    boxes = torch.cat((xy, xy + 30 + 20 * torch.rand(n, 2, generator=g)), 1).round()
+    scores = torch.rand(n, generator=g)
+    cpu = B.nms(boxes, scores, 0.7)
+    gpu = B.nms(boxes.cuda(), scores.cuda(), 0.7)
+    assert calls == ["cuda"]
+    assert torch.equal(gpu.cpu(), cpu)

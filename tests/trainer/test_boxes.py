@@ -111,19 +111,50 @@ def test_bbox2dist_clamps_to_bin_range():
     assert dist.tolist()[0] == pytest.approx([14.99, 0.0, 14.99, 2.0])
 
 
-def test_nms_hand_case():
+# Both NMS paths, each on the CPU: the sparse one (the CPU's) and the dense one
+# (a GPU's, tests/gpu runs it there too).
+DENSE = pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
+
+
+@DENSE
+def test_nms_hand_case(dense):
     boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0], [50.0, 50.0, 60.0, 60.0]])
     scores = torch.tensor([0.8, 0.9, 0.7])
-    assert B.nms(boxes, scores, 0.5).tolist() == [1, 2]
-    assert B.nms(boxes, scores, 0.9).tolist() == [1, 0, 2]  # IoU 0.68 is below 0.9: all kept, by score
-    assert B.nms(boxes[:0], scores[:0], 0.5).tolist() == []
+    assert B.nms(boxes, scores, 0.5, dense).tolist() == [1, 2]
+    assert B.nms(boxes, scores, 0.9, dense).tolist() == [1, 0, 2]  # IoU 0.68 is below 0.9: all kept, by score
+    assert B.nms(boxes[:0], scores[:0], 0.5, dense).tolist() == []
 
 
+@DENSE
 @pytest.mark.parametrize("iou_thres", [0.0, 0.3, 0.5, 0.7, 1.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_nms_matches_reference(seed, iou_thres):
+def test_nms_matches_reference(seed, iou_thres, dense):
     boxes, scores = random_boxes(300, seed)
-    assert torch.equal(B.nms(boxes, scores, iou_thres), reference_nms(boxes, scores, iou_thres))
+    assert torch.equal(B.nms(boxes, scores, iou_thres, dense), reference_nms(boxes, scores, iou_thres))
+
+
+def test_dense_nms_in_blocks_of_top_boxes_with_small_overlap_blocks(monkeypatch):
+    # Decided 64 boxes at a time, each block's overlaps built a few rows at a
+    # time, crowds around a few objects: the suppressed boxes of each block
+    # must be dropped before the next.
+    monkeypatch.setattr(B, "_NMS_DENSE_TOP", 64)
+    monkeypatch.setattr(B, "_NMS_PAIR_CHUNK", 500)
+    boxes, scores = crowds(500, seed=5)
+    assert torch.equal(B.nms(boxes, scores, 0.6, dense=True), reference_nms(boxes, scores, 0.6))
+    boxes, scores = random_boxes(1000, seed=6)
+    assert torch.equal(B.nms(boxes, scores, 0.3, dense=True), reference_nms(boxes, scores, 0.3))
+
+
+def test_the_cpu_takes_the_sparse_nms_unless_told(monkeypatch):
+    # (tests/gpu: a GPU takes the dense one)
+    calls = []
+    dense = B._dense_nms
+    monkeypatch.setattr(B, "_dense_nms", lambda *a: calls.append(a[0].device.type) or dense(*a))
+    boxes, scores = random_boxes(50, seed=7)
+    B.nms(boxes, scores, 0.5)
+    assert calls == []
+    B.nms(boxes, scores, 0.5, dense=True)
+    assert calls == ["cpu"]
 
 
 def test_nms_small_chunks_and_loop_fallback(monkeypatch):
@@ -132,6 +163,15 @@ def test_nms_small_chunks_and_loop_fallback(monkeypatch):
     monkeypatch.setattr(B, "_NMS_ROUNDS", 1)
     boxes, scores = random_boxes(200, seed=3, size=100.0)
     assert torch.equal(B.nms(boxes, scores, 0.4), reference_nms(boxes, scores, 0.4))
+
+
+def crowds(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n candidate boxes crowding around 5 objects, random scores."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(5, 2, generator=g) * 300
+    which = torch.randint(0, 5, (n,), generator=g)
+    xy = centres[which] + torch.randn(n, 2, generator=g) * 3
+    return torch.cat((xy, xy + 40 + 4 * torch.randn(n, 2, generator=g)), 1), torch.rand(n, generator=g)
 
 
 def test_nms_settles_crowded_top_boxes_first(monkeypatch):
@@ -143,29 +183,30 @@ def test_nms_settles_crowded_top_boxes_first(monkeypatch):
     calls = []
     settle = B._settle_top
     monkeypatch.setattr(B, "_settle_top", lambda *a: calls.append(1) or settle(*a))
-    g = torch.Generator().manual_seed(4)
-    centres = torch.rand(5, 2, generator=g) * 300
-    which = torch.randint(0, 5, (500,), generator=g)
-    xy = centres[which] + torch.randn(500, 2, generator=g) * 3
-    boxes = torch.cat((xy, xy + 40 + 4 * torch.randn(500, 2, generator=g)), 1)
-    scores = torch.rand(500, generator=g)
+    boxes, scores = crowds(500, seed=4)
     assert torch.equal(B.nms(boxes, scores, 0.7), reference_nms(boxes, scores, 0.7))
     assert calls
 
 
-def test_nms_long_suppression_chain():
+@DENSE
+def test_nms_long_suppression_chain(dense, monkeypatch):
     # Each box overlaps the next few, scores fall along the chain: greedy keeps
     # every few boxes and needs many rounds, so the loop fallback decides.
+    calls = []
+    rows = B._greedy_rows
+    monkeypatch.setattr(B, "_greedy_rows", lambda *a: calls.append(1) or rows(*a))
     x = torch.arange(200.0) * 3
     boxes = torch.stack((x, torch.zeros_like(x), x + 100, torch.full_like(x, 100.0)), 1)
     scores = torch.linspace(1, 0, len(x))
-    assert torch.equal(B.nms(boxes, scores, 0.5), reference_nms(boxes, scores, 0.5))
+    assert torch.equal(B.nms(boxes, scores, 0.5, dense), reference_nms(boxes, scores, 0.5))
+    assert calls
 
 
-def test_nms_degenerate_and_duplicate_boxes():
+@DENSE
+def test_nms_degenerate_and_duplicate_boxes(dense):
     boxes = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 5.0], [0.0, 0.0, 5.0, 5.0]])
     scores = torch.tensor([0.9, 0.8, 0.7, 0.6])
-    assert B.nms(boxes, scores, 0.5).tolist() == reference_nms(boxes, scores, 0.5).tolist() == [0, 1, 2]
+    assert B.nms(boxes, scores, 0.5, dense).tolist() == reference_nms(boxes, scores, 0.5).tolist() == [0, 1, 2]
 
 
 def predictions(rows: list[list[float]], nc: int) -> torch.Tensor:
