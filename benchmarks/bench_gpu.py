@@ -79,8 +79,29 @@ History (NVIDIA H200, 16 CPUs, torch 2.11.0+cu130, ultralytics 8.4.190,
   (2.11x), whole command 8.54 s against 13.60 s, mAP50-95 0.0674 against
   0.0665. yolov8s and the GPU suite ran past their deadlines (the suite
   at its 8th test, the device choice, after 7 passed and 1 skipped).
-  The pools then grew to 1000 images around the batch (805d932): not
-  measured on a GPU.
+  The pools then grew to 1000 images around the batch (805d932).
+- 2026-11-27, one H200 (three calls on the same machine; commit 8ef61c0,
+  pools of 1000 images, NMS off the CPU from whole overlap matrices). One
+  run per row; each trainer's figure is the median of its epochs 2 and 3:
+  - yolov8n: hpcyolo 960.5 images/s (data wait 0%, 0.70 of the ceiling),
+    ultralytics 943.2 (15%, 0.69), ceiling 1375.3: 1.02x.
+  - yolov8s: hpcyolo 815.5 (0%, 0.84), ultralytics 817.9 (5%, 0.84),
+    ceiling 969.8: 1.00x.
+  - yolo26n: hpcyolo 573.1 (0%, 0.66), ultralytics 621.9 (0%, 0.72),
+    ceiling 862.3: 0.92x.
+  - --compile (yolov8n, --no-train): ceiling 1400.0, compiled 1418.6
+    (1.01x, 5.4 against 7.4 GiB), after a compile of about a minute: the
+    trainer has no compile knob.
+  - Validation pass (500 images, batch 64): yolov8n 1.47 s, yolov8s 1.56 s,
+    yolo26n 2.04 s.
+  - Val race (500 shapes images, batch 32): yolov8n-shapes hpcyolo 4.09 s
+    against ultralytics 2.42 s (1.69x), whole command 8.17 s against
+    13.58 s; yolo26n-shapes 3.03 s against 1.85 s (1.64x), 6.79 s against
+    12.09 s. mAP50-95 0.0752 / 0.0741 and 0.1173 / 0.1161.
+  - The NMS change alone (hpcyolo's pass, 200 shapes images, yolov8n-shapes,
+    sparse and dense alternated, medians of 2): 2.51 s sparse, 1.82 s
+    dense (0.72x), the same mAP.
+  - The GPU suite: 9 passed, 1 skipped (several GPUs) in 118 s.
 """
 
 from __future__ import annotations
