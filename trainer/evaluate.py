@@ -24,6 +24,7 @@ one process does.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from . import dataindex
 from .augment import PAD_VALUE, letterbox_to, rect_batches
 from .boxes import xywh2xyxy
 from .data import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
@@ -191,7 +193,7 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
     labels = check_labels(spec, (split,))
-    sets = ValBatches(files, w.nc, size, batch, rect)
+    sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split))
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
@@ -206,6 +208,32 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
         write_val_plots(s, spec.names, plots)
     return {"weights": str(weights), "data": str(data), "split": split, "imgsz": size,
             **report(s, sets.labels, spec.names)}
+
+
+def index_cache() -> Path:
+    """Where `hpcyolo val` keeps its dataset indexes: $XDG_CACHE_HOME/hpcyolo/index (~/.cache/...)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hpcyolo" / "index"
+
+
+def indexed_split(d: Dist, files, nc: int, root: Path, split: str):
+    """The check results of a split's images through a dataset index in the
+    user's cache (dataindex.py, one file per dataset folder and split): a
+    second `hpcyolo val` of the same data reads one file and checks only the
+    images that changed, as ultralytics reads its labels.cache. None (check
+    every image) where the cache cannot be read or written."""
+    key = hashlib.sha256(f"{Path(root).resolve()}\0{split}".encode()).hexdigest()[:24]
+    file = index_cache() / f"{key}-{split}.npz"
+    try:
+        results, index, _, _ = dataindex.refresh(files, nc, root, file)
+    except OSError:
+        return None
+    if index is not None and d.is_main:  # the other ranks of a distributed val check alike but leave it to rank 0
+        try:
+            dataindex.write(file, index)
+        except OSError:
+            pass  # a cache: the next val checks again
+    return results
 
 
 def report(s: dict, labels: list, names: list[str]) -> dict:

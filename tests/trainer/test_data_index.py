@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED
 
 from hpcyolo_trainer import dataindex, rundir
 from hpcyolo_trainer.data import check_each, check_files, sift
@@ -166,19 +167,30 @@ def label_opens(log: Path, root: Path) -> list[str]:
     return [line.split(" ", 2)[2] for line in label_open_lines(log, root)]
 
 
+def audited(argv: list[str], root: Path, log: Path, **env) -> subprocess.CompletedProcess:
+    """A command run with the audit hook logging what it opens under `root` to `log`."""
+    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(AUDIT_SITE), ENV.get("PYTHONPATH")])),
+           "AUDIT_ROOT": str(root), "AUDIT_LOG": str(log), **env}
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Warning" not in r.stdout + r.stderr, r.stderr[-3000:]  # e.g. torch on the index's read-only rows
+    return r
+
+
+def touched(label: Path, text: str) -> None:
+    """`label` rewritten with `text`, its mtime moved on (the index compares size and mtime)."""
+    label.write_text(text)
+    st = label.stat()
+    os.utime(label, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+
+
 def test_a_second_train_start_reads_no_label_file_and_a_changed_one_is_noticed(tmp_path, shapes):
-    site = AUDIT_SITE
     root, run = shapes.parent, tmp_path / "run"
 
     def start(epochs: int, name: str) -> list[str]:
         log = tmp_path / f"{name}.log"
-        env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), ENV.get("PYTHONPATH")])),
-               "AUDIT_ROOT": str(root), "AUDIT_LOG": str(log)}
-        r = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--model", "n",
-                            "--imgsz", "64", "--epochs", str(epochs), "--batch", "4", "--workers", "0",
-                            "--no-plots"], capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-        assert "Warning" not in r.stdout + r.stderr, r.stderr[-3000:]  # e.g. torch on the index's read-only rows
+        audited([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--model", "n", "--imgsz", "64",
+                 "--epochs", str(epochs), "--batch", "4", "--workers", "0", "--no-plots"], root, log)
         return label_opens(log, root)
 
     first = start(1, "first")
@@ -187,14 +199,42 @@ def test_a_second_train_start_reads_no_label_file_and_a_changed_one_is_noticed(t
     assert rundir.index_file(run, "train").exists() and rundir.index_file(run, "val").exists()
     assert start(2, "second") == []
     label = sorted((root / "labels" / "train").glob("*.txt"))[2]
-    label.write_text("1 0.5 0.5 0.25 0.25\n")
-    st = label.stat()
-    os.utime(label, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    touched(label, "1 0.5 0.5 0.25 0.25\n")
     assert start(3, "changed") == [str(label)]
     index = dataindex.load(rundir.index_file(run, "train"))
     i = next(k for k, n in enumerate(index.names) if Path(n).stem == label.stem)
     assert np.array_equal(index.checked(i, root / index.names[i]).labels,
                           np.array([[1, 0.5, 0.5, 0.25, 0.25]], np.float32))
+
+
+def test_a_second_val_reads_no_label_file_and_a_changed_one_is_noticed(tmp_path, shapes):
+    """`hpcyolo val` keeps its dataset index in the user's cache: the same
+    figures from one index file, a changed label checked again, and where
+    the cache cannot be written, every image checked as before."""
+    root = shapes.parent
+    weights = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes" / "model.pt"
+    cache = tmp_path / "cache"
+
+    def val(name: str, cache_home: Path = cache) -> tuple[dict, list[str]]:
+        log = tmp_path / f"{name}.log"
+        r = audited([HPCYOLO, "val", str(weights), "--data", str(shapes), "--imgsz", "64", "--batch", "4",
+                     "--workers", "0", "--json"], root, log, XDG_CACHE_HOME=str(cache_home))
+        out = json.loads(r.stdout)
+        return {k: out[k] for k in ("images", "instances", "map50", "map50_95")}, label_opens(log, root)
+
+    labels = sorted(str(p) for p in (root / "labels" / "val").glob("*.txt"))
+    first, opened = val("first")
+    assert sorted(opened) == labels
+    assert len(list((cache / "hpcyolo" / "index").glob("*-val.npz"))) == 1
+    assert val("second") == (first, [])
+    label = Path(labels[1])
+    touched(label, label.read_text() + "0 0.5 0.5 0.1 0.1\n")
+    changed, opened = val("changed")
+    assert opened == [str(label)] and changed["instances"] == first["instances"] + 1
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    again, opened = val("no cache", blocked)
+    assert again == changed and sorted(opened) == labels
 
 
 def test_only_rank_0_lists_the_dataset_and_every_rank_names_its_images_alike(tmp_path, shapes):
