@@ -40,8 +40,10 @@ its "arithmetic:" line; ultralytics: its trainer's attributes at the start).
   trainer's read_results_csv (results.csv into a dict, once an epoch when it
   saves) is done by the csv module instead, and the run says so.
 - ceiling: the model step alone on batches pre-loaded on the GPU (uint8, as
-  the loader delivers them): /255, autocast, loss, backward, clip, SGD step,
-  EMA update: what the trainer would reach with an infinitely fast loader.
+  the loader delivers them): /255, autocast, loss, backward, clip, the
+  optimizer step (the one the trainers choose for this run: AdamW at the
+  default sizes; SGD until 2026-11-27), EMA update: what the trainer would
+  reach with an infinitely fast loader.
   In the trainer's memory format: channels_last on a GPU (train.channels_last,
   on by default, as ultralytics trains there). --nchw adds a row of the
   ceiling in NCHW and --compile one with torch.compile: what decides whether
@@ -306,7 +308,7 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     from hpcyolo_trainer.model import build_model
     from hpcyolo_trainer.schedule import build_optimizer
     from hpcyolo_trainer.settings import TrainConfig
-    from hpcyolo_trainer.train import detection_loss, mixed_precision, optimizer_step
+    from hpcyolo_trainer.train import arithmetic, choose_optimizer, detection_loss, mixed_precision, optimizer_step
 
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)  # as both trainers run (see ours())
@@ -315,9 +317,12 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     memory = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=memory)
     ema = ModelEMA(model)
-    optimizer = build_optimizer(model, "sgd", 0.01, 0.937, 5e-4)
+    # The optimizer the trainers choose for these images, epochs and batch (optimizer auto).
+    cfg = TrainConfig(run_dir="-", data="-", epochs=args.epochs, batch=args.batch, nbs=args.batch)
+    name, lr0, momentum, _ = choose_optimizer(cfg, 80, args.images)
+    optimizer = build_optimizer(model, name, lr0, momentum, cfg.weight_decay)
     one = Dist(rank=0, local_rank=0, world_size=1, device=device)
-    loss_fn = detection_loss(model, 80, one, TrainConfig(run_dir="-", data="-", epochs=args.epochs))
+    loss_fn = detection_loss(model, 80, one, cfg)
     net = torch.compile(model) if compile_ else model
     amp, dtype, scaler = mixed_precision(device, True)
     g = torch.Generator().manual_seed(0)
@@ -351,7 +356,9 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     sync()
     seconds = time.perf_counter() - t
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return {"images_per_s": args.steps * args.batch / seconds, "data_wait": 0.0, "gpu_mem": mem}
+    ran = (f"{arithmetic(amp, dtype, memory)}, {'compiled, ' if compile_ else ''}{name} lr0 {lr0:g}, clip 10, EMA, "
+           f"{args.steps} steps timed after {args.warmup_steps}")
+    return {"images_per_s": args.steps * args.batch / seconds, "data_wait": 0.0, "gpu_mem": mem, "ran": ran}
 
 
 # == validation ==============================================================
@@ -523,7 +530,7 @@ def main() -> None:
                 print(f"\n{model}\n{header}", flush=True)
             top = ceiling(model, args, device)
             if args.no_train:
-                print(row("ceiling (GPU alone)", top, top["images_per_s"]), flush=True)
+                print(row("ceiling (GPU alone)", top, top["images_per_s"]), f"\n  ran with: {top['ran']}", flush=True)
             variants = [("ceiling NCHW", False, False)] if args.nchw else []
             if args.compile:
                 variants += [("ceiling compiled", True, None)]
@@ -543,6 +550,7 @@ def main() -> None:
             for name, r in extra:
                 print(row(name, r, top["images_per_s"]))
             print(f"  hpcyolo ran with: {mine['ran']} ({mine['wall']:.0f} s in all)")
+            print(f"  ceiling ran with: {top['ran']}")
             if other:
                 print(f"  ultralytics ran with: {other['ran']} ({other['wall']:.0f} s in all)")
                 print(f"  hpcyolo / ultralytics: {mine['images_per_s'] / other['images_per_s']:.2f}x")
