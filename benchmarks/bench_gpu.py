@@ -47,7 +47,10 @@ its "arithmetic:" line; ultralytics: its trainer's attributes at the start).
   In the trainer's memory format: channels_last on a GPU (train.channels_last,
   on by default, as ultralytics trains there). --nchw adds a row of the
   ceiling in NCHW and --compile one with torch.compile: what decides whether
-  the trainer should have those knobs.
+  the trainer should have those knobs. --input-path adds the ceiling from
+  pinned host uint8 batches through the trainer's own device_batch (copy,
+  /255, the HSV jitter on the device, memory format): how much of the
+  trainer's distance from the ceiling the way in to the device explains.
 - val: one pass of hpcyolo's validation (hpcyolo_trainer.evaluate, rect
   batches of --batch, conf 0.001) over --val-images images of the trained
   run, timed in process after one untimed pass.
@@ -297,9 +300,13 @@ def ultralytics_python(requested: str | None) -> str | None:
 
 # == the GPU alone ===========================================================
 
-def ceiling(model_name: str, args, device, compile_: bool = False, channels_last: bool | None = None) -> dict:
+def ceiling(model_name: str, args, device, compile_: bool = False, channels_last: bool | None = None,
+            input_path: bool = False) -> dict:
     """Images/s of the training step alone on pre-loaded uint8 batches, in
-    the trainer's memory format (channels_last on a GPU) unless told."""
+    the trainer's memory format (channels_last on a GPU) unless told. With
+    `input_path`, each step starts from a uint8 batch in pinned host memory,
+    as the loader hands it over, and the trainer's own device_batch brings it
+    in (copy, /255, the HSV jitter with per-image gains, the memory format)."""
     channels_last = device.type == "cuda" if channels_last is None else channels_last
     import torch
 
@@ -308,7 +315,8 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     from hpcyolo_trainer.model import build_model
     from hpcyolo_trainer.schedule import build_optimizer
     from hpcyolo_trainer.settings import TrainConfig
-    from hpcyolo_trainer.train import arithmetic, choose_optimizer, detection_loss, mixed_precision, optimizer_step
+    from hpcyolo_trainer.train import (arithmetic, choose_optimizer, detection_loss, device_batch, mixed_precision,
+                                       optimizer_step)
 
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)  # as both trainers run (see ours())
@@ -318,7 +326,8 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     model = model.to(memory_format=memory)
     ema = ModelEMA(model)
     # The optimizer the trainers choose for these images, epochs and batch (optimizer auto).
-    cfg = TrainConfig(run_dir="-", data="-", epochs=args.epochs, batch=args.batch, nbs=args.batch)
+    cfg = TrainConfig(run_dir="-", data="-", epochs=args.epochs, batch=args.batch, nbs=args.batch,
+                      channels_last=channels_last)
     name, lr0, momentum, _ = choose_optimizer(cfg, 80, args.images)
     optimizer = build_optimizer(model, name, lr0, momentum, cfg.weight_decay)
     one = Dist(rank=0, local_rank=0, world_size=1, device=device)
@@ -334,12 +343,23 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
                  + torch.tensor([0.1, 0.1, 0.05, 0.05]))
         targets = torch.cat([torch.arange(args.batch).repeat_interleave(7)[:, None].float(),
                              torch.randint(0, 80, (n, 1), generator=g).float(), boxes], 1)
-        batches.append((imgs.to(device).contiguous(memory_format=memory), targets.to(device)))
+        if input_path:  # as the loader hands a batch over: NCHW uint8, pinned, each image's HSV gains in its meta
+            pin = device.type == "cuda"
+            strengths = torch.tensor([cfg.hsv_h, cfg.hsv_s, cfg.hsv_v])
+            gains = 1 + (torch.rand(args.batch, 3, generator=g) * 2 - 1) * strengths
+            metas = [{"hsv": row} for row in gains.tolist()]
+            batches.append((imgs.pin_memory() if pin else imgs, targets.pin_memory() if pin else targets, metas))
+        else:
+            batches.append((imgs.to(device).contiguous(memory_format=memory), targets.to(device), None))
 
     def step(k):
-        imgs, targets = batches[k % len(batches)]
+        imgs, targets, metas = batches[k % len(batches)]
+        if input_path:
+            imgs, targets = device_batch(cfg, one, imgs, metas, k), targets.to(device, non_blocking=True)
+        else:
+            imgs = imgs.float() / 255
         with torch.autocast(device.type, dtype=dtype, enabled=amp):
-            loss, _ = loss_fn(net(imgs.float() / 255), targets)
+            loss, _ = loss_fn(net(imgs), targets)
         scaler.scale(loss).backward()
         optimizer_step(model, optimizer, scaler, ema, 10.0)
 
@@ -356,8 +376,9 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     sync()
     seconds = time.perf_counter() - t
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    ran = (f"{arithmetic(amp, dtype, memory)}, {'compiled, ' if compile_ else ''}{name} lr0 {lr0:g}, clip 10, EMA, "
-           f"{args.steps} steps timed after {args.warmup_steps}")
+    ran = (f"{arithmetic(amp, dtype, memory)}, {'compiled, ' if compile_ else ''}"
+           f"{'from pinned host batches through device_batch, ' if input_path else ''}{name} lr0 {lr0:g}, clip 10, "
+           f"EMA, {args.steps} steps timed after {args.warmup_steps}")
     return {"images_per_s": args.steps * args.batch / seconds, "data_wait": 0.0, "gpu_mem": mem, "ran": ran}
 
 
@@ -466,6 +487,8 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="also the ceiling with torch.compile")
     p.add_argument("--nchw", action="store_true", help="also the ceiling in NCHW (the trainer's is channels_last on "
                    "a GPU)")
+    p.add_argument("--input-path", action="store_true", help="also the ceiling from pinned host batches through "
+                   "the trainer's device_batch (copy, /255, HSV jitter, memory format): the input's share of the step")
     p.add_argument("--no-train", action="store_true", help="only the ceilings (and the val race)")
     p.add_argument("--no-val-race", dest="val_race", action="store_false")
     p.add_argument("--fixtures", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared" /
@@ -531,12 +554,15 @@ def main() -> None:
             top = ceiling(model, args, device)
             if args.no_train:
                 print(row("ceiling (GPU alone)", top, top["images_per_s"]), f"\n  ran with: {top['ran']}", flush=True)
-            variants = [("ceiling NCHW", False, False)] if args.nchw else []
+            variants = [("ceiling NCHW", False, False, False)] if args.nchw else []
             if args.compile:
-                variants += [("ceiling compiled", True, None)]
+                variants += [("ceiling compiled", True, None, False)]
+            if args.input_path:
+                variants += [("ceiling + input path", False, None, True)]
             extra = []
-            for name, compile_, channels_last in variants:
-                extra.append((name, ceiling(model, args, device, compile_=compile_, channels_last=channels_last)))
+            for name, compile_, channels_last, input_path in variants:
+                extra.append((name, ceiling(model, args, device, compile_=compile_, channels_last=channels_last,
+                                            input_path=input_path)))
                 if args.no_train:
                     print(row(*extra[-1], top["images_per_s"]), flush=True)
             if args.no_train:
@@ -551,6 +577,8 @@ def main() -> None:
                 print(row(name, r, top["images_per_s"]))
             print(f"  hpcyolo ran with: {mine['ran']} ({mine['wall']:.0f} s in all)")
             print(f"  ceiling ran with: {top['ran']}")
+            for name, r in extra:
+                print(f"  {name} ran with: {r['ran']}")
             if other:
                 print(f"  ultralytics ran with: {other['ran']} ({other['wall']:.0f} s in all)")
                 print(f"  hpcyolo / ultralytics: {mine['images_per_s'] / other['images_per_s']:.2f}x")

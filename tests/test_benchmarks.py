@@ -20,7 +20,7 @@ UL_VENV = [] if Path("/work/bench-ul-venv/bin/python").is_file() else ["--skip-u
 # (benchmark, its smallest arguments, a line of its summary)
 SMOKES = [
     ("bench_world_size.py", ["--smoke"], "band"),
-    ("bench_gpu.py", ["--smoke", "--skip-ultralytics"], "validation pass:"),
+    ("bench_gpu.py", ["--smoke", "--skip-ultralytics", "--input-path"], "validation pass:"),
     ("bench_loader.py", ["--skip-ultralytics", "--images", "32", "--repeats", "1", "--imgsz", "160", "--batch", "8"],
      "one loader for the run"),
     ("bench_learn.py", ["--smoke"], "wall time"),
