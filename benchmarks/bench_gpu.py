@@ -344,11 +344,11 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
         targets = torch.cat([torch.arange(args.batch).repeat_interleave(7)[:, None].float(),
                              torch.randint(0, 80, (n, 1), generator=g).float(), boxes], 1)
         if input_path:  # as the loader hands a batch over: NCHW uint8, pinned, each image's HSV gains in its meta
-            pin = device.type == "cuda"
             strengths = torch.tensor([cfg.hsv_h, cfg.hsv_s, cfg.hsv_v])
             gains = 1 + (torch.rand(args.batch, 3, generator=g) * 2 - 1) * strengths
-            metas = [{"hsv": row} for row in gains.tolist()]
-            batches.append((imgs.pin_memory() if pin else imgs, targets.pin_memory() if pin else targets, metas))
+            if device.type == "cuda":
+                imgs, targets = imgs.pin_memory(), targets.pin_memory()
+            batches.append((imgs, targets, [{"hsv": row} for row in gains.tolist()]))
         else:
             batches.append((imgs.to(device).contiguous(memory_format=memory), targets.to(device), None))
 

@@ -162,9 +162,9 @@ def _settle_top(ranked: Tensor, iou_thres: float, keep: Tensor) -> Tensor:
     alive = torch.arange(len(ranked), device=ranked.device)
     while len(alive) > _NMS_SETTLE_MIN:
         top, rest = alive[:_NMS_SETTLE_TOP], alive[_NMS_SETTLE_TOP:]
-        kept = top[_greedy_keep(*_dense_edges(ranked[top], iou_thres), len(top))]
+        kept = top[_greedy_keep(*_upper_overlaps(ranked[top], iou_thres).nonzero(as_tuple=True), len(top))]
         keep[kept] = True
-        alive = rest[~_overlaps(ranked[rest], ranked[kept], iou_thres).any(1)]
+        alive = _unsuppressed(ranked, rest, kept, iou_thres)
         if len(rest) - len(alive) < 3 * _NMS_SETTLE_TOP:  # no longer pays for itself
             break
     return alive
@@ -184,11 +184,9 @@ def _dense_nms(ranked: Tensor, iou_thres: float, keep: Tensor) -> None:
     alive = torch.arange(len(ranked), device=ranked.device)
     while len(alive):
         top, alive = alive[:_NMS_DENSE_TOP], alive[_NMS_DENSE_TOP:]
-        over = torch.cat(list(_overlap_blocks(ranked[top], ranked[top], iou_thres))).triu_(1)
-        kept = top[_fixed_point_keep(over)]
+        kept = top[_fixed_point_keep(_upper_overlaps(ranked[top], iou_thres))]
         keep[kept] = True
-        if len(alive) and len(kept):
-            alive = alive[~torch.cat([b.any(1) for b in _overlap_blocks(ranked[alive], ranked[kept], iou_thres)])]
+        alive = _unsuppressed(ranked, alive, kept, iou_thres)
 
 
 def _overlap_blocks(a: Tensor, b: Tensor, iou_thres: float):
@@ -196,6 +194,17 @@ def _overlap_blocks(a: Tensor, b: Tensor, iou_thres: float):
     rows = max(1, _NMS_PAIR_CHUNK // max(1, len(b)))
     for i in range(0, len(a), rows):
         yield _overlaps(a[i:i + rows], b, iou_thres)
+
+
+def _upper_overlaps(boxes: Tensor, iou_thres: float) -> Tensor:
+    """[N,N] bool, strictly upper: IoU(boxes_i, boxes_j) > iou_thres for i < j (score-ranked boxes)."""
+    return torch.cat(list(_overlap_blocks(boxes, boxes, iou_thres))).triu_(1)
+
+
+def _unsuppressed(ranked: Tensor, rest: Tensor, kept: Tensor, iou_thres: float) -> Tensor:
+    """The rank indices of `rest` whose boxes no box of `kept` overlaps."""
+    hit = [block.any(1) for block in _overlap_blocks(ranked[rest], ranked[kept], iou_thres)]
+    return rest[~torch.cat(hit)] if hit else rest
 
 
 def _fixed_point_keep(over: Tensor) -> Tensor:
@@ -220,12 +229,6 @@ def _overlaps(a: Tensor, b: Tensor, iou_thres: float) -> Tensor:
     """[N,M] bool: IoU(a_i, b_j) > iou_thres, without the division."""
     inter, union = _inter_union(a[:, None], b[None], 1e-7)
     return inter > iou_thres * union
-
-
-def _dense_edges(boxes: Tensor, iou_thres: float) -> tuple[Tensor, Tensor]:
-    """Edges (src, dst), src < dst, of a few boxes' overlap graph from the full IoU matrix."""
-    src, dst = _overlaps(boxes, boxes, iou_thres).triu_(1).nonzero(as_tuple=True)
-    return src, dst
 
 
 def _overlap_graph(boxes: Tensor, iou_thres: float) -> tuple[Tensor, Tensor]:
