@@ -104,6 +104,30 @@ def test_a_changed_label_file_is_checked_again_and_only_it(tmp_path, shapes):
     assert again == 0 and index is not None and len(results) == len(files) - 1
 
 
+def test_the_stats_are_the_same_in_this_thread_and_in_the_pool_a_slow_file_system_gets(tmp_path, shapes,
+                                                                                    monkeypatch):
+    """stats() stays in its thread while the stats come fast, and hands the
+    rest to a pool of threads once a chunk is slow; both give each file's
+    stat, -1 for a missing label file, in the files' order."""
+    files = list(load_data_spec(shapes).train)
+    os.unlink(label_path(files[2]))
+    files.append(shapes.parent / "images" / "train" / "gone.jpg")
+    expected = []
+    for f in files:
+        row = []
+        for p in (f, label_path(f)):
+            row += [p.stat().st_size, p.stat().st_mtime_ns] if p.exists() else [-1, -1]
+        expected.append(row)
+    monkeypatch.setattr(dataindex, "CHUNK", 3)
+    pooled = []
+    real_pool = dataindex.ThreadPoolExecutor
+    monkeypatch.setattr(dataindex, "ThreadPoolExecutor", lambda **kw: pooled.append(kw) or real_pool(**kw))
+    monkeypatch.setattr(dataindex, "SLOW_STAT", float("inf"))  # every chunk fast: no pool
+    assert dataindex.stats(files).tolist() == expected and not pooled
+    monkeypatch.setattr(dataindex, "SLOW_STAT", 0.0)  # the first chunk slow: the rest in the pool
+    assert dataindex.stats(files).tolist() == expected and len(pooled) == 1
+
+
 def test_a_copy_elsewhere_with_the_same_mtimes_uses_the_index_and_names_its_own_files(tmp_path, shapes):
     files = flawed(shapes)
     file = tmp_path / "index.npz"
