@@ -25,6 +25,7 @@ SMOKES = [
      "one loader for the run"),
     ("bench_learn.py", ["--smoke"], "wall time"),
     ("bench_render.py", ["--runs", "3"], "ratio:"),
+    ("bench_rendezvous.py", ["--runs", "1", "--ranks", "2", "--late", "0.5"], "early / late"),
     ("bench_login.py", ["--runs", "1", "--requeues", "3", "--sweep", "8", "--torchx", "none"], "submit --dry-run"),
     ("bench_decode.py", ["--runs", "1", "--imgsz", "160"], "median Pillow/OpenCV time ratio"),
     ("bench_stage.py", ["--images", "200", "--runs", "1"], "second stage / first"),

@@ -10,12 +10,14 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from hpcyolo.node import distenv
 from hpcyolo.node.distenv import (DistEnv, NodeLayout, check_master, default_port, expand_hostlist, from_environ,
                                   sagemaker_layout)
+from hpcyolo.node.local import free_port
 from hpcyolo.node.netif import resolve_master
 from hpcyolo_trainer.devices import device_for, visible_gpus
 from hpcyolo_trainer.errors import HpcyoloError
@@ -537,6 +539,59 @@ def test_address_in_use_at_init_is_one_clear_line():
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1] == f"hpcyolo: error: {port_in_use_message('127.0.0.1', port)}"
     assert "Traceback" not in r.stderr
+
+
+EARLY = ("import os, sys, time\nfrom pathlib import Path\nfrom hpcyolo_trainer.rendezvous import listen_early\n"
+         "listen_early(os.environ)\nassert 'torch' not in sys.modules\nPath(sys.argv[1]).write_text('')\n"
+         "time.sleep(1.5)\nfrom hpcyolo.node.probe import run\nraise SystemExit(run())\n")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_rank_0_listens_before_torch_loads_and_its_store_serves_that_socket(tmp_path):
+    """Rank 0 listens on MASTER_PORT before importing torch; rank 1 connects
+    while rank 0 has not made its store yet (the kernel holds the connect),
+    and the group forms on that socket: both all-reduce."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+               HPCYOLO_JOB="local early", HPCYOLO_DIST_TIMEOUT="60", CUDA_VISIBLE_DEVICES="")
+    ready = tmp_path / "listening"
+    zero = subprocess.Popen([sys.executable, "-c", EARLY, str(ready)], env={**env, "RANK": "0", "LOCAL_RANK": "0"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and zero.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ready.exists(), zero.communicate()[0]
+    with socket.create_connection(("127.0.0.1", port), timeout=5):  # accepted: rank 0 listens, without torch
+        pass
+    one = subprocess.run([sys.executable, "-m", "hpcyolo.node.probe"], env={**env, "RANK": "1", "LOCAL_RANK": "1"},
+                         capture_output=True, text=True, timeout=120)
+    out0 = zero.communicate(timeout=120)[0]
+    assert zero.returncode == 0 and one.returncode == 0, (out0, one.stdout, one.stderr)
+    assert "all_reduce 3 (expected 3)" in out0 and "all_reduce 3 (expected 3)" in one.stdout
+
+
+def test_rank_0_that_cannot_listen_early_says_so_in_one_line_before_torch_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), HPCYOLO_JOB="local taken")
+        code = ("import os, sys\nfrom hpcyolo_trainer.rendezvous import listen_early\n"
+                "from hpcyolo_trainer.errors import HpcyoloError\ntry:\n    listen_early(os.environ)\n"
+                "except HpcyoloError as e:\n"
+                "    sys.exit(f'hpcyolo: error: {e} (torch loaded: {\"torch\" in sys.modules})')\n")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.strip() == (f"hpcyolo: error: {port_in_use_message('127.0.0.1', port)} "
+                                    f"(torch loaded: False)")
+        # Under torchrun, or without a job identity, the store is not ours: nothing is bound early.
+        for other in ({"TORCHELASTIC_RUN_ID": "x"}, {"HPCYOLO_JOB": ""}, {"RANK": "1"}, {"WORLD_SIZE": "1"}):
+            r = subprocess.run([sys.executable, "-c", code], env={**env, **other}, capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, (other, r.stderr)
 
 
 def test_env_layer_does_not_import_torch():

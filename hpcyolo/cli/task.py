@@ -140,6 +140,9 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
 
     check_train({"signal": signal, **options}, int(os.environ.get("WORLD_SIZE", "1")))
     from hpcyolo_trainer.devices import idle_threads_sleep
+    from hpcyolo_trainer.rendezvous import listen_early
+
+    listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
 
     idle_threads_sleep(os.environ)  # before torch loads libgomp
     # Torch's and the trainer's imports without the garbage collector: its full collections, as the heap

@@ -18,12 +18,14 @@ from pathlib import Path
 
 
 def main() -> int:
+    from hpcyolo_trainer.rendezvous import init_process_group, listen_early
+
+    listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
     import torch
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    from hpcyolo_trainer.rendezvous import init_process_group
 
     init_process_group(backend, int(os.environ.get("HPCYOLO_DIST_TIMEOUT", "300")))
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
