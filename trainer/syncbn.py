@@ -10,8 +10,8 @@ and 4 processes the shapes set ended far below one process's mAP
 (benchmarks/bench_world_size.py). CrossRankBatchNorm2d is the same maths
 for CPU process groups (gloo), with the same collectives per layer: one
 all-gather of each rank's count, mean and squared deviations in the forward
-pass (combined without losing precision to E[x^2] - E[x]^2), one all-reduce
-of two gradient sums in the backward pass (_Normalise). Every rank must
+pass (combined without losing precision to E[x^2] - E[x]^2), one of two
+gradient sums in the backward pass (_Normalise). Every rank must
 run every forward and backward in training mode in step, as DDP already
 requires; in eval mode it is plain BatchNorm (the running statistics).
 """
@@ -59,9 +59,12 @@ def _channel(v: torch.Tensor) -> torch.Tensor:
 
 class _Normalise(torch.autograd.Function):
     """x normalised with the mean and biased variance of every rank's batch
-    together: one all-gather forward, one all-reduce backward (as torch's
-    SyncBatchNorm). Each rank sends its element count, mean and sum of
-    squared deviations from its own mean per channel, in float64, and every
+    together: one all-gather forward, one backward (torch's SyncBatchNorm
+    all-reduces there; gloo's all-gather of a [2, 256] float32 tensor took
+    3.7 ms against its all-reduce's 5.3 ms at 4 processes on 2 cores, 0.5
+    against 1.1 ms at 2, 200 of each; every rank adds the same rows in the
+    same order). Each rank sends its element count, mean and sum of squared
+    deviations from its own mean per channel, in float64, and every
     rank combines them the same way (Chan et al.'s parallel variance): no
     E[x^2] - E[x]^2 cancellation. The backward pass needs the global sums
     of the gradient and of gradient x normalised input, per channel.
@@ -99,9 +102,10 @@ class _Normalise(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_):
         xhat, invstd = ctx.saved_tensors
-        sums = torch.stack([grad.sum(_DIMS), (grad * xhat).sum(_DIMS)])
-        dist.all_reduce(sums)
-        sums /= ctx.count
+        mine = torch.stack([grad.sum(_DIMS), (grad * xhat).sum(_DIMS)])
+        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, mine)
+        sums = torch.stack(everyone).sum(0) / ctx.count
         return (grad - _channel(sums[0]) - xhat * _channel(sums[1])) * _channel(invstd), None
 
 
