@@ -337,12 +337,13 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
     is accepted (leaving the block: data that cannot be trained on stops
     before a run directory exists), then every rank reads it, one file per
     split, which names the images (`splits`, each split's images, are rank
-    0's alone: the other ranks list no folder). What stops rank 0 in the
-    block stops the others with its words."""
+    0's alone: the other ranks list no folder). Where the index is current
+    (nothing to write: a start that wrote it accepted the data), rank 0 says
+    so at once and the other ranks read it while rank 0 builds its datasets;
+    its verdict on the data follows when it leaves the block. What stops
+    rank 0 in the block stops the others with its words."""
     if not d.is_main:
-        shared = [None]
-        torch.distributed.broadcast_object_list(shared, 0)
-        versions, error = shared[0]
+        versions, error, current = _word_of_rank_0()
         if error:
             raise HpcyoloError(error)
         try:
@@ -351,6 +352,10 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
         except OSError as e:
             raise HpcyoloError(f"rank {d.rank}: {e}") from None
         yield checked
+        if current:  # told before rank 0 built its datasets: its verdict on the data
+            _, error, _ = _word_of_rank_0()
+            if error:
+                raise HpcyoloError(error)
         return
     built, versions = {}, {}
     try:
@@ -360,6 +365,8 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
             if built[split][2]:
                 print0(d, f"{split}: checked {built[split][2]} of {len(files)} images in "
                           f"{time.monotonic() - t0:.1f} s for the dataset index ({rundir.index_file(run, split)})")
+        if d.distributed and all(index is None for _, index, _, _ in built.values()):
+            torch.distributed.broadcast_object_list([({split: b[3] for split, b in built.items()}, None, True)], 0)
         yield {split: results for split, (results, *_) in built.items()}
         for split, (_, index, _, version) in built.items():
             if index is not None:
@@ -370,12 +377,20 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
                                        f"{e.strerror or e}") from None
             versions[split] = version
     except Exception as e:
-        if d.distributed:  # the others wait for the index: they stop too, with the same words
+        if d.distributed:  # the others wait for the index, or for the verdict: they stop too, with the same words
             why = str(e) if isinstance(e, HpcyoloError) else f"rank 0 failed to load the data ({type(e).__name__}: {e})"
-            torch.distributed.broadcast_object_list([({}, why)], 0)
+            torch.distributed.broadcast_object_list([({}, why, False)], 0)
         raise
-    if d.distributed:
-        torch.distributed.broadcast_object_list([(versions, None)], 0)
+    if d.distributed:  # the index to read, or (told already) that the data is accepted
+        torch.distributed.broadcast_object_list([(versions, None, False)], 0)
+
+
+def _word_of_rank_0() -> tuple[dict[str, str], str | None, bool]:
+    """What rank 0 broadcasts in `indexed`: (each split's index version, its
+    error or None, whether it told before accepting the data)."""
+    shared = [None]
+    torch.distributed.broadcast_object_list(shared, 0)
+    return shared[0]
 
 
 def training_files(files: list, fraction: float) -> list:

@@ -291,3 +291,62 @@ def test_the_paths_of_an_index_are_the_same_for_the_rank_that_built_it_and_those
     dataindex.write(file, index)
     read = dataindex.read(file, root, version)
     assert list(built.paths) == list(read.paths) == [root / "images" / "train" / f.name for f in files]
+
+
+INDEXED = """
+import json, os, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+from hpcyolo_trainer.dataset import load_data_spec
+from hpcyolo_trainer.dist import Dist
+from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.train import indexed
+data, run, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+d = Dist(rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"))
+spec = load_data_spec(data, listed=rank == 0)
+splits = {"train": spec.train if rank == 0 else None, "val": spec.val if rank == 0 else None}
+seen = {}
+for start in ("first", "second", "refused"):
+    inside = out / f"rank1-inside-{start}"
+    try:
+        with indexed(d, spec, len(spec.names), run, splits) as checked:
+            if rank == 1:
+                inside.write_text("")
+            else:  # rank 0's datasets: does rank 1 read the index meanwhile?
+                deadline = time.monotonic() + (2 if start == "first" else 30)
+                while not inside.exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                seen[start + " read meanwhile"] = inside.exists()
+                if start == "refused":
+                    raise HpcyoloError("refused by the test")
+            seen[start + " paths"] = [str(p) for p in checked["train"].paths]
+    except HpcyoloError as e:
+        seen[start] = str(e)
+(out / f"rank{rank}.json").write_text(json.dumps(seen))
+dist.destroy_process_group()
+"""
+
+
+def test_on_a_current_index_the_other_ranks_read_it_while_rank_0_builds_and_still_stop_with_its_words(
+        tmp_path, shapes):
+    """First start: the index is written once rank 0 accepts the data; the
+    others wait for it. Later starts on a current index: the others read it
+    while rank 0 is still in the block, and a refusal by rank 0 after
+    telling reaches them as its words."""
+    from hpcyolo.node.local import free_port
+
+    env = {**ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    procs = [subprocess.Popen([sys.executable, "-c", INDEXED, str(shapes), str(tmp_path / "run"), str(tmp_path)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in (0, 1)]
+    out = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), out
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert zero["first read meanwhile"] is False  # rank 1 waited for the index rank 0 wrote on leaving
+    assert zero["second read meanwhile"] is True  # the index current: rank 1 read it while rank 0 was in the block
+    assert zero["refused read meanwhile"] is True
+    assert zero["refused"] == one["refused"] == "refused by the test"
+    assert one["first paths"] == zero["first paths"] and one["second paths"] == zero["second paths"]
+    assert len(zero["second paths"]) == 8
