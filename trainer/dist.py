@@ -75,6 +75,32 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
+# The process groups the trainer left (leave): kept from destruction until the process ends.
+_left: list = []
+
+
+def leave() -> None:
+    """Leave the process group at the trainer's end, keeping the group
+    object alive until the process ends (with os._exit: `has_left`).
+
+    Destroyed here, the group's last reference would be DDP's reducer's,
+    and the reducer's destructor holds the GIL while the group joins its
+    gloo threads; a gloo thread releasing an earlier collective's tensors,
+    which Python had let go of, waits for that GIL. Seen once: a rank of 3,
+    on 2 cores, hung at the end of its run in ~ProcessGroupGloo (joining)
+    under ~Reducer, its gloo thread in ~AsyncAllgatherWork waiting for the
+    GIL. (A group object freed from Python releases the GIL first: `cleanup`
+    is safe where no DDP holds the group.)"""
+    if dist.is_initialized():
+        _left.append(dist.group.WORLD)
+        dist.destroy_process_group()
+
+
+def has_left() -> bool:
+    """Whether this process left a process group with `leave`."""
+    return bool(_left)
+
+
 def print0(d: Dist, *args, **kwargs) -> None:
     if d.is_main:
         print(*args, **kwargs, flush=True)

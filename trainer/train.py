@@ -32,7 +32,7 @@ from . import dataindex, families, rundir
 from .background import Background
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
 from .dataset import DataSpec, check_labels
-from .dist import Dist, broadcast_module, cleanup, gather_objects, max_over_ranks, print0, setup, warn0
+from .dist import Dist, broadcast_module, gather_objects, leave, max_over_ranks, print0, setup, warn0
 from .drills import Drills
 from .ema import ModelEMA
 from .errors import HpcyoloError
@@ -1003,7 +1003,7 @@ def finish(d: Dist, code: int, keep_scratch: bool) -> int:
     """Leave the process group; on an ending no requeue follows, the node's
     first rank removes the node-local scratch (staged data, image caches):
     node memory must not outlive the job."""
-    cleanup()
+    leave()
     scratch = os.environ.get(SCRATCH_ENV)
     if not keep_scratch and scratch and d.local_rank == 0:
         from .staged import remove

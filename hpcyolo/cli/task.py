@@ -181,18 +181,21 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
 
 
 def _end_rank(code: int):  # NoReturn
-    """End a training process with `code`. Where its process group is still
-    up (an error ended training; a normal ending has left it), without the
-    interpreter's teardown: gloo's work threads release their last
-    collective's tensors under the GIL, and one that tries while the
-    interpreter finalizes ends the process in std::terminate (SIGABRT, exit
-    134), which srun and the job's end read as a crash, retried, instead of
-    this code. Everything of the run's was written and closed by then."""
+    """End a training process with `code`. Where it had a process group
+    (still up: an error ended training; or left, kept from destruction, at
+    a normal ending: hpcyolo_trainer.dist.leave), without the interpreter's
+    teardown: gloo's work threads release their last collective's tensors
+    under the GIL, and one that tries while the interpreter finalizes ends
+    the process in std::terminate (SIGABRT, exit 134), which srun and the
+    job's end read as a crash, retried, instead of this code. Everything of
+    the run's was written and closed by then."""
     sys.stdout.flush()
     sys.stderr.flush()
     import torch.distributed
 
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    from hpcyolo_trainer.dist import has_left
+
+    if torch.distributed.is_available() and (torch.distributed.is_initialized() or has_left()):
         os._exit(code)
     sys.exit(code)
 

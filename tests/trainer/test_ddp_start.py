@@ -50,3 +50,38 @@ def test_data_parallel_builds_ddp_without_importing_dynamo_and_with_its_reducer(
 def test_torchs_own_ddp_imports_dynamo_the_cost_the_stand_in_saves():
     out = run("torch")
     assert "dynamo imported True" in out and "python reducer False" in out
+
+
+END = r"""
+import os, sys, torch, torch.distributed as dist
+from hpcyolo_trainer.dist import has_left, setup
+from hpcyolo_trainer.train import data_parallel, finish
+d = setup(60)
+def train():  # as train.main: DDP a local, the group left (finish) before it returns
+    net = data_parallel(torch.nn.Linear(4, 4), d)
+    net(torch.ones(2, 4)).sum().backward()
+    dist.barrier()
+    return finish(d, 0, keep_scratch=True)
+threads = len(os.listdir("/proc/self/task"))
+train()  # DDP freed here, under the GIL: the group must not be destroyed (joined) from there
+print("gloo threads joined when DDP was freed:", len(os.listdir("/proc/self/task")) < threads)
+print("left:", has_left(), "initialized:", dist.is_initialized())
+os._exit(0)
+"""
+
+
+def test_the_group_the_trainer_leaves_is_not_destroyed_when_ddp_is_freed():
+    """At the end of a run a rank leaves its group (train.finish) and then
+    frees DDP. Freed then, the reducer held the group's last reference and
+    destroyed it with the GIL held, joining the gloo threads, one of which
+    could be waiting for the GIL to release an earlier collective's tensors:
+    a rank hung at its end (seen once, 3 ranks on 2 cores). The group is
+    kept until the process ends (with os._exit, hpcyolo train's _end_rank)."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", END], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    out = [p.communicate(timeout=120)[0] for p in procs]
+    for o, p in zip(out, procs):
+        assert p.returncode == 0, o
+        assert "gloo threads joined when DDP was freed: False" in o and "left: True initialized: False" in o, o
