@@ -101,7 +101,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     health(cfg, d, parts, run, [host for *_, host, _, _ in everyone])
     if state is not None and parts.drills is not None:
         parts.drills.val_signal = None  # a resumed run validates through
-    if d.distributed:
+    if d.distributed and pos.global_step > 0:  # the run's first step builds the buckets the same way in any start
         settle_buckets(parts.net, parts.model, parts.loss_fn, cfg.imgsz, d.device, parts.amp, parts.amp_dtype)
     if d.is_main and cfg.tensorboard:  # a requeued run's events from its resumed batch on replace the earlier ones
         done = pos.epoch * data.batches + pos.batch
@@ -1023,8 +1023,11 @@ def settle_buckets(net, model, loss_fn, imgsz: int, device, amp: bool, amp_dtype
     ranks float addition is not associative: the first step after a resume
     (old layout) rounded differently from the same step of an uninterrupted
     run (rebuilt layout), and the runs drifted apart. Doing the first backward
-    here, in fresh and resumed runs alike, leaves weights, buffers, gradients
-    and RNG state as they were.
+    here, in a start that resumes after the run's first optimizer step,
+    leaves weights, buffers, gradients and RNG state as they were. A start
+    at the run's first step (a new run, or one stopped before its first
+    step) needs none: its first backward is the uninterrupted run's first,
+    in the same layout.
 
     BatchNorm layers run in eval mode here: across ranks (SyncBatchNorm,
     CrossRankBatchNorm2d) each would add a collective to the forward and one
