@@ -162,27 +162,30 @@ def read_outlines(path: Path, nc: int) -> list[np.ndarray | None]:
 
 def probe_image(path: Path) -> tuple[int, int]:
     """(h, w) as decoded, after EXIF rotation (OpenCV applies it), without
-    decoding the pixels; raises on an unreadable, corrupt or truncated file."""
-    with Image.open(path) as im:
-        im.verify()  # structure and checksums where the format has them (PNG)
-    with Image.open(path) as im:  # verify() leaves the image unusable: open again
-        w, h = im.size
-        fmt = im.format
-        orientation = im.getexif().get(0x0112, 1)
-    if fmt == "JPEG" and not _has_jpeg_end(path):
-        raise ValueError("truncated JPEG (no end-of-image marker)")
+    decoding the pixels; raises on an unreadable, corrupt or truncated file.
+    One open of the file (on a parallel file system each open is a round
+    trip to the metadata server), read from the start again as needed."""
+    with open(path, "rb") as f:
+        with Image.open(f) as im:
+            im.verify()  # structure and checksums where the format has them (PNG)
+        f.seek(0)
+        with Image.open(f) as im:  # verify() leaves the image unusable: parse it again
+            w, h = im.size
+            fmt = im.format
+            orientation = im.getexif().get(0x0112, 1)
+        if fmt == "JPEG" and not _has_jpeg_end(f):
+            raise ValueError("truncated JPEG (no end-of-image marker)")
     if w < 1 or h < 1:
         raise ValueError(f"empty image ({w}x{h})")
     return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
 
 
-def _has_jpeg_end(path: Path) -> bool:
+def _has_jpeg_end(f) -> bool:
     """A cut-off download decodes to a half-grey image without error; its
     end-of-image marker (FF D9) is missing. Some cameras pad after it, so
-    look at the tail, not only the last two bytes."""
-    with open(path, "rb") as f:
-        f.seek(max(0, os.fstat(f.fileno()).st_size - 1024))
-        return b"\xff\xd9" in f.read()
+    look at the tail (of the open file `f`), not only the last two bytes."""
+    f.seek(max(0, os.fstat(f.fileno()).st_size - 1024))
+    return b"\xff\xd9" in f.read()
 
 
 def decode_resized(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
