@@ -9,12 +9,13 @@ it. Instead, one process (rank 0) keeps the split's index up to date, and
 every rank reads it, one file:
 
 - `refresh(files, nc, root, file)` (rank 0): stat every image and label file
-  (metadata only, no open: threads, as data.check_each) and compare with the
-  index in `file`; check again (data.check_one) only the images that are new
-  or whose image or label file changed in size or mtime (or appeared or
-  went away); rewrite the file (tmp + rename) when anything differs. On an
-  unchanged dataset nothing is opened but the index. Returns what a check of
-  every file would have returned, and the index's version;
+  (metadata only, no open; threads where the stats wait on the file
+  system: data.per_file) and compare with the index in `file`; check
+  again (data.check_one) only the images that are new or whose image or
+  label file changed in size or mtime (or appeared or went away); rewrite
+  the file (tmp + rename) when anything differs. On an unchanged dataset
+  nothing is opened but the index. Returns what a check of every file
+  would have returned, and the index's version;
 - `read(file, root, version, files)` (the other ranks, after rank 0's
   broadcast): the same results from the file alone.
 
