@@ -10,8 +10,8 @@ and 4 processes the shapes set ended far below one process's mAP
 (benchmarks/bench_world_size.py). CrossRankBatchNorm2d is the same maths
 for CPU process groups (gloo), with the same collectives per layer: one
 all-gather of each rank's count, mean and squared deviations in the forward
-pass (combined without losing precision to E[x^2] - E[x]^2), one of two
-gradient sums in the backward pass (_Normalise). Every rank must
+pass (combined without losing precision to E[x^2] - E[x]^2), and one of
+the two gradient sums in the backward pass (_Normalise). Every rank must
 run every forward and backward in training mode in step, as DDP already
 requires; in eval mode it is plain BatchNorm (the running statistics).
 """
@@ -83,11 +83,9 @@ class _Normalise(torch.autograd.Function):
         local_m2 = (x - _channel(local_mean)).square().sum(_DIMS)
         mine = torch.cat([torch.tensor([n], dtype=torch.float64, device=x.device),
                           local_mean.double(), local_m2.double()])
-        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         start = time.perf_counter()
-        dist.all_gather(everyone, mine)
+        table = _gathered(mine)  # [ranks, 1 + 2C]
         _Normalise.seconds += time.perf_counter() - start
-        table = torch.stack(everyone)  # [ranks, 1 + 2C]
         counts, means, m2s = table[:, :1], table[:, 1:1 + channels], table[:, 1 + channels:]
         count = float(counts.sum())
         mean = (counts * means).sum(0) / count
@@ -102,11 +100,15 @@ class _Normalise(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_):
         xhat, invstd = ctx.saved_tensors
-        mine = torch.stack([grad.sum(_DIMS), (grad * xhat).sum(_DIMS)])
-        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(everyone, mine)
-        sums = torch.stack(everyone).sum(0) / ctx.count
+        sums = _gathered(torch.stack([grad.sum(_DIMS), (grad * xhat).sum(_DIMS)])).sum(0) / ctx.count
         return (grad - _channel(sums[0]) - xhat * _channel(sums[1])) * _channel(invstd), None
+
+
+def _gathered(mine: torch.Tensor) -> torch.Tensor:
+    """Every rank's `mine`, stacked in rank order: [ranks, *mine.shape]."""
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return torch.stack(everyone)
 
 
 def forward_wait() -> float:
