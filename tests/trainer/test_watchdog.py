@@ -107,7 +107,10 @@ def test_a_stalled_rank_ends_the_job_within_the_bound_and_its_stack_shows_where(
     assert code == HANG_EXIT_CODE, out
     line = next(x for x in out.splitlines() if x.startswith("hpcyolo: hang:"))
     assert "after step 8" in line and f"rank 1 on {HOST} is stuck in drill_stall" in line, line
-    assert f"rank 0 on {HOST} waits in a collective at forward" in line, line
+    # rank 0 went on into step 9 and waits in its first collective there: the
+    # forward's batch-norm all-gather across ranks (gloo), named with its file
+    assert f"rank 0 on {HOST} waits in a collective at " in line and "syncbn.py" in line, line
+    assert "inside torch's all_gather" in line, line
     folder = rundir.hang_folder(tmp_path / "run", "local", "0")
     assert "drill_stall" in (folder / "rank-1.txt").read_text()
     assert "forward_backward" in (folder / "rank-0.txt").read_text()
