@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -68,18 +69,47 @@ def launch_layout(argv: Sequence[str], layout: NodeLayout, *, env: Mapping[str, 
 
 def _wait(procs: list[subprocess.Popen], grace: float) -> int:
     failed = None
-    while any(p.poll() is None for p in procs):
-        for rank, p in enumerate(procs):
-            code = p.poll()
-            if code not in (None, 0) and failed is None:
-                failed = code
-                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
-                print(f"hpcyolo: rank {rank} {how}; stopping the others", file=sys.stderr)
-                _stop(procs, grace)
-        time.sleep(0.1)
+    exits = _exit_fds(procs)
+    try:
+        while any(p.poll() is None for p in procs):
+            for rank, p in enumerate(procs):
+                code = p.poll()
+                if code not in (None, 0) and failed is None:
+                    failed = code
+                    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+                    print(f"hpcyolo: rank {rank} {how}; stopping the others", file=sys.stderr)
+                    _stop(procs, grace)
+            _until_one_ends(procs, exits)
+    finally:
+        for fd in exits.values():
+            os.close(fd)
     if failed is not None:
         return failed
     return next((p.returncode for p in procs if p.returncode != 0), 0)
+
+
+def _exit_fds(procs: list[subprocess.Popen]) -> dict[int, int]:
+    """A pidfd per process (readable once it has exited), where the kernel
+    has them (Linux 5.3 and later); else none, and _until_one_ends polls."""
+    fds: dict[int, int] = {}
+    for p in procs:
+        try:
+            fds[p.pid] = os.pidfd_open(p.pid)
+        except (AttributeError, OSError):
+            for fd in fds.values():
+                os.close(fd)
+            return {}
+    return fds
+
+
+def _until_one_ends(procs: list[subprocess.Popen], exits: dict[int, int]) -> None:
+    """Return when one of the running processes has exited (at once, by its
+    pidfd), after a second at most; without pidfds, after 0.1 s."""
+    running = [exits[p.pid] for p in procs if p.returncode is None and p.pid in exits]
+    if not running:
+        time.sleep(0.1)
+        return
+    select.select(running, [], [], 1.0)  # a signal to forward runs its handler and the wait goes on
 
 
 def _stop(procs: list[subprocess.Popen], grace: float) -> None:
