@@ -15,7 +15,7 @@ import hpcyolo_trainer.train as train
 
 seen = {}
 
-def fake_main(cfg, stop=None):  # what the trainer would find when it starts
+def fake_main(cfg, stop=None, prescan=None):  # what the trainer would find when it starts
     seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count(), tracked=len(gc.get_objects()))
     return 0
 

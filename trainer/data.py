@@ -38,7 +38,6 @@ import math
 import os
 import shutil
 import socket
-import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, 
                       flip_lr, flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine,
                       random_affine, rect_batches, resized_shapes, to_normalised, to_pixel_boxes)
 from .dataset import IMG_EXTS, DataSpec, label_path, load_data_spec, texts
+from .filescan import cpus, per_file
 from .fsutil import fsync_dir
 from .sampler import STREAM
 
@@ -244,33 +244,6 @@ def check_each(files: list[Path], nc: int) -> list[Checked]:
     return per_file(lambda part: [check_one(Path(p), nc) for p in part], files)
 
 
-FILE_CHUNK = 256  # files per task of per_file's thread pool, and per measured chunk
-IO_BOUND = 2.0  # a chunk whose wall time exceeds this many times its CPU time waits on I/O: threads for the rest
-
-
-def per_file(fn, files: list) -> list:
-    """fn(chunk) over `files` in chunks of FILE_CHUNK, its results in order:
-    in this thread while the work is the CPU's, in a pool of threads once a
-    chunk's wall time exceeds IO_BOUND times this thread's CPU time in it.
-
-    Files in the kernel's cache cost CPU alone (a stat, a header, a label
-    file parsed), and threads then only contend for the GIL: 10k images
-    checked (check_one) on 2 cores took 2.6 s in one thread and 6.6 s in
-    eight, 50k stats 0.37 against 0.75 s. Where each file is a round trip (a
-    parallel file system's metadata server, a cold disk), the chunk waits
-    more than it computes and the pool overlaps the waits."""
-    chunks = [files[i:i + FILE_CHUNK] for i in range(0, len(files), FILE_CHUNK)]
-    out: list = []
-    for k, chunk in enumerate(chunks):
-        wall, cpu = time.perf_counter(), time.thread_time()
-        out += fn(chunk)
-        if time.perf_counter() - wall > IO_BOUND * (time.thread_time() - cpu) and k + 1 < len(chunks):
-            with ThreadPoolExecutor(max_workers=min(32, _cpus() * 4)) as pool:
-                out += [r for part in pool.map(fn, chunks[k + 1:]) for r in part]
-            break
-    return out
-
-
 def check_files(files: list[Path], nc: int) -> tuple[Kept, list[str], dict[str, int]]:
     """Kept images in input order, problem messages, and counts for the summary."""
     return sift(check_each(files, nc))
@@ -331,10 +304,6 @@ def cut_problems(problems: list[str]) -> list[str]:
 def summary(counts: dict[str, int]) -> str:
     parts = [f"{n} {what}" for what, n in counts.items() if n or what != "unreadable label files"]
     return "skipped " + ", ".join(parts)
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # == the shared image cache ==================================================
@@ -451,7 +420,7 @@ def _fill_images(file: Path, index: np.ndarray, paths: list[Path]) -> list[bool]
 
     # All cores of this task: the other processes on the node are waiting anyway,
     # and OpenCV releases the GIL while it decodes.
-    with ThreadPoolExecutor(max_workers=_cpus()) as pool:
+    with ThreadPoolExecutor(max_workers=cpus()) as pool:
         ok = list(pool.map(fill, range(len(paths))))
     data.flush()  # msync: on a disk cache the pixels are durable before the rename (unmapped on return)
     return ok

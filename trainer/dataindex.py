@@ -10,7 +10,8 @@ every rank reads it, one file:
 
 - `refresh(files, nc, root, file)` (rank 0): stat every image and label file
   (metadata only, no open; threads where the stats wait on the file
-  system: data.per_file) and compare with the index in `file`; check
+  system: filescan.per_file; `hpcyolo train` has a child take them while
+  torch loads: filescan.Prescan) and compare with the index in `file`; check
   again (data.check_one) only the images that are new or whose image or
   label file changed in size or mtime (or appeared or went away); rewrite
   the file (tmp + rename) when anything differs. On an unchanged dataset
@@ -44,8 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Checked, Kept, check_each, cut_problems, per_file
-from .dataset import ImagePaths, label_path, label_str, texts
+from .data import Checked, Kept, check_each, cut_problems
+from .dataset import ImagePaths, label_path, texts
+from .filescan import stats
 from .fsutil import write_atomic
 
 FORMAT = 1  # bump when the arrays or what check_one finds change
@@ -71,27 +73,6 @@ def relatives(files: list[Path] | ImagePaths, root: Path) -> list[str]:
     cut = len(prefix)
     return [text[cut:] if text.startswith(prefix) and ".." not in text else relative(Path(text), root)
             for text in (files.strings if isinstance(files, ImagePaths) else map(str, files))]
-
-
-def stats(files: list[Path] | ImagePaths) -> np.ndarray:
-    """int64 [N, 4]: image size and mtime (ns), label file size and mtime; -1
-    where a file is missing. One stat per file, no open; threads only where
-    the stats wait on the file system (data.per_file)."""
-    def one(chunk: list[str]) -> list[tuple[int, int, int, int]]:
-        rows = []
-        for image in chunk:
-            row = []
-            for path in (image, label_str(image)):
-                try:
-                    st = os.stat(path)
-                    row += [st.st_size, st.st_mtime_ns]
-                except OSError:
-                    row += [-1, -1]
-            rows.append(tuple(row))
-        return rows
-
-    strings = files.strings if isinstance(files, ImagePaths) else texts(files)
-    return np.array(per_file(one, strings), dtype=np.int64).reshape(-1, 4)
 
 
 def version_of(names: list[str], stat: np.ndarray, nc: int) -> str:
@@ -257,16 +238,18 @@ def arrays_of(results: list[Checked], names: list[str], stat: np.ndarray, nc: in
     }
 
 
-def refresh(files: list[Path], nc: int, root: Path, file: Path) -> tuple[Results, Index | None, int, str]:
+def refresh(files: list[Path], nc: int, root: Path, file: Path,
+            now: np.ndarray | None = None) -> tuple[Results, Index | None, int, str]:
     """(every file's check result in order, the index to write (None: the
     one in `file` is current), how many images were checked anew, the
-    index's version). Rank 0's
-    part (see the module's doc); `write` puts the index in place."""
+    index's version). Rank 0's part (see the module's doc); `write` puts
+    the index in place. `now`: the files' stats, where taken already
+    (filescan.Prescan)."""
     # The split's files as ImagePaths (the data YAML's already are): their text is read, a Path made only
     # where one is asked for.
     files = files if isinstance(files, ImagePaths) else ImagePaths(texts(files))
     names = relatives(files, root)
-    now = stats(files)
+    now = stats(files) if now is None or len(now) != len(files) else now
     old = load(file)
     if old is not None and old.meta.get("nc") == nc and old.version == version_of(names, now, nc):
         return old.results(root), None, 0, old.version

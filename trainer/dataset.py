@@ -332,3 +332,11 @@ def check_data(data: str | Path) -> list[str]:
     if archive_flags(Path(data)) is not None:
         return []
     return check_labels(load_data_spec(data), ("train", "val"))
+
+
+def training_files(files: list, fraction: float) -> list:
+    """The training images: all of them, or (fraction < 1) the first share
+    in file-name order, as ultralytics takes them; the same on every rank."""
+    if fraction >= 1:
+        return files
+    return sorted(files)[:max(1, round(len(files) * fraction))]

@@ -31,12 +31,13 @@ from . import checkpoint as ckpt
 from . import dataindex, families, rundir
 from .background import Background
 from .data import AugmentHyp, YoloDataset, collate, keep_freed_memory, load_data_spec
-from .dataset import DataSpec, check_labels
+from .dataset import DataSpec, check_labels, training_files
 from .dist import Dist, broadcast_module, gather_objects, leave, max_over_ranks, print0, setup, warn0
 from .drills import Drills
 from .ema import ModelEMA
 from .errors import HpcyoloError
 from .evaluate import INTERRUPTED, ValBatches, batch_drawer, report, table, validate
+from .filescan import Prescan
 from .fsutil import write_atomic
 from .ledger import Ledger
 from .loss import DetectionLoss, EndToEndLoss
@@ -68,7 +69,7 @@ STEP_SECONDS_ENV = "HPCYOLO_STEP_SECONDS"
 BOARD_EVERY = 10  # optimizer steps between the running training losses in TensorBoard
 
 
-def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
+def main(cfg: TrainConfig, stop: StopFlag | None = None, prescan: Prescan | None = None) -> int:
     stop = stop or StopFlag(cfg.signal)
     run = Path(cfg.run_dir)
     settings = rundir.settings(cfg.to_dict())
@@ -85,11 +86,15 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None) -> int:
     seed_all(cfg.seed + d.rank)
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
-    spec = load_data_spec(cfg.data, listed=d.is_main)  # the other ranks take the images from rank 0's index
+    # Rank 0's listing and stats of the dataset, made while this process imported torch (`prescan`).
+    scan = prescan.take(cfg.data, cfg.fraction) if prescan is not None else None
+    scan = scan if d.is_main else None
+    spec = scan.spec if scan else load_data_spec(cfg.data, listed=d.is_main)  # the other ranks: from the index
     # This run's newest valid checkpoint, or the weights to start from (or neither): checked before the
     # dataset's index in the run directory is brought up to date, so that a start refused here writes nothing.
     state, weights = checkpoint_to_resume(cfg, d, run, settings, 1 if cfg.single_cls else len(spec.names))
-    data = load_data(cfg, d, spec)  # what cannot be trained on stops here, before a run directory exists
+    # What cannot be trained on stops here, before a run directory exists.
+    data = load_data(cfg, d, spec, scan.stats if scan else None)
     start_run(d, run, settings)
     parts = build(cfg, d, data, state, weights)
     pos = resume(parts, state, d)
@@ -279,16 +284,18 @@ class Position:
     speed: tuple | None = None  # the epoch's throughput figures, once it is trained (not checkpointed)
 
 
-def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None) -> Data:
+def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None, stats: dict | None = None) -> Data:
     """The data YAML (`spec`, where read already), the training set (this
     rank's sampler) and the validation batches; warnings once, on rank 0,
-    and an error for data that cannot be trained on."""
+    and an error for data that cannot be trained on. `stats`: rank 0's
+    stats of the training (at cfg.fraction) and validation images, by
+    split, where taken already (filescan.Prescan)."""
     spec = spec or load_data_spec(cfg.data, listed=d.is_main)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
     train_files = training_files(spec.train, cfg.fraction) if d.is_main else None  # others: from the index
-    with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}) as checked:
+    with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}, stats) as checked:
         if d.is_main:  # refused there, the other ranks stop with its words (see indexed)
             # Label files counted from the index's stats where it holds the whole split, not listed again.
             known = {split: checked[split].labelled() for split, files in (("train", train_files), ("val", spec.val))
@@ -328,7 +335,8 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None) -> Data:
 
 
 @contextmanager
-def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[Path]]):
+def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[Path]],
+            stats: dict | None = None):
     """Each split's check results (dataindex.Results: data.Checked on demand,
     dropped images too; the datasets sift them straight from the index's
     arrays) from the dataset's index in the run directory (dataindex.py). Rank 0 brings the
@@ -361,7 +369,8 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
     try:
         for split, files in splits.items():
             t0 = time.monotonic()
-            built[split] = dataindex.refresh(files, nc, spec.root, rundir.index_file(run, split))
+            built[split] = dataindex.refresh(files, nc, spec.root, rundir.index_file(run, split),
+                                             (stats or {}).get(split))
             if built[split][2]:
                 print0(d, f"{split}: checked {built[split][2]} of {len(files)} images in "
                           f"{time.monotonic() - t0:.1f} s for the dataset index ({rundir.index_file(run, split)})")
@@ -391,14 +400,6 @@ def _word_of_rank_0() -> tuple[dict[str, str], str | None, bool]:
     shared = [None]
     torch.distributed.broadcast_object_list(shared, 0)
     return shared[0]
-
-
-def training_files(files: list, fraction: float) -> list:
-    """The training images: all of them, or (fraction < 1) the first share
-    in file-name order, as ultralytics takes them; the same on every rank."""
-    if fraction >= 1:
-        return files
-    return sorted(files)[:max(1, round(len(files) * fraction))]
 
 
 def augment_hyp(cfg: TrainConfig) -> AugmentHyp:

@@ -142,6 +142,11 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     from hpcyolo_trainer.devices import idle_threads_sleep
     from hpcyolo_trainer.rendezvous import listen_early
 
+    prescan = None
+    if os.environ.get("RANK", "0") == "0":  # rank 0 lists and stats the dataset while torch loads
+        from hpcyolo_trainer.filescan import Prescan
+
+        prescan = Prescan(data, options.get("fraction", 1.0))
     listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
 
     idle_threads_sleep(os.environ)  # before torch loads libgomp
@@ -161,7 +166,7 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
             gc.enable()
 
     try:
-        code = train_main(train_config(run_dir, data, signal, **options), stop)
+        code = train_main(train_config(run_dir, data, signal, **options), stop, prescan)
     except HpcyoloError as e:  # said as the group says it (hpcyolo.cli.group), then _end_rank
         print(f"hpcyolo: error: {printable(str(e))}", file=sys.stderr, flush=True)
         code = e.exit_code

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import SHARED
 
-from hpcyolo_trainer import data, dataindex, rundir
+from hpcyolo_trainer import dataindex, filescan, rundir
 from hpcyolo_trainer.data import check_each, check_files, sift
 from hpcyolo_trainer.dataset import label_path, load_data_spec
 
@@ -106,7 +106,7 @@ def test_a_changed_label_file_is_checked_again_and_only_it(tmp_path, shapes):
 
 def test_the_checks_and_stats_are_the_same_in_this_thread_and_in_the_pool_a_slow_file_system_gets(
         tmp_path, shapes, monkeypatch):
-    """data.per_file stays in its thread while the work is the CPU's and
+    """filescan.per_file stays in its thread while the work is the CPU's and
     hands the rest to a pool of threads once a chunk waits on I/O; both
     give the same checks (check_each) and stats (dataindex.stats: -1 for a
     missing label file) in the files' order."""
@@ -119,14 +119,14 @@ def test_the_checks_and_stats_are_the_same_in_this_thread_and_in_the_pool_a_slow
         for p in (f, label_path(f)):
             row += [p.stat().st_size, p.stat().st_mtime_ns] if p.exists() else [-1, -1]
         expected.append(row)
-    monkeypatch.setattr(data, "FILE_CHUNK", 3)
+    monkeypatch.setattr(filescan, "FILE_CHUNK", 3)
     pooled = []
-    real_pool = data.ThreadPoolExecutor
-    monkeypatch.setattr(data, "ThreadPoolExecutor", lambda **kw: pooled.append(kw) or real_pool(**kw))
-    monkeypatch.setattr(data, "IO_BOUND", float("inf"))  # every chunk the CPU's: no pool
+    real_pool = filescan.ThreadPoolExecutor
+    monkeypatch.setattr(filescan, "ThreadPoolExecutor", lambda **kw: pooled.append(kw) or real_pool(**kw))
+    monkeypatch.setattr(filescan, "IO_BOUND", float("inf"))  # every chunk the CPU's: no pool
     alone = check_each(files, 4)
     assert dataindex.stats(files).tolist() == expected and not pooled
-    monkeypatch.setattr(data, "IO_BOUND", 0.0)  # the first chunk waits: the rest in the pool
+    monkeypatch.setattr(filescan, "IO_BOUND", 0.0)  # the first chunk waits: the rest in the pool
     same(check_each(files, 4), alone)
     assert len(pooled) == 1
     assert dataindex.stats(files).tolist() == expected and len(pooled) == 2

@@ -156,7 +156,7 @@ def test_val_off_validates_only_the_last_epoch_as_ultralytics_val_false(tmp_path
 
 
 def test_fraction_trains_on_the_first_share_of_the_images_in_name_order():
-    from hpcyolo_trainer.train import training_files
+    from hpcyolo_trainer.dataset import training_files
 
     files = [Path(f"img{k:02d}.jpg") for k in (5, 3, 9, 1, 7, 2, 8, 4)]
     assert training_files(files, 1.0) == files  # all, in the order given
