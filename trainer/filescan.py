@@ -108,7 +108,12 @@ class Prescan:
         if threading.active_count() > 1:  # fork copies one thread: a lock another held stays held
             return
         read, write = os.pipe()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # no process to spare: the trainer lists and stats itself
+            os.close(read)
+            os.close(write)
+            return
         if pid == 0:  # the child: its result into the pipe, then out without the parent's exit handlers
             os.close(read)
             _child(write, self.data, fraction)
@@ -122,18 +127,14 @@ class Prescan:
             return None
         with os.fdopen(self.fd, "rb") as f:
             raw = f.read()
-        _, status = os.waitpid(self.pid, 0)
-        self.pid = None
+        pid, self.pid = self.pid, None
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped already (SIGCHLD ignored): its exit status is lost
+            return None
         if status != 0 or (str(data), fraction) != (self.data, self.fraction):
             return None
         return _decode(raw, self.data, fraction)
-
-    def close(self) -> None:
-        """Stop waiting for the child (a start that never took its scan)."""
-        if self.pid is not None:
-            os.close(self.fd)
-            os.waitpid(self.pid, 0)  # the child ends on the closed pipe, or has ended
-            self.pid = None
 
 
 def _child(fd: int, data: str, fraction: float):  # NoReturn

@@ -92,13 +92,7 @@ def test_a_scan_of_other_data_or_another_fraction_is_not_taken(shapes, tmp_path)
         prescan = filescan.Prescan(str(shapes), 1.0)
         pid = prescan.pid
         assert prescan.take(data, fraction) is None and gone(pid)
-
-
-def test_a_scan_never_taken_is_closed_and_its_child_reaped(shapes):
-    prescan = filescan.Prescan(str(shapes), 1.0)
-    pid = prescan.pid
-    prescan.close()
-    assert gone(pid) and prescan.take(str(shapes), 1.0) is None
+        assert prescan.take(str(shapes), 1.0) is None  # taken once: nothing more to take
 
 
 def test_with_another_thread_running_nothing_is_forked(shapes):
@@ -158,3 +152,14 @@ def test_a_train_start_takes_the_listing_from_the_child(tmp_path, shapes):
         trainer = {pid for _, pid, path in (line.split(" ", 2) for line in opens.read_text().splitlines())
                    if path.startswith(str(run))}
         assert len(listers) == 1 and trainer and not listers & trainer, (epochs, listers, trainer)
+
+
+def test_where_no_process_can_be_forked_nothing_is_handed_over(shapes, monkeypatch):
+    def refused():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "fork", refused)
+    prescan = filescan.Prescan(str(shapes), 1.0)
+    assert prescan.pid is None and prescan.take(str(shapes), 1.0) is None
+    assert len(os.listdir("/proc/self/fd")) == before  # the pipe closed
