@@ -61,6 +61,18 @@ def test_render_and_validate_never_import_torch():
     assert "IMPORTED []" in r.stderr
 
 
+def test_render_on_a_login_node_imports_none_of_what_the_training_needs():
+    """The console command's own render path (hpcyolo.entry, no click):
+    torch, numpy, submitit and the socket module (the rendezvous' early
+    listener imports it where it listens) stay out of its imports."""
+    r = subprocess.run([sys.executable, "-X", "importtime", str(Path(sys.executable).parent / "hpcyolo"), "render",
+                        str(SITE), str(JOB)], capture_output=True, text=True, cwd=REPO, check=False)
+    assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash"), r.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "hpcyolo.login.render" in imported  # the probe sees the command's imports
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "submitit", "socket", "click")}, imported
+
+
 def test_render_stdout_is_only_the_script():
     r = hpcyolo("render", SITE, JOB)
     assert r.returncode == 0 and r.stderr == ""

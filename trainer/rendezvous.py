@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime
 import errno
 import os
-import socket
 
 from .errors import HpcyoloError
 
@@ -45,7 +44,7 @@ def port_in_use_message(host: str, port: int | str) -> str:
 
 
 # Rank 0's socket on MASTER_PORT, listening since before torch's import (listen_early); its store takes it over.
-_listener: socket.socket | None = None
+_listener = None  # a socket.socket
 
 
 def keyed_by_job(env) -> bool:
@@ -73,9 +72,11 @@ def listen_early(env=os.environ) -> None:
         # Anything else: the store tries itself, and says what fails.
 
 
-def _listening_socket(port: int) -> socket.socket:
+def _listening_socket(port: int):
     """A socket listening on `port` of every interface: IPv6 and IPv4 where
     the host has IPv6, else IPv4 (as torch's store binds)."""
+    import socket  # here, as below: `hpcyolo render` imports this module
+
     for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
