@@ -4,19 +4,36 @@ wakes when a rank exits, not at the next tick of a poll."""
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
 
+import pytest
+
 from hpcyolo.node import local
 
 
-def test_the_wait_wakes_when_a_rank_exits_and_otherwise_after_a_second():
+@pytest.fixture
+def many_fds():
+    """Descriptors 0..1100 taken, so that the pidfds are above select()'s 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), max(hard, 2048)))
+    taken = []
+    while not taken or taken[-1] < 1100:
+        taken.append(os.open(os.devnull, os.O_RDONLY))
+    yield
+    for fd in taken:
+        os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_wait_wakes_when_a_rank_exits_and_otherwise_after_a_second(many_fds):
     quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     exits = local._exit_fds([quick, slow])
     try:
-        assert len(exits) == 2  # Linux 5.3 and later: pidfds
+        assert len(exits) == 2 and min(exits.values()) > 1024  # Linux 5.3 and later: pidfds
         start = time.monotonic()
         local._until_one_ends([quick, slow], exits)
         woke = time.monotonic() - start

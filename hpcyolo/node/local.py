@@ -109,7 +109,10 @@ def _until_one_ends(procs: list[subprocess.Popen], exits: dict[int, int]) -> Non
     if not running:
         time.sleep(0.1)
         return
-    select.select(running, [], [], 1.0)  # a signal to forward runs its handler and the wait goes on
+    ends = select.poll()  # poll, not select: a descriptor may be above select's 1024
+    for fd in running:
+        ends.register(fd, select.POLLIN)
+    ends.poll(1000)  # a signal to forward runs its handler and the wait goes on
 
 
 def _stop(procs: list[subprocess.Popen], grace: float) -> None:
