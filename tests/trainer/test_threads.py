@@ -23,7 +23,7 @@ class Watch(importlib.abc.MetaPathFinder):
         return None
 sys.meta_path.insert(0, Watch())
 fake = types.ModuleType("hpcyolo_trainer.train")
-def main(cfg, stop=None):
+def main(cfg, stop=None, prescan=None):
     seen["at_main"] = os.environ.get("GOMP_SPINCOUNT")
     print(json.dumps(seen))
     return 0
