@@ -92,8 +92,6 @@ class Scan:
     stats of the training images (training_files at `fraction`) and of the
     validation images, by split."""
 
-    data: str
-    fraction: float
     spec: DataSpec
     stats: dict
 
@@ -134,7 +132,7 @@ class Prescan:
             return None
         if status != 0 or (str(data), fraction) != (self.data, self.fraction):
             return None
-        return _decode(raw, self.data, fraction)
+        return _decode(raw)
 
 
 def _child(fd: int, data: str, fraction: float):  # NoReturn
@@ -162,7 +160,7 @@ def _encode(spec: DataSpec, fraction: float) -> bytes:
     return json.dumps(header).encode() + b"\n" + b"".join(blobs)
 
 
-def _decode(raw: bytes, data: str, fraction: float) -> Scan | None:
+def _decode(raw: bytes) -> Scan | None:
     import numpy as np
 
     line, _, body = raw.partition(b"\n")
@@ -180,4 +178,4 @@ def _decode(raw: bytes, data: str, fraction: float) -> Scan | None:
     counted = {s: np.frombuffer(b, np.int64).reshape(-1, 4) for s, b in zip(header["stats"], blobs[len(lists):])}
     spec = DataSpec(root=Path(header["root"]), names=header["names"], yaml=header["yaml"],
                     **{s: lists.get(s) for s in SPLITS})
-    return Scan(data, fraction, spec, counted)
+    return Scan(spec, counted)

@@ -87,8 +87,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None, prescan: Prescan | None
     torch.backends.cudnn.benchmark = d.device.type == "cuda"
 
     # Rank 0's listing and stats of the dataset, made while this process imported torch (`prescan`).
-    scan = prescan.take(cfg.data, cfg.fraction) if prescan is not None else None
-    scan = scan if d.is_main else None
+    scan = prescan.take(cfg.data, cfg.fraction) if prescan is not None and d.is_main else None
     spec = scan.spec if scan else load_data_spec(cfg.data, listed=d.is_main)  # the other ranks: from the index
     # This run's newest valid checkpoint, or the weights to start from (or neither): checked before the
     # dataset's index in the run directory is brought up to date, so that a start refused here writes nothing.
