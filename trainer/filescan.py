@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import threading
 import time
@@ -31,8 +32,10 @@ from pathlib import Path
 from .dataset import DataSpec, ImagePaths, label_str, load_data_spec, texts, training_files
 
 FILE_CHUNK = 256  # files per task of per_file's thread pool, and per measured chunk
-IO_BOUND = 2.0  # a chunk whose wall time exceeds this many times its CPU time waits on I/O: threads for the rest
+IO_BOUND = 2.0  # a chunk whose wall time exceeds this many times its CPU time waited (threads for the rest) ...
+IO_WAITS = 1 / 16  # ... where it also blocked (a voluntary context switch) at least once per 16 files: on I/O
 SPLITS = ("train", "val", "test")
+RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux
 
 
 def cpus() -> int:
@@ -43,24 +46,39 @@ def cpus() -> int:
 def per_file(fn, files: list) -> list:
     """fn(chunk) over `files` in chunks of FILE_CHUNK, its results in order:
     in this thread while the work is the CPU's, in a pool of threads once a
-    chunk's wall time exceeds IO_BOUND times this thread's CPU time in it.
+    chunk waited on I/O: its wall time exceeds IO_BOUND times this thread's
+    CPU time in it, and the thread blocked (IO_WAITS).
 
     Files in the kernel's cache cost CPU alone (a stat, a header, a label
     file parsed), and threads then only contend for the GIL: 10k images
     checked (check_one) on 2 cores took 2.6 s in one thread and 6.6 s in
     eight, 50k stats 0.37 against 0.75 s. Where each file is a round trip (a
     parallel file system's metadata server, a cold disk), the chunk waits
-    more than it computes and the pool overlaps the waits."""
+    more than it computes and the pool overlaps the waits. A thread that
+    waited for a CPU instead (other processes on it: the ranks of a node,
+    torch's import beside `Prescan`'s child) did not block: the kernel
+    counts that wait as an involuntary switch, and a pool would only add
+    threads to the CPUs' queue (a second start at 50k images took 0.2 s
+    longer where its prescan had turned to the pool)."""
     chunks = [files[i:i + FILE_CHUNK] for i in range(0, len(files), FILE_CHUNK)]
     out: list = []
     for k, chunk in enumerate(chunks):
-        wall, cpu = time.perf_counter(), time.thread_time()
+        wall, cpu, blocked = time.perf_counter(), time.thread_time(), _blocks()
         out += fn(chunk)
-        if time.perf_counter() - wall > IO_BOUND * (time.thread_time() - cpu) and k + 1 < len(chunks):
+        waited = time.perf_counter() - wall > IO_BOUND * (time.thread_time() - cpu) and \
+            (RUSAGE_THREAD is None or _blocks() - blocked >= IO_WAITS * len(chunk))
+        if waited and k + 1 < len(chunks):
             with ThreadPoolExecutor(max_workers=min(32, cpus() * 4)) as pool:
                 out += [r for part in pool.map(fn, chunks[k + 1:]) for r in part]
             break
     return out
+
+
+def _blocks() -> int:
+    """This thread's voluntary context switches so far (it blocked: on I/O, a
+    lock, a sleep); 0 where the system does not count them per thread (then
+    per_file goes by the wall time alone)."""
+    return 0 if RUSAGE_THREAD is None else resource.getrusage(RUSAGE_THREAD).ru_nvcsw
 
 
 def stats(files):

@@ -130,11 +130,65 @@ def test_the_checks_and_stats_are_the_same_in_this_thread_and_in_the_pool_a_slow
     monkeypatch.setattr(filescan, "IO_BOUND", float("inf"))  # every chunk the CPU's: no pool
     alone = check_each(files, 4)
     assert dataindex.stats(files).tolist() == expected and not pooled
-    monkeypatch.setattr(filescan, "IO_BOUND", 0.0)  # the first chunk waits: the rest in the pool
+    monkeypatch.setattr(filescan, "IO_BOUND", 0.0)  # the first chunk waits on I/O: the rest in the pool
+    monkeypatch.setattr(filescan, "IO_WAITS", 0.0)
     same(check_each(files, 4), alone)
     assert len(pooled) == 1
     assert dataindex.stats(files).tolist() == expected and len(pooled) == 2
     assert len(alone) == len(files) and alone[0].dropped == "corrupt images"
+
+
+def pooled_calls(monkeypatch) -> list:
+    """The thread pools filescan.per_file makes from now on."""
+    pooled = []
+    real_pool = filescan.ThreadPoolExecutor
+    monkeypatch.setattr(filescan, "ThreadPoolExecutor", lambda **kw: pooled.append(kw) or real_pool(**kw))
+    return pooled
+
+
+def busy(n: int) -> int:
+    """n rounds of pure CPU work."""
+    return sum(i * i for i in range(n))
+
+
+def test_per_file_turns_to_threads_where_its_files_block_on_io(monkeypatch):
+    """Each file a blocking wait (a metadata round trip, here a sleep): the
+    first chunk blocked, and the rest goes to the pool, in order."""
+    import time
+
+    pooled = pooled_calls(monkeypatch)
+    monkeypatch.setattr(filescan, "FILE_CHUNK", 4)
+    out = filescan.per_file(lambda chunk: [time.sleep(0.002) or f * 2 for f in chunk], list(range(40)))
+    assert out == [f * 2 for f in range(40)] and len(pooled) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_per_file_stays_in_its_thread_where_it_waits_for_a_cpu_not_on_io(monkeypatch):
+    """A thread that shares its CPU with busy processes (a node's other
+    ranks, torch's import beside the prescan's child) takes several times
+    its CPU time in wall time without blocking: more threads would only
+    queue for the same CPUs, so per_file keeps to its thread."""
+    import time
+
+    pooled = pooled_calls(monkeypatch)
+    monkeypatch.setattr(filescan, "FILE_CHUNK", 4)
+    cpu = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        for hog in hogs:
+            os.sched_setaffinity(hog.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})  # this thread, on the hogs' CPU
+        wall, used = time.perf_counter(), time.thread_time()
+        out = filescan.per_file(lambda chunk: [busy(20_000) and f for f in chunk], list(range(1, 201)))
+        wall, used = time.perf_counter() - wall, time.thread_time() - used
+    finally:
+        os.sched_setaffinity(0, saved)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert wall > 1.5 * filescan.IO_BOUND * used, (wall, used)  # it did wait, for the CPU
+    assert out == list(range(1, 201)) and not pooled
 
 
 def test_a_copy_elsewhere_with_the_same_mtimes_uses_the_index_and_names_its_own_files(tmp_path, shapes):
