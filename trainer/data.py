@@ -47,7 +47,6 @@ from typing import Literal
 import cv2
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste, copy_paste_flip, cut_mix,
@@ -165,6 +164,8 @@ def probe_image(path: Path) -> tuple[int, int]:
     decoding the pixels; raises on an unreadable, corrupt or truncated file.
     One open of the file (on a parallel file system each open is a round
     trip to the metadata server), read from the start again as needed."""
+    from PIL import Image  # here: a start on an indexed dataset probes nothing and does without Pillow's import
+
     with open(path, "rb") as f:
         with Image.open(f) as im:
             im.verify()  # structure and checksums where the format has them (PNG)

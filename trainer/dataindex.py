@@ -134,6 +134,8 @@ class Index:
         name (an absolute name as it is), as text; the same on every rank,
         whatever text rank 0's listing had (the image cache's digest is of it)."""
         prefix = str(root).rstrip(os.sep) + os.sep
+        if not any(n.startswith(os.sep) for n in self.names):  # the usual case: every image under the root
+            return ImagePaths([prefix + n for n in self.names])
         return ImagePaths([n if os.path.isabs(n) else prefix + n for n in self.names])
 
 
@@ -248,11 +250,15 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path,
     # The split's files as ImagePaths (the data YAML's already are): their text is read, a Path made only
     # where one is asked for.
     files = files if isinstance(files, ImagePaths) else ImagePaths(texts(files))
-    names = relatives(files, root)
     now = stats(files) if now is None or len(now) != len(files) else now
     old = load(file)
-    if old is not None and old.meta.get("nc") == nc and old.version == version_of(names, now, nc):
-        return old.results(root), None, 0, old.version
+    if old is not None and old.meta.get("nc") == nc:
+        # The index's images, in its order (a second start): their names are the index's, and the text of
+        # its paths is the listing's, without relpath's work per image.
+        paths = old.paths(root)
+        if paths.strings == files.strings and old.version == version_of(old.names, now, nc):
+            return Results(old, paths), None, 0, old.version
+    names = relatives(files, root)
     results: list[Checked | None] = [None] * len(files)
     again = list(range(len(files)))
     if old is not None and old.meta.get("nc") == nc:
