@@ -27,7 +27,10 @@ started the same way in each repetition, before ours (its commit printed);
 --datasets DIR: the generated datasets kept there and used again by a later
 run (generated anew where DIR has none of that size). "set-up" is the part of our start from the process group's set-up
 to the training loop (data, model, resume: rank 0's ledger); the rest is
-Python's and torch's imports, the rendezvous and the first step.
+Python's and torch's imports, the rendezvous and the first step. "floor":
+Python's start and `import torch` in a fresh process, measured first; the
+summary gives it as a fraction of each first start, the least a second
+start's ratio can be.
 """
 
 from __future__ import annotations
@@ -155,6 +158,19 @@ def theirs(args, data: Path, project: Path, site: Path, log: Path) -> float:
     return seconds
 
 
+def torch_floor(runs: int) -> float:
+    """Median seconds from launching `python` to the end of its `import
+    torch` (a fresh process each time, its exit not counted): the part of
+    every start, first or second, that no index can save."""
+    code = "import os, sys, time, torch; sys.stdout.write(repr(time.time())); sys.stdout.flush(); os._exit(0)"
+    times = []
+    for _ in range(runs):
+        start = time.time()
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        times.append(float(out) - start)
+    return statistics.median(times)
+
+
 def commit_of(hpcyolo: str) -> str:
     """The checkout the `hpcyolo` executable runs (its venv's package): its commit, and whether it has changes."""
     python = Path(hpcyolo).parent / "python"
@@ -213,6 +229,9 @@ def main() -> None:
     print(f"hpcyolo: {ours_bin} ({commit_of(ours_bin)})", flush=True)
     if args.baseline:
         print(f"baseline: {args.baseline} ({commit_of(args.baseline)})", flush=True)
+    floor = torch_floor(max(3, args.runs))
+    print(f"floor: Python's start and `import torch` alone take {floor:.2f} s (median of {max(3, args.runs)} fresh "
+          "processes)", flush=True)
     rows = []
     try:
         for n in sizes:
@@ -259,7 +278,8 @@ def main() -> None:
         for n, name, a, b, ratio, *_ in rows:
             if not name.startswith("ultralytics"):
                 print(f"second start / first: {ratio:.3f} at {n} images, {name} "
-                      f"({'within' if ratio < 0.1 else 'OUTSIDE'} the goal: < 0.1)")
+                      f"({'within' if ratio < 0.1 else 'OUTSIDE'} the goal: < 0.1); the floor alone: "
+                      f"{floor / a:.3f} of the first start")
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
