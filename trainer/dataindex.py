@@ -134,9 +134,8 @@ class Index:
         name (an absolute name as it is), as text; the same on every rank,
         whatever text rank 0's listing had (the image cache's digest is of it)."""
         prefix = str(root).rstrip(os.sep) + os.sep
-        if not any(n.startswith(os.sep) for n in self.names):  # the usual case: every image under the root
-            return ImagePaths([prefix + n for n in self.names])
-        return ImagePaths([n if os.path.isabs(n) else prefix + n for n in self.names])
+        # A name is absolute where it starts at the root directory (os.path.isabs, without its call per image).
+        return ImagePaths([n if n.startswith(os.sep) else prefix + n for n in self.names])
 
 
 class Results:
@@ -252,7 +251,8 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path,
     files = files if isinstance(files, ImagePaths) else ImagePaths(texts(files))
     now = stats(files) if now is None or len(now) != len(files) else now
     old = load(file)
-    if old is not None and old.meta.get("nc") == nc:
+    old = old if old is not None and old.meta.get("nc") == nc else None  # another class count: nothing kept
+    if old is not None:
         # The index's images, in its order (a second start): their names are the index's, and the text of
         # its paths is the listing's, without relpath's work per image.
         paths = old.paths(root)
@@ -261,7 +261,7 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path,
     names = relatives(files, root)
     results: list[Checked | None] = [None] * len(files)
     again = list(range(len(files)))
-    if old is not None and old.meta.get("nc") == nc:
+    if old is not None:
         where = {n: i for i, n in enumerate(old.names)}
         again = []
         for i, n in enumerate(names):

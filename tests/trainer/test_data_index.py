@@ -108,6 +108,14 @@ def test_a_changed_label_file_is_checked_again_and_only_it(tmp_path, shapes):
     assert again == 0 and index is not None and len(results) == len(files) - 1
 
 
+def pooled_calls(monkeypatch) -> list:
+    """The thread pools filescan.per_file makes from now on."""
+    pooled = []
+    real_pool = filescan.ThreadPoolExecutor
+    monkeypatch.setattr(filescan, "ThreadPoolExecutor", lambda **kw: pooled.append(kw) or real_pool(**kw))
+    return pooled
+
+
 def test_the_checks_and_stats_are_the_same_in_this_thread_and_in_the_pool_a_slow_file_system_gets(
         tmp_path, shapes, monkeypatch):
     """filescan.per_file stays in its thread while the work is the CPU's and
@@ -124,9 +132,7 @@ def test_the_checks_and_stats_are_the_same_in_this_thread_and_in_the_pool_a_slow
             row += [p.stat().st_size, p.stat().st_mtime_ns] if p.exists() else [-1, -1]
         expected.append(row)
     monkeypatch.setattr(filescan, "FILE_CHUNK", 3)
-    pooled = []
-    real_pool = filescan.ThreadPoolExecutor
-    monkeypatch.setattr(filescan, "ThreadPoolExecutor", lambda **kw: pooled.append(kw) or real_pool(**kw))
+    pooled = pooled_calls(monkeypatch)
     monkeypatch.setattr(filescan, "IO_BOUND", float("inf"))  # every chunk the CPU's: no pool
     alone = check_each(files, 4)
     assert dataindex.stats(files).tolist() == expected and not pooled
@@ -136,14 +142,6 @@ def test_the_checks_and_stats_are_the_same_in_this_thread_and_in_the_pool_a_slow
     assert len(pooled) == 1
     assert dataindex.stats(files).tolist() == expected and len(pooled) == 2
     assert len(alone) == len(files) and alone[0].dropped == "corrupt images"
-
-
-def pooled_calls(monkeypatch) -> list:
-    """The thread pools filescan.per_file makes from now on."""
-    pooled = []
-    real_pool = filescan.ThreadPoolExecutor
-    monkeypatch.setattr(filescan, "ThreadPoolExecutor", lambda **kw: pooled.append(kw) or real_pool(**kw))
-    return pooled
 
 
 def busy(n: int) -> int:
