@@ -27,10 +27,11 @@ started the same way in each repetition, before ours (its commit printed);
 --datasets DIR: the generated datasets kept there and used again by a later
 run (generated anew where DIR has none of that size). "set-up" is the part of our start from the process group's set-up
 to the training loop (data, model, resume: rank 0's ledger); the rest is
-Python's and torch's imports, the rendezvous and the first step. "floor":
-Python's start and `import torch` in a fresh process, measured first; the
-summary gives it as a fraction of each first start, the least a second
-start's ratio can be.
+Python's and torch's imports, the rendezvous and the first step. "floor", per rank count N: N fresh
+processes started at once, to the end of the last one's `import torch`
+(with N ranks sharing this machine's cores, their imports compete), measured
+first; the summary gives it as a fraction of each first start of N ranks,
+the least a second start's ratio can be.
 """
 
 from __future__ import annotations
@@ -158,16 +159,23 @@ def theirs(args, data: Path, project: Path, site: Path, log: Path) -> float:
     return seconds
 
 
-def torch_floor(runs: int) -> float:
-    """Median seconds from launching `python` to the end of its `import
-    torch` (a fresh process each time, its exit not counted): the part of
-    every start, first or second, that no index can save."""
+def torch_floor(runs: int, nproc: int) -> float:
+    """Median seconds from launching `nproc` fresh `python` processes at once
+    (each with the OMP_NUM_THREADS a rank of that many gets) to the end of
+    the last one's `import torch`, their exits not counted: the part of every
+    start with that many ranks on this machine, first or second, that no
+    index can save."""
     code = "import os, sys, time, torch; sys.stdout.write(repr(time.time())); sys.stdout.flush(); os._exit(0)"
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
     times = []
     for _ in range(runs):
         start = time.time()
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-        times.append(float(out) - start)
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+                 for _ in range(nproc)]
+        ends = [float(p.communicate()[0]) for p in procs]
+        if any(p.returncode for p in procs):
+            sys.exit("bench_startup: `python -c 'import torch'` failed")
+        times.append(max(ends) - start)
     return statistics.median(times)
 
 
@@ -229,10 +237,11 @@ def main() -> None:
     print(f"hpcyolo: {ours_bin} ({commit_of(ours_bin)})", flush=True)
     if args.baseline:
         print(f"baseline: {args.baseline} ({commit_of(args.baseline)})", flush=True)
-    floor = torch_floor(max(3, args.runs))
-    print(f"floor: Python's start and `import torch` alone take {floor:.2f} s (median of {max(3, args.runs)} fresh "
-          "processes)", flush=True)
-    rows = []
+    floors = {r: torch_floor(max(3, args.runs), r) for r in ranks}
+    for r, seconds in floors.items():
+        print(f"floor, {r} rank(s): {r} fresh process(es) started at once, Python's start and `import torch`, take "
+              f"{seconds:.2f} s to the last one's end (median of {max(3, args.runs)})", flush=True)
+    rows, nprocs = [], {}
     try:
         for n in sizes:
             t0 = time.perf_counter()
@@ -242,6 +251,7 @@ def main() -> None:
             if args.baseline:  # each repetition: the baseline's pair of starts, then ours
                 sides = [(f"baseline, {r} rank(s)", r, args.baseline) for r in ranks] + sides
             sides += [] if args.skip_ultralytics else [("ultralytics, 1 process", 0, None)]
+            nprocs.update((name, nproc) for name, nproc, _ in sides)
             results = {}
             for rep in range(args.runs):
                 for name, nproc, hpcyolo in sides:
@@ -277,6 +287,7 @@ def main() -> None:
             print(f"| {n} | {name} | {a:.2f} | {b:.2f} | {ratio:.3f} | " + " | ".join(o) + " |")
         for n, name, a, b, ratio, *_ in rows:
             if not name.startswith("ultralytics"):
+                floor = floors[nprocs[name]]
                 print(f"second start / first: {ratio:.3f} at {n} images, {name} "
                       f"({'within' if ratio < 0.1 else 'OUTSIDE'} the goal: < 0.1); the floor alone: "
                       f"{floor / a:.3f} of the first start")
