@@ -241,6 +241,48 @@ def test_an_unreadable_index_is_built_again(tmp_path, shapes):
     assert again == len(files) and index is not None
 
 
+def test_an_index_of_another_format_is_built_again_and_the_new_one_is_current(tmp_path, shapes):
+    # As an upgrade finds the index an older hpcyolo wrote in a run directory.
+    files = load_data_spec(shapes).train
+    file = tmp_path / "index.npz"
+    _, index, _, _ = dataindex.refresh(files, 4, shapes.parent, file)
+    older = dict(index.a, meta=np.frombuffer(json.dumps({**index.meta, "format": 1}).encode(), np.uint8),
+                 names=np.array(index.names, dtype=str))  # format 1 held the names as a fixed-width array
+    np.savez(file, **older)
+    assert dataindex.load(file) is None
+    _, index, again, _ = dataindex.refresh(files, 4, shapes.parent, file)
+    assert again == len(files) and index is not None
+    dataindex.write(file, index)
+    assert dataindex.refresh(files, 4, shapes.parent, file)[1:3] == (None, 0)
+
+
+def test_names_that_hold_a_newline_or_bytes_that_are_not_utf8_come_back_from_the_index_as_they_were(
+        tmp_path, shapes):
+    odd_names(shapes)
+    files = load_data_spec(shapes).train
+    assert sum("\n" in str(f) or "\udcff" in str(f) for f in files) == 2
+    file = tmp_path / "index.npz"
+    built, index, _, version = dataindex.refresh(files, 4, shapes.parent, file)
+    dataindex.write(file, index)
+    read = dataindex.read(file, shapes.parent, version)
+    assert list(read.paths) == list(built.paths) == files
+    assert all(os.path.exists(p) for p in read.paths)
+    same(read, check_each(files, 4))
+    assert dataindex.refresh(files, 4, shapes.parent, file)[1:3] == (None, 0)
+
+
+def test_an_index_holds_its_names_as_one_text_and_no_outline_lengths_for_a_dataset_of_boxes(tmp_path, shapes):
+    # Every rank of every start reads the index whole: no fixed-width names, no zero per label row.
+    files = load_data_spec(shapes).train
+    _, index, _, _ = dataindex.refresh(files, 4, shapes.parent, tmp_path / "index.npz")
+    names = index.a["names"]
+    assert names.dtype == np.uint8 and names.nbytes == len("\0".join(index.names).encode())
+    assert len(index.a["npts"]) == 0 and len(index.a["rows"]) > 0
+    with_polygon = flawed(shapes)
+    _, index, _, _ = dataindex.refresh(with_polygon, 4, shapes.parent, tmp_path / "other.npz")
+    assert len(index.a["npts"]) == len(index.a["rows"]) and index.polygons
+
+
 def label_open_lines(log: Path, root: Path) -> list[str]:
     """The audit log's `RANK PID PATH` lines of label files opened."""
     lines = log.read_text().splitlines() if log.exists() else []
