@@ -1,8 +1,11 @@
 """Start-up: the time from `hpcyolo train` start to its first optimizer step,
-at a first start (no dataset index yet) and a second one (the index in the
-run directory, the dataset unchanged, as after a requeue), and the files each
-rank opens under the dataset before it exits; the same for ultralytics'
-trainer on the same data (first start: no labels.cache; cached start).
+at a first start (no dataset index anywhere), a second one (the index in the
+run directory, the dataset unchanged, as after a requeue) and a new run's
+first start on the same data (another run directory: the index in the user's
+cache, as for the next element of a sweep), and the files each rank opens
+under the dataset before it exits; the same for ultralytics' trainer on the
+same data (first start: no labels.cache; cached start, which is both its
+requeue and its new run).
 
     .venv/bin/python benchmarks/bench_startup.py [--sizes 1000,10000,50000] [--ranks 1,4] [--runs 3]
     .venv/bin/python benchmarks/bench_startup.py --sizes 64 --ranks 1 --runs 1 --skip-ultralytics   # smoke
@@ -104,18 +107,20 @@ def audit_env(site: Path, root: Path, log: Path) -> dict[str, str]:
             "AUDIT_ROOT": str(root), "AUDIT_LOG": str(log)}
 
 
-def ours(data: Path, run: Path, nproc: int, site: Path, log: Path, hpcyolo: str = str(BIN / "hpcyolo")
-         ) -> tuple[float, float]:
+def ours(data: Path, run: Path, nproc: int, site: Path, log: Path, hpcyolo: str = str(BIN / "hpcyolo"),
+         cache: Path | None = None) -> tuple[float, float]:
     """One start of `hpcyolo train` (the executable `hpcyolo`) to its first
     optimizer step: seconds, and of them rank 0's set-up (data, model,
-    resume: its ledger's setup to loop)."""
+    resume: its ledger's setup to loop). `cache`: its XDG_CACHE_HOME (the
+    user's cache of dataset indexes)."""
     from hpcyolo.node.local import launch
 
     argv = [hpcyolo, "train", "--run-dir", str(run), "--data", str(data), "--model", "n",
             "--imgsz", str(IMGSZ), "--epochs", "1", "--batch", str(BATCH), "--nbs", str(BATCH), "--workers", "0",
             "--no-plots"]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)),
-           "HPCYOLO_DRILL_KILL": f"{socket.gethostname()}:1", **audit_env(site, data.parent, log)}
+           "HPCYOLO_DRILL_KILL": f"{socket.gethostname()}:1", **audit_env(site, data.parent, log),
+           **({"XDG_CACHE_HOME": str(cache)} if cache else {})}
     start = time.perf_counter()
     with open(log.with_suffix(".out"), "w") as out:
         code = run_quiet(lambda: launch(argv, nproc, env=env), out)
@@ -255,34 +260,44 @@ def main() -> None:
             results = {}
             for rep in range(args.runs):
                 for name, nproc, hpcyolo in sides:
-                    first, second, counts, setup = results.setdefault(name, ([], [], {}, ([], [])))
-                    logs = [tmp / f"{n}-{name.split(',')[0]}-{nproc}-{rep}-{k}.log" for k in ("first", "second")]
+                    first, second, fresh, counts, setup = results.setdefault(name, ([], [], [], {}, ([], [], [])))
+                    kinds = ("first", "second", "new run") if nproc else ("first", "second")
+                    logs = [tmp / f"{n}-{name.split(',')[0]}-{nproc}-{rep}-{k.replace(' ', '-')}.log" for k in kinds]
                     if nproc:
                         run = tmp / f"run-{n}-{name.split(',')[0]}-{nproc}-{rep}"
-                        for times, part, log in zip((first, second), setup, logs):
-                            seconds, inside = ours(data, run, nproc, site, log, hpcyolo)
+                        cache = tmp / f"cache-{n}-{name.split(',')[0]}-{nproc}-{rep}"  # none: no index anywhere
+                        for times, part, log, folder in zip((first, second, fresh), setup, logs,
+                                                            (run, run, run.with_name(run.name + "-new"))):
+                            seconds, inside = ours(data, folder, nproc, site, log, hpcyolo, cache)
                             times.append(seconds)
                             part.append(inside)
-                        shutil.rmtree(run)
+                        for folder in (run, run.with_name(run.name + "-new"), cache):
+                            shutil.rmtree(folder)
                     else:
                         for cache in (data.parent / "labels").glob("*.cache"):
                             cache.unlink()
                         first.append(theirs(args, data, tmp / "ul", site, logs[0]))
                         second.append(theirs(args, data, tmp / "ul", site, logs[1]))
-                    counts.update({k: opens(log, data.parent) for k, log in zip(("first", "second"), logs)})
+                    counts.update({k: opens(log, data.parent) for k, log in zip(kinds, logs)})
                     print(f"  {name}, repetition {rep + 1}: first start {first[-1]:.2f} s, second "
-                          f"{second[-1]:.2f} s", flush=True)
-            for name, (first, second, counts, setup) in results.items():
+                          f"{second[-1]:.2f} s" + (f", new run {fresh[-1]:.2f} s" if fresh else ""), flush=True)
+            for name, (first, second, fresh, counts, setup) in results.items():
                 a, b = statistics.median(first), statistics.median(second)
                 ratio = statistics.median(y / x for x, y in zip(first, second))
+                c = statistics.median(fresh) if fresh else None
+                new_ratio = statistics.median(y / x for x, y in zip(first, fresh)) if fresh else None
                 parts = " / ".join(f"{statistics.median(p):.2f}" for p in setup) if setup[0] else "n/a"
-                print(f"  {name}: medians {a:.2f} s, {b:.2f} s, second / first {ratio:.3f}", flush=True)
-                rows.append((n, name, a, b, ratio, parts, *(per_rank(counts[k], kind) for k in ("first", "second")
-                                                            for kind in ("labels", "images"))))
-        print("\n| images | trainer | first start s | second start s | second / first | set-up s, first / second "
-              "| label opens per rank, first | image opens per rank, first | label opens per rank, second "
-              "| image opens per rank, second |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+                print(f"  {name}: medians {a:.2f} s, {b:.2f} s, second / first {ratio:.3f}"
+                      + (f"; new run {c:.2f} s, new run / first {new_ratio:.3f}" if fresh else ""), flush=True)
+                rows.append((n, name, a, b, ratio, "n/a" if c is None else f"{c:.2f}",
+                             "n/a" if new_ratio is None else f"{new_ratio:.3f}", parts,
+                             *(per_rank(counts[k], kind) if k in counts else "n/a"
+                               for k in ("first", "second", "new run") for kind in ("labels", "images"))))
+        print("\n| images | trainer | first start s | second start s | second / first | new run s | new run / first "
+              "| set-up s, first / second / new run | label opens per rank, first | image opens per rank, first "
+              "| label opens per rank, second | image opens per rank, second | label opens per rank, new run "
+              "| image opens per rank, new run |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n, name, a, b, ratio, *o in rows:
             print(f"| {n} | {name} | {a:.2f} | {b:.2f} | {ratio:.3f} | " + " | ".join(o) + " |")
         for n, name, a, b, ratio, *_ in rows:

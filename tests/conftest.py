@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,14 @@ COCO8 = SHARED / "datasets" / "coco8" / "coco8.yaml"
 VENV_BIN = Path(sys.executable).parent
 
 sys.path.insert(0, str(REPO / "tests"))
+
+# The user's cache (the dataset indexes that runs and `hpcyolo val` share,
+# trainer/dataindex.shared_file): the session's own, never the account's, for
+# this process and every command it starts. A test that counts what a first
+# start reads sets its own.
+_CACHE = tempfile.mkdtemp(prefix="hpcyolo-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 # In CI (.ci/run sets CI=true) every test can run, so none may skip but those
 # that need a CUDA GPU (marked `cuda`): a testbed that would not start, a

@@ -28,6 +28,11 @@ view of its label rows.
 Paths are kept relative to the dataset root, so one index serves the dataset
 and its staged copies (staging keeps the files' mtimes): the run directory
 holds it (rundir.index_file), which outlives a job, a requeue and a node.
+The user's cache holds one more per dataset and split (`shared_file`, as
+ultralytics keeps a labels.cache beside the labels, but where the dataset
+may be read-only): a new run on a dataset that another run or `hpcyolo val`
+indexed, as each element of a sweep is, starts from that one (refresh's
+`shared`) and checks only what changed since.
 The format is numpy's .npz of plain arrays, read without pickle (no object
 arrays): the images' names as one UTF-8 text (NUL between names, which no
 path holds; a name that is not UTF-8 kept byte for byte), image and label
@@ -54,6 +59,7 @@ from .data import Checked, Kept, check_each, cut_problems
 from .dataset import ImagePaths, label_path, texts
 from .filescan import stats
 from .fsutil import write_atomic
+from .staged import read_marker
 
 FORMAT = 2  # bump when the arrays or what check_one finds change (2: names as one text, counts int32)
 DROPPED = (None, "corrupt images", "unreadable label files")  # code -> Checked.dropped
@@ -93,6 +99,7 @@ class Index:
 
     def __init__(self, arrays: dict[str, np.ndarray]):
         self.a = arrays
+        self.origin: Path | None = None  # refresh: the shared index it is, unchanged
         self.meta = json.loads(bytes(arrays["meta"]).decode())
         self.names = decode_names(arrays["names"], len(arrays["stat"]))
         self.row_start = np.concatenate([[0], np.cumsum(arrays["nrows"])])
@@ -260,25 +267,65 @@ def arrays_of(results: list[Checked], names: list[str], stat: np.ndarray, nc: in
     }
 
 
+def cache_folder() -> Path | None:
+    """The user's dataset indexes, which their runs and `hpcyolo val` share:
+    $XDG_CACHE_HOME/hpcyolo/index (~/.cache/hpcyolo/index); None where this
+    process has no home."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    try:
+        return Path(base or Path.home() / ".cache") / "hpcyolo" / "index"
+    except RuntimeError:  # no $HOME and no password entry
+        return None
+
+
+def shared_file(root: Path, split: str, yaml: str | Path | None = None) -> Path | None:
+    """The user's cache's index of `split` of the dataset at `root`: one per
+    dataset (its root, symlinks resolved) and split, whichever copy of it a
+    run reads. A staged copy (`yaml`, its data YAML, beside the staging
+    marker: hpcyolo.node.stage) has its source's: the source's root, or for
+    an archive the archive and the root's place in it. None: no cache."""
+    folder = cache_folder()
+    if folder is None:
+        return None
+    origin = os.path.realpath(root)
+    dest = os.path.dirname(os.path.abspath(yaml)) if yaml is not None else None
+    source = (read_marker(dest) or {}).get("source") if dest is not None else None  # staged.source_identity
+    if isinstance(source, dict):
+        copy = os.path.realpath(dest)
+        if isinstance(source.get("realpath"), str):  # a data YAML's root, copied to DEST/dataset
+            inside = os.path.relpath(origin, os.path.join(copy, "dataset"))
+            origin = os.path.normpath(os.path.join(source["realpath"], inside))
+        elif isinstance(source.get("archive"), str):
+            origin = f"{source['archive']}\0{os.path.relpath(origin, copy)}"
+    key = hashlib.sha256(f"{origin}\0{split}".encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return folder / f"{key}-{split}.npz"
+
+
 def refresh(files: list[Path], nc: int, root: Path, file: Path,
-            now: np.ndarray | None = None) -> tuple[Results, Index | None, int, str]:
+            now: np.ndarray | None = None, shared: Path | None = None) -> tuple[Results, Index | None, int, str]:
     """(every file's check result in order, the index to write (None: the
     one in `file` is current), how many images were checked anew, the
     index's version). Rank 0's part (see the module's doc); `write` puts
     the index in place. `now`: the files' stats, where taken already
-    (filescan.Prescan)."""
+    (filescan.Prescan). `shared`: where `file` holds no index of these
+    classes (a new run), the index there (shared_file) is the old one; where
+    it is current, it is the index to write, with `origin` set to `shared`."""
     # The split's files as ImagePaths (the data YAML's already are): their text is read, a Path made only
     # where one is asked for.
     files = files if isinstance(files, ImagePaths) else ImagePaths(texts(files))
     now = stats(files) if now is None or len(now) != len(files) else now
-    old = load(file)
+    old, origin = load(file), None
     old = old if old is not None and old.meta.get("nc") == nc else None  # another class count: nothing kept
+    if old is None and shared is not None:
+        old, origin = load(shared), shared
+        old = old if old is not None and old.meta.get("nc") == nc else None
     if old is not None:
         # The index's images, in its order (a second start): their names are the index's, and the text of
         # its paths is the listing's, without relpath's work per image.
         paths = old.paths(root)
         if paths.strings == files.strings and old.version == version_of(old.names, now, nc):
-            return Results(old, paths), None, 0, old.version
+            old.origin = origin
+            return Results(old, paths), old if origin else None, 0, old.version
     names = relatives(files, root)
     results: list[Checked | None] = [None] * len(files)
     again = list(range(len(files)))

@@ -24,7 +24,6 @@ one process does.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from pathlib import Path
@@ -193,7 +192,7 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
     labels = check_labels(spec, (split,))
-    sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split))
+    sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split, data))
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
@@ -210,20 +209,16 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
             **report(s, sets.labels, spec.names)}
 
 
-def index_cache() -> Path:
-    """Where `hpcyolo val` keeps its dataset indexes: $XDG_CACHE_HOME/hpcyolo/index (~/.cache/...)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "hpcyolo" / "index"
-
-
-def indexed_split(d: Dist, files, nc: int, root: Path, split: str):
-    """The check results of a split's images through a dataset index in the
-    user's cache (dataindex.py, one file per dataset folder and split): a
-    second `hpcyolo val` of the same data reads one file and checks only the
-    images that changed, as ultralytics reads its labels.cache. None (check
-    every image) where the cache cannot be read or written."""
-    key = hashlib.sha256(f"{Path(root).resolve()}\0{split}".encode()).hexdigest()[:24]
-    file = index_cache() / f"{key}-{split}.npz"
+def indexed_split(d: Dist, files, nc: int, root: Path, split: str, yaml: str | Path | None = None):
+    """The check results of a split's images through the dataset's index in
+    the user's cache (dataindex.shared_file: one file per dataset and split,
+    which training runs share): a second `hpcyolo val` of the same data, or
+    one after a run trained on it, reads one file and checks only the images
+    that changed, as ultralytics reads its labels.cache. None (check every
+    image) where the cache cannot be read or written."""
+    file = dataindex.shared_file(root, split, yaml)
+    if file is None:
+        return None
     try:
         results, index, _, _ = dataindex.refresh(files, nc, root, file)
     except OSError:

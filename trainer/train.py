@@ -340,7 +340,9 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
     dropped images too; the datasets sift them straight from the index's
     arrays) from the dataset's index in the run directory (dataindex.py). Rank 0 brings the
     index up to date, checking only the files that changed since it was
-    written, while the other ranks wait; it writes the index once the data
+    written (a new run: since the user's cache's index of the dataset was,
+    dataindex.shared_file, which it then brings up to date too), while the
+    other ranks wait; it writes the index once the data
     is accepted (leaving the block: data that cannot be trained on stops
     before a run directory exists), then every rank reads it, one file per
     split, which names the images (`splits`, each split's images, are rank
@@ -364,15 +366,20 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
             if error:
                 raise HpcyoloError(error)
         return
-    built, versions = {}, {}
+    built, versions, shared = {}, {}, {}
     try:
         for split, files in splits.items():
             t0 = time.monotonic()
+            # The user's cache's index of this split (a new run starts from it), kept where this run reads the
+            # whole split (not a --fraction of it).
+            shared[split] = dataindex.shared_file(spec.root, split, spec.yaml)
             built[split] = dataindex.refresh(files, nc, spec.root, rundir.index_file(run, split),
-                                             (stats or {}).get(split))
+                                             (stats or {}).get(split), shared[split])
             if built[split][2]:
                 print0(d, f"{split}: checked {built[split][2]} of {len(files)} images in "
                           f"{time.monotonic() - t0:.1f} s for the dataset index ({rundir.index_file(run, split)})")
+            if files is not getattr(spec, split):
+                shared[split] = None
         if d.distributed and all(index is None for _, index, _, _ in built.values()):
             torch.distributed.broadcast_object_list([({split: b[3] for split, b in built.items()}, None, True)], 0)
         yield {split: results for split, (results, *_) in built.items()}
@@ -383,6 +390,9 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
                 except OSError as e:
                     raise HpcyoloError(f"cannot write the dataset index {rundir.index_file(run, split)}: "
                                        f"{e.strerror or e}") from None
+                if index.origin is not None:
+                    print0(d, f"{split}: the dataset index from {index.origin} (a run or val before this one "
+                              "indexed these files; none changed since)")
             versions[split] = version
     except Exception as e:
         if d.distributed:  # the others wait for the index, or for the verdict: they stop too, with the same words
@@ -391,6 +401,12 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
         raise
     if d.distributed:  # the index to read, or (told already) that the data is accepted
         torch.distributed.broadcast_object_list([(versions, None, False)], 0)
+    for split, (_, index, _, _) in built.items():  # the user's cache, once the other ranks have their word
+        if index is not None and index.origin is None and shared[split] is not None:
+            try:
+                dataindex.write(shared[split], index)
+            except OSError:
+                pass  # a cache: the next new run checks again
 
 
 def _word_of_rank_0() -> tuple[dict[str, str], str | None, bool]:

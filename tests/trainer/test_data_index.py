@@ -364,6 +364,94 @@ def test_a_second_val_reads_no_label_file_and_a_changed_one_is_noticed(tmp_path,
     assert again == changed and sorted(opened) == labels
 
 
+def test_a_new_run_on_a_dataset_another_run_indexed_reads_no_label_file_and_a_changed_one_is_noticed(
+        tmp_path, shapes, monkeypatch):
+    """Each element of a sweep is a new run on the same dataset: the first
+    run's index, kept in the user's cache too, serves the next ones; a run
+    on --fraction of the split reads it but leaves it whole; `hpcyolo val`
+    shares it."""
+    root, cache = shapes.parent, tmp_path / "cache"
+    labels = sorted(str(p) for p in (root / "labels").rglob("*.txt"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))  # where this process looks for them too
+
+    def run(name: str, *more: str) -> tuple[list[str], str]:
+        log = tmp_path / f"{name}.log"
+        r = audited([HPCYOLO, "train", "--run-dir", str(tmp_path / name), "--data", str(shapes), "--model", "n",
+                     "--imgsz", "64", "--epochs", "1", "--batch", "4", "--workers", "0", "--no-plots", *more],
+                    root, log, XDG_CACHE_HOME=str(cache))
+        return label_opens(log, root), r.stdout + r.stderr
+
+    opened, _ = run("first")
+    assert sorted(set(opened)) == labels
+    kept = {split: dataindex.shared_file(root, split, shapes) for split in ("train", "val")}
+    assert sorted(cache.rglob("*.npz")) == sorted(kept.values())
+    opened, out = run("second-run")
+    assert opened == [] and f"the dataset index from {kept['train']}" in out
+    assert dataindex.load(rundir.index_file(tmp_path / "second-run", "train")).version == \
+        dataindex.load(kept["train"]).version
+    whole = dataindex.load(kept["train"]).version
+    label = sorted((root / "labels" / "train").glob("*.txt"))[3]
+    touched(label, "2 0.5 0.5 0.2 0.2\n")
+    opened, _ = run("changed")
+    assert opened == [str(label)]
+    assert dataindex.load(kept["train"]).version != whole  # brought up to date: the next run reads no label
+    assert run("after-the-change")[0] == []
+    train_index = kept["train"].read_bytes()
+    opened, _ = run("half", "--fraction", "0.5")
+    assert opened == [] and kept["train"].read_bytes() == train_index
+    weights = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes" / "model.pt"
+    log = tmp_path / "val.log"
+    audited([HPCYOLO, "val", str(weights), "--data", str(shapes), "--imgsz", "64", "--batch", "4", "--workers", "0"],
+            root, log, XDG_CACHE_HOME=str(cache))
+    assert label_opens(log, root) == []
+
+
+@pytest.mark.parametrize("how", ["tree", "tar"])
+def test_a_staged_copy_shares_its_sources_index_in_the_users_cache(tmp_path, shapes, how, monkeypatch):
+    from hpcyolo.node.stage import stage
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    files = load_data_spec(shapes).train
+    src = shapes
+    if how == "tar":
+        src = tmp_path / "ds.tar"
+        subprocess.run(["tar", "-C", str(shapes.parent), "-cf", str(src), "."], check=True)
+    copies = [stage(src, tmp_path / f"node{k}", workers=2) for k in (1, 2)]  # two nodes, or two jobs' scratch
+    keys = [dataindex.shared_file(load_data_spec(c).root, "train", c) for c in copies]
+    assert keys[0] == keys[1] and keys[0] != dataindex.shared_file(load_data_spec(copies[0]).root, "val", copies[0])
+    if how == "tree":  # the source's own: a run on the source and one on its staged copy share it
+        assert keys[0] == dataindex.shared_file(shapes.parent, "train", shapes)
+    other = tmp_path / "other"
+    shutil.copytree(shapes.parent, other)
+    assert dataindex.shared_file(other, "train", other / "data.yaml") != keys[0]  # another dataset: its own
+    # A run on the first copy builds it; a new run on the other copy takes it (a tree copy keeps the mtimes;
+    # a tar header holds whole seconds, so there the second copy's stats are those of the first).
+    spec = load_data_spec(copies[0])
+    _, index, again, _ = dataindex.refresh(spec.train, 4, spec.root, tmp_path / "run1.npz", shared=keys[0])
+    assert again == len(files) and index.origin is None
+    dataindex.write(keys[0], index)
+    spec = load_data_spec(copies[1])
+    results, index, again, _ = dataindex.refresh(spec.train, 4, spec.root, tmp_path / "run2.npz", shared=keys[1])
+    assert again == 0 and index is not None and index.origin == keys[1]
+    same(results, check_each(spec.train, 4))
+
+
+def test_without_a_home_or_a_writable_cache_a_new_run_checks_every_file(tmp_path, shapes, monkeypatch):
+    files = load_data_spec(shapes).train
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
+    assert dataindex.cache_folder() is None and dataindex.shared_file(shapes.parent, "train", shapes) is None
+    monkeypatch.undo()
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    shared = dataindex.shared_file(shapes.parent, "train", shapes)
+    _, index, again, _ = dataindex.refresh(files, 4, shapes.parent, tmp_path / "run.npz", shared=shared)
+    assert again == len(files) and index.origin is None
+    with pytest.raises(OSError):
+        dataindex.write(shared, index)
+
+
 def test_only_rank_0_lists_the_dataset_and_every_rank_names_its_images_alike(tmp_path, shapes):
     # Three gloo ranks, a first start: rank 0 lists the split folders and checks the files; the others
     # list no folder and open no label file under the dataset: they take the images from its index.
