@@ -41,8 +41,9 @@ row, each row's outline (polygon) points (none at all in a dataset of boxes),
 and the problems found (their text with the files' paths left out and put
 back on reading, so a staged copy's messages name its own files). Every rank
 of every start reads the whole file from the run directory, on shared
-storage: it holds no byte per image it does not need (at COCO's 118k images
-about half of what a fixed-width array of names and 64-bit counts took).
+storage: it holds no byte per image it does not need (50k generated images
+with COCO's label counts: 11.4 MB, where format 1's fixed-width names and
+64-bit counts took 18.4 MB).
 """
 
 from __future__ import annotations
