@@ -32,7 +32,8 @@ The user's cache holds one more per dataset and split (`shared_file`, as
 ultralytics keeps a labels.cache beside the labels, but where the dataset
 may be read-only): a new run on a dataset that another run or `hpcyolo val`
 indexed, as each element of a sweep is, starts from that one (refresh's
-`shared`) and checks only what changed since.
+`shared`) and checks only what changed since; of runs that start together,
+one checks while the others wait for its lock (`building`).
 The format is numpy's .npz of plain arrays, read without pickle (no object
 arrays): the images' names as one UTF-8 text (NUL between names, which no
 path holds; a name that is not UTF-8 kept byte for byte), image and label
@@ -48,10 +49,14 @@ with COCO's label counts: 11.4 MB, where format 1's fixed-width names and
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +67,7 @@ from .filescan import stats
 from .fsutil import write_atomic
 from .staged import read_marker
 
+WAIT_S = 300.0  # building: the longest a new run waits for another's index of its dataset
 FORMAT = 2  # bump when the arrays or what check_one finds change (2: names as one text, counts int32)
 DROPPED = (None, "corrupt images", "unreadable label files")  # code -> Checked.dropped
 # Where a problem's text names its image or label file (no path holds these
@@ -302,31 +308,65 @@ def shared_file(root: Path, split: str, yaml: str | Path | None = None) -> Path 
     return folder / f"{key}-{split}.npz"
 
 
-def refresh(files: list[Path], nc: int, root: Path, file: Path,
-            now: np.ndarray | None = None, shared: Path | None = None) -> tuple[Results, Index | None, int, str]:
+def refresh(files: list[Path], nc: int, root: Path, file: Path, now: np.ndarray | None = None,
+            shared: Path | None = None, keep: bool = False) -> tuple[Results, Index | None, int, str]:
     """(every file's check result in order, the index to write (None: the
     one in `file` is current), how many images were checked anew, the
     index's version). Rank 0's part (see the module's doc); `write` puts
     the index in place. `now`: the files' stats, where taken already
-    (filescan.Prescan). `shared`: where `file` holds no index of these
-    classes (a new run), the index there (shared_file) is the old one; where
-    it is current, it is the index to write, with `origin` set to `shared`."""
+    (filescan.Prescan). `shared` (shared_file): where `file` holds no
+    current index (a new run), the one there if it is current (then it is
+    the index to write, its `origin` set to `shared`), else the old one to
+    start from where `file` holds none. `keep`: this process also brings
+    `shared` up to date (the run reads the whole split), under its lock
+    (`building`): runs that start together check the dataset once."""
     # The split's files as ImagePaths (the data YAML's already are): their text is read, a Path made only
     # where one is asked for.
     files = files if isinstance(files, ImagePaths) else ImagePaths(texts(files))
     now = stats(files) if now is None or len(now) != len(files) else now
-    old, origin = load(file), None
-    old = old if old is not None and old.meta.get("nc") == nc else None  # another class count: nothing kept
-    if old is None and shared is not None:
-        old, origin = load(shared), shared
-        old = old if old is not None and old.meta.get("nc") == nc else None
-    if old is not None:
-        # The index's images, in its order (a second start): their names are the index's, and the text of
-        # its paths is the listing's, without relpath's work per image.
-        paths = old.paths(root)
-        if paths.strings == files.strings and old.version == version_of(old.names, now, nc):
-            old.origin = origin
-            return Results(old, paths), old if origin else None, 0, old.version
+    own = _usable(load(file), nc)
+    results = _current(own, files, now, nc, root)
+    if results is not None:
+        return results, None, 0, own.version
+    if shared is None:
+        return _check(files, nc, root, now, own)
+    with building(shared) if keep else contextlib.nullcontext():
+        theirs = _usable(load(shared), nc)
+        results = _current(theirs, files, now, nc, root)
+        if results is not None:
+            theirs.origin = shared
+            return results, theirs, 0, theirs.version
+        out = _check(files, nc, root, now, own or theirs)
+        if keep:
+            try:
+                write(shared, out[1])
+            except OSError:
+                pass  # a cache: the next new run checks again
+        return out
+
+
+def _usable(index: Index | None, nc: int) -> Index | None:
+    """`index`, unless it was made for another class count (then nothing of it is kept)."""
+    return index if index is not None and index.meta.get("nc") == nc else None
+
+
+def _current(index: Index | None, files: ImagePaths, now: np.ndarray, nc: int, root: Path) -> Results | None:
+    """The results `index` holds where it is current for `files` (their text
+    as listed, their stats `now`), else None. The index's images, in its
+    order: their names are the index's, and the text of its paths is the
+    listing's, without relpath's work per image."""
+    if index is None:
+        return None
+    paths = index.paths(root)
+    if paths.strings == files.strings and index.version == version_of(index.names, now, nc):
+        return Results(index, paths)
+    return None
+
+
+def _check(files: ImagePaths, nc: int, root: Path, now: np.ndarray, old: Index | None
+           ) -> tuple[Results, Index, int, str]:
+    """refresh's answer where no index is current: the images that `old`
+    holds with the same stats taken from it, the others checked anew."""
     names = relatives(files, root)
     results: list[Checked | None] = [None] * len(files)
     again = list(range(len(files)))
@@ -344,6 +384,47 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path,
     index = Index(arrays_of(results, names, now, nc))
     # As the other ranks read them: every rank then holds the same results.
     return index.results(root), index, len(again), index.version
+
+
+@contextlib.contextmanager
+def building(shared: Path, wait_s: float | None = None):
+    """Held while this process may bring the user's cache's index `shared`
+    up to date: an exclusive flock on SHARED.lock, so that of the runs that
+    start together on one dataset (a sweep's array elements) one checks it
+    and the others wait, then read what it wrote. Waits at most `wait_s`
+    (then goes on unlocked: a holder that hangs costs a check, not the run;
+    the other ranks wait for this one within their process group's
+    timeout); where the cache cannot be locked (no folder, a file system
+    without flock), does not wait."""
+    wait_s = WAIT_S if wait_s is None else wait_s
+    lock = shared.with_name(shared.name + ".lock")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        deadline, said = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    print(f"hpcyolo: still locked after {wait_s:.0f} s: {lock}; checking the dataset here",
+                          file=sys.stderr, flush=True)
+                    break
+                if not said:
+                    print(f"hpcyolo: another run is indexing this dataset ({lock}); waiting for its index",
+                          file=sys.stderr, flush=True)
+                    said = True
+                time.sleep(0.2)
+            except OSError:  # no flock here (ENOLCK, EINVAL)
+                break
+        yield
+    finally:
+        os.close(fd)  # the lock with it
 
 
 def write(file: Path, index: Index) -> None:

@@ -366,20 +366,18 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
             if error:
                 raise HpcyoloError(error)
         return
-    built, versions, shared = {}, {}, {}
+    built, versions = {}, {}
     try:
         for split, files in splits.items():
             t0 = time.monotonic()
-            # The user's cache's index of this split (a new run starts from it), kept where this run reads the
-            # whole split (not a --fraction of it).
-            shared[split] = dataindex.shared_file(spec.root, split, spec.yaml)
+            # The user's cache's index of this split: a new run starts from it, and keeps it up to date where it
+            # reads the whole split (not a --fraction of it).
+            shared = dataindex.shared_file(spec.root, split, spec.yaml)
             built[split] = dataindex.refresh(files, nc, spec.root, rundir.index_file(run, split),
-                                             (stats or {}).get(split), shared[split])
+                                             (stats or {}).get(split), shared, keep=files is getattr(spec, split))
             if built[split][2]:
                 print0(d, f"{split}: checked {built[split][2]} of {len(files)} images in "
                           f"{time.monotonic() - t0:.1f} s for the dataset index ({rundir.index_file(run, split)})")
-            if files is not getattr(spec, split):
-                shared[split] = None
         if d.distributed and all(index is None for _, index, _, _ in built.values()):
             torch.distributed.broadcast_object_list([({split: b[3] for split, b in built.items()}, None, True)], 0)
         yield {split: results for split, (results, *_) in built.items()}
@@ -401,12 +399,6 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
         raise
     if d.distributed:  # the index to read, or (told already) that the data is accepted
         torch.distributed.broadcast_object_list([(versions, None, False)], 0)
-    for split, (_, index, _, _) in built.items():  # the user's cache, once the other ranks have their word
-        if index is not None and index.origin is None and shared[split] is not None:
-            try:
-                dataindex.write(shared[split], index)
-            except OSError:
-                pass  # a cache: the next new run checks again
 
 
 def _word_of_rank_0() -> tuple[dict[str, str], str | None, bool]:

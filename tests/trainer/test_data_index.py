@@ -436,6 +436,46 @@ def test_a_staged_copy_shares_its_sources_index_in_the_users_cache(tmp_path, sha
     same(results, check_each(spec.train, 4))
 
 
+def test_runs_that_start_together_check_the_dataset_once_and_a_held_lock_is_waited_for_a_while(
+        tmp_path, shapes, monkeypatch, capfd):
+    # A sweep's elements start at once: the first to take the cache's lock checks the files, the others wait
+    # and read its index. The check is slowed so that the second surely arrives while the first holds it.
+    import fcntl
+
+    files = load_data_spec(shapes).train
+    shared = tmp_path / "cache" / "shapes-train.npz"
+    real, inside = dataindex.check_each, threading.Event()
+
+    def slow_check(paths, nc):
+        inside.set()
+        threading.Event().wait(1.0)
+        return real(paths, nc)
+
+    monkeypatch.setattr(dataindex, "check_each", slow_check)
+    out = {}
+
+    def run(name: str) -> None:
+        out[name] = dataindex.refresh(files, 4, shapes.parent, tmp_path / f"{name}.npz", shared=shared, keep=True)
+
+    first = threading.Thread(target=run, args=("first",))
+    first.start()
+    assert inside.wait(30)
+    run("second")
+    first.join()
+    assert out["first"][2] == len(files) and out["first"][1].origin is None
+    assert out["second"][2] == 0 and out["second"][1].origin == shared
+    assert "another run is indexing this dataset" in capfd.readouterr().err
+    same(out["second"][0], check_each(files, 4))
+    # A holder that never lets go: after WAIT_S the run checks the files itself.
+    monkeypatch.setattr(dataindex, "WAIT_S", 0.5)
+    touched(label_path(files[0]), "0 0.5 0.5 0.5 0.5\n")
+    with open(shared.with_name(shared.name + ".lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _, index, again, _ = dataindex.refresh(files, 4, shapes.parent, tmp_path / "third.npz", shared=shared,
+                                               keep=True)
+    assert again == 1 and index.origin is None and "still locked after" in capfd.readouterr().err
+
+
 def test_without_a_home_or_a_writable_cache_a_new_run_checks_every_file(tmp_path, shapes, monkeypatch):
     files = load_data_spec(shapes).train
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
