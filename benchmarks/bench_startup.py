@@ -262,16 +262,16 @@ def main() -> None:
                 for name, nproc, hpcyolo in sides:
                     first, second, fresh, counts, setup = results.setdefault(name, ([], [], [], {}, ([], [], [])))
                     kinds = ("first", "second", "new run") if nproc else ("first", "second")
-                    logs = [tmp / f"{n}-{name.split(',')[0]}-{nproc}-{rep}-{k.replace(' ', '-')}.log" for k in kinds]
+                    tag = f"{n}-{name.split(',')[0]}-{nproc}-{rep}"
+                    logs = [tmp / f"{tag}-{k.replace(' ', '-')}.log" for k in kinds]
                     if nproc:
-                        run = tmp / f"run-{n}-{name.split(',')[0]}-{nproc}-{rep}"
-                        cache = tmp / f"cache-{n}-{name.split(',')[0]}-{nproc}-{rep}"  # none: no index anywhere
-                        for times, part, log, folder in zip((first, second, fresh), setup, logs,
-                                                            (run, run, run.with_name(run.name + "-new"))):
+                        run, new, cache = tmp / f"run-{tag}", tmp / f"run-{tag}-new", tmp / f"cache-{tag}"
+                        for times, part, log, folder in zip((first, second, fresh), setup, logs, (run, run, new)):
+                            # The first start finds no index anywhere (`cache` is empty); the new run the cache's.
                             seconds, inside = ours(data, folder, nproc, site, log, hpcyolo, cache)
                             times.append(seconds)
                             part.append(inside)
-                        for folder in (run, run.with_name(run.name + "-new"), cache):
+                        for folder in (run, new, cache):
                             shutil.rmtree(folder)
                     else:
                         for cache in (data.parent / "labels").glob("*.cache"):

@@ -58,6 +58,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -309,17 +310,19 @@ def shared_file(root: Path, split: str, yaml: str | Path | None = None) -> Path 
 
 
 def refresh(files: list[Path], nc: int, root: Path, file: Path, now: np.ndarray | None = None,
-            shared: Path | None = None, keep: bool = False) -> tuple[Results, Index | None, int, str]:
+            shared: Callable[[], Path | None] | None = None, keep: bool = False
+            ) -> tuple[Results, Index | None, int, str]:
     """(every file's check result in order, the index to write (None: the
     one in `file` is current), how many images were checked anew, the
     index's version). Rank 0's part (see the module's doc); `write` puts
     the index in place. `now`: the files' stats, where taken already
-    (filescan.Prescan). `shared` (shared_file): where `file` holds no
-    current index (a new run), the one there if it is current (then it is
-    the index to write, its `origin` set to `shared`), else the old one to
-    start from where `file` holds none. `keep`: this process also brings
-    `shared` up to date (the run reads the whole split), under its lock
-    (`building`): runs that start together check the dataset once."""
+    (filescan.Prescan). `shared`: names the user's cache's index
+    (shared_file), asked only where `file` holds no current index (a new
+    run; a requeue looks no further): the one there if it is current (then
+    it is the index to write, its `origin` set to its path), else the old
+    one to start from where `file` holds none. `keep`: this process also
+    brings that one up to date (the run reads the whole split), under its
+    lock (`building`): runs that start together check the dataset once."""
     # The split's files as ImagePaths (the data YAML's already are): their text is read, a Path made only
     # where one is asked for.
     files = files if isinstance(files, ImagePaths) else ImagePaths(texts(files))
@@ -328,6 +331,7 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path, now: np.ndarray 
     results = _current(own, files, now, nc, root)
     if results is not None:
         return results, None, 0, own.version
+    shared = shared() if shared is not None else None
     if shared is None:
         return _check(files, nc, root, now, own)
     with building(shared) if keep else contextlib.nullcontext():
@@ -396,7 +400,6 @@ def building(shared: Path, wait_s: float | None = None):
     the other ranks wait for this one within their process group's
     timeout); where the cache cannot be locked (no folder, a file system
     without flock), does not wait."""
-    wait_s = WAIT_S if wait_s is None else wait_s
     lock = shared.with_name(shared.name + ".lock")
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -405,26 +408,33 @@ def building(shared: Path, wait_s: float | None = None):
         yield
         return
     try:
-        deadline, said = time.monotonic() + wait_s, False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    print(f"hpcyolo: still locked after {wait_s:.0f} s: {lock}; checking the dataset here",
-                          file=sys.stderr, flush=True)
-                    break
-                if not said:
-                    print(f"hpcyolo: another run is indexing this dataset ({lock}); waiting for its index",
-                          file=sys.stderr, flush=True)
-                    said = True
-                time.sleep(0.2)
-            except OSError:  # no flock here (ENOLCK, EINVAL)
-                break
+        _take(fd, lock, WAIT_S if wait_s is None else wait_s)
         yield
     finally:
         os.close(fd)  # the lock with it
+
+
+def _take(fd: int, lock: Path, wait_s: float) -> None:
+    """flock `fd` exclusively, saying so where another process holds it;
+    after `wait_s`, or where this file system has no flock, go on without."""
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        except OSError:  # no flock here (ENOLCK, EINVAL)
+            return
+        if time.monotonic() >= deadline:
+            print(f"hpcyolo: still locked after {wait_s:.0f} s: {lock}; checking the dataset here",
+                  file=sys.stderr, flush=True)
+            return
+        if not said:
+            print(f"hpcyolo: another run is indexing this dataset ({lock}); waiting for its index",
+                  file=sys.stderr, flush=True)
+            said = True
+        time.sleep(0.2)
 
 
 def write(file: Path, index: Index) -> None:

@@ -370,9 +370,9 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
     try:
         for split, files in splits.items():
             t0 = time.monotonic()
-            # The user's cache's index of this split: a new run starts from it, and keeps it up to date where it
-            # reads the whole split (not a --fraction of it).
-            shared = dataindex.shared_file(spec.root, split, spec.yaml)
+            # The user's cache's index of this split (named only where the run's own is not current): a new
+            # run starts from it, and keeps it up to date where it reads the whole split (not a --fraction).
+            shared = functools.partial(dataindex.shared_file, spec.root, split, spec.yaml)
             built[split] = dataindex.refresh(files, nc, spec.root, rundir.index_file(run, split),
                                              (stats or {}).get(split), shared, keep=files is getattr(spec, split))
             if built[split][2]:

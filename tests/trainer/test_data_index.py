@@ -427,11 +427,12 @@ def test_a_staged_copy_shares_its_sources_index_in_the_users_cache(tmp_path, sha
     # A run on the first copy builds it; a new run on the other copy takes it (a tree copy keeps the mtimes;
     # a tar header holds whole seconds, so there the second copy's stats are those of the first).
     spec = load_data_spec(copies[0])
-    _, index, again, _ = dataindex.refresh(spec.train, 4, spec.root, tmp_path / "run1.npz", shared=keys[0])
+    _, index, again, _ = dataindex.refresh(spec.train, 4, spec.root, tmp_path / "run1.npz", shared=lambda: keys[0])
     assert again == len(files) and index.origin is None
     dataindex.write(keys[0], index)
     spec = load_data_spec(copies[1])
-    results, index, again, _ = dataindex.refresh(spec.train, 4, spec.root, tmp_path / "run2.npz", shared=keys[1])
+    results, index, again, _ = dataindex.refresh(spec.train, 4, spec.root, tmp_path / "run2.npz",
+                                                 shared=lambda: keys[1])
     assert again == 0 and index is not None and index.origin == keys[1]
     same(results, check_each(spec.train, 4))
 
@@ -455,7 +456,8 @@ def test_runs_that_start_together_check_the_dataset_once_and_a_held_lock_is_wait
     out = {}
 
     def run(name: str) -> None:
-        out[name] = dataindex.refresh(files, 4, shapes.parent, tmp_path / f"{name}.npz", shared=shared, keep=True)
+        out[name] = dataindex.refresh(files, 4, shapes.parent, tmp_path / f"{name}.npz", shared=lambda: shared,
+                                      keep=True)
 
     first = threading.Thread(target=run, args=("first",))
     first.start()
@@ -471,7 +473,7 @@ def test_runs_that_start_together_check_the_dataset_once_and_a_held_lock_is_wait
     touched(label_path(files[0]), "0 0.5 0.5 0.5 0.5\n")
     with open(shared.with_name(shared.name + ".lock"), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        _, index, again, _ = dataindex.refresh(files, 4, shapes.parent, tmp_path / "third.npz", shared=shared,
+        _, index, again, _ = dataindex.refresh(files, 4, shapes.parent, tmp_path / "third.npz", shared=lambda: shared,
                                                keep=True)
     assert again == 1 and index.origin is None and "still locked after" in capfd.readouterr().err
 
@@ -486,7 +488,7 @@ def test_without_a_home_or_a_writable_cache_a_new_run_checks_every_file(tmp_path
     blocked.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
     shared = dataindex.shared_file(shapes.parent, "train", shapes)
-    _, index, again, _ = dataindex.refresh(files, 4, shapes.parent, tmp_path / "run.npz", shared=shared)
+    _, index, again, _ = dataindex.refresh(files, 4, shapes.parent, tmp_path / "run.npz", shared=lambda: shared)
     assert again == len(files) and index.origin is None
     with pytest.raises(OSError):
         dataindex.write(shared, index)
