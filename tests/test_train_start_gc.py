@@ -1,13 +1,18 @@
 """`hpcyolo train` imports torch and the trainer without the garbage
 collector and keeps what they made out of later collections (gc.freeze):
 full collections that traversed every object the imports had made took
-most of a second of a start. The collector runs again for the training."""
+most of a second of a start. The trainer's set-up (the dataset's label
+views and paths, the model) is made and kept alike. The collector runs
+again for the training."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+from tests.conftest import COCO8
 
 CODE = """
 import gc, json, sys
@@ -38,3 +43,33 @@ def test_the_imports_are_frozen_and_the_collector_runs_again(tmp_path):
     assert seen["enabled"]
     # torch's objects (a quarter of a million) are frozen; what collections still traverse is the rest.
     assert seen["frozen"] > 100_000 and seen["tracked"] < seen["frozen"] / 10, seen
+
+
+SET_UP = """
+import gc, json, sys
+import hpcyolo_trainer.train as train
+
+def first_epochs(cfg, d, data, parts, pos, run, stop):  # what the training loop would find
+    live = {id(o) for o in gc.get_objects()}  # the objects collections traverse: the frozen ones are not among them
+    made = [data.train_set.labels, data.train_set.labels[0], data.train_set.paths, parts.model, parts.ema.module,
+            parts.optimizer.state_dict]
+    print(json.dumps({"enabled": gc.isenabled(), "traversed": [id(o) in live for o in made],
+                      "tracked": [gc.is_tracked(o) for o in made[:1]]}))
+    return 0
+
+train.train_epochs = first_epochs
+sys.argv = ["hpcyolo", "train", "--run-dir", sys.argv[1], "--data", sys.argv[2], "--imgsz", "64", "--epochs", "1",
+            "--batch", "4", "--workers", "0", "--no-plots"]
+from hpcyolo.entry import main
+main()
+"""
+
+
+def test_the_set_up_is_made_without_the_collector_and_kept_out_of_later_collections(tmp_path):
+    out = subprocess.run([sys.executable, "-c", SET_UP, str(tmp_path / "run"), str(COCO8)], capture_output=True,
+                         text=True, cwd=tmp_path, env={**os.environ, "WORLD_SIZE": "1"})
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+    assert seen["enabled"], seen
+    # Tracked (a list the collector would traverse), yet not among what it traverses: frozen.
+    assert seen["tracked"] == [True] and seen["traversed"] == [False] * 6, seen

@@ -7,6 +7,7 @@ check, validate, save) -> cleanup. Only rank 0 prints, saves and plots.
 from __future__ import annotations
 
 import functools
+import gc
 import getpass
 import hashlib
 import inspect
@@ -81,6 +82,56 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None, prescan: Prescan | None
     ledger.mark("setup")
     if d.is_main:
         ledger.path = rundir.ledger_file(run, *this_start(), ".json")
+    with long_lived():
+        cfg, data, parts, pos = prepare(cfg, d, run, settings, ledger, prescan)
+    print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
+              f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
+              f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
+    print0(d, f"arithmetic: {arithmetic(parts.amp, parts.amp_dtype, layout(cfg, d.device))}")
+    code = None
+    try:
+        code = train_epochs(cfg, d, data, parts, pos, run, stop)
+        return code
+    finally:
+        parts.watch.close()
+        ledger.mark("exit")
+        ledger.write()
+        if parts.drawings is not None:
+            parts.drawings.wait()
+        if parts.board is not None:
+            parts.board.close()
+        if parts.tracking is not None:
+            for line in parts.tracking.close(finished=code == 0):
+                print(line, flush=True)
+
+
+@contextmanager
+def long_lived():
+    """The set-up, without the cyclic garbage collector; what it made is then
+    kept out of every later collection (gc.freeze), as the CLI does with the
+    imports (hpcyolo.cli.task.train). Set-up makes what lives as long as the
+    run: a view of its label rows and the text of its path per image, the
+    model, its EMA and optimizer; at 50k images the collections it would run
+    (the young generations' every 700 allocations, and the full ones as the
+    heap grows) took 20 to 30 ms of a 1.5 s second start, and every later
+    full collection would traverse those objects again, in this process and
+    in each loader worker forked from it (writing to their pages: memory
+    the fork shared, copied). What set-up leaves as garbage in cycles (a few
+    objects) stays."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+
+
+def prepare(cfg: TrainConfig, d: Dist, run: Path, settings: dict, ledger: Ledger, prescan: Prescan | None
+            ) -> tuple[TrainConfig, Data, Parts, Position]:
+    """The run's data, model and training state, at its start or where it
+    resumes: (the config with the loader workers this rank gets, ...)."""
     everyone = say_ranks(d)
     cfg = replace(cfg, workers=loader_workers(cfg.workers, d, everyone))
     seed_all(cfg.seed + d.rank)
@@ -116,25 +167,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None, prescan: Prescan | None
         parts.drawings = Background()
         if state is None:  # a new run: its training labels, as ultralytics' labels.jpg shows them
             parts.drawings.submit(plot_labels, data.train_set.labels, data.names, run / "labels.jpg")
-    print0(d, f"training {parts.model.arch} on {len(data.train_set)} images ({data.nc} classes), {d.world_size} "
-              f"rank(s) x {data.batch_per_rank} images, {data.batches} batches per epoch, accumulate "
-              f"{parts.accumulate}, {cfg.workers} loader worker(s) per rank, device {d.device}")
-    print0(d, f"arithmetic: {arithmetic(parts.amp, parts.amp_dtype, layout(cfg, d.device))}")
-    code = None
-    try:
-        code = train_epochs(cfg, d, data, parts, pos, run, stop)
-        return code
-    finally:
-        parts.watch.close()
-        ledger.mark("exit")
-        ledger.write()
-        if parts.drawings is not None:
-            parts.drawings.wait()
-        if parts.board is not None:
-            parts.board.close()
-        if parts.tracking is not None:
-            for line in parts.tracking.close(finished=code == 0):
-                print(line, flush=True)
+    return cfg, data, parts, pos
 
 
 def train_epochs(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Position, run: Path,
