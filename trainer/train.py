@@ -7,7 +7,6 @@ check, validate, save) -> cleanup. Only rank 0 prints, saves and plots.
 from __future__ import annotations
 
 import functools
-import gc
 import getpass
 import hashlib
 import inspect
@@ -40,6 +39,7 @@ from .errors import HpcyoloError
 from .evaluate import INTERRUPTED, ValBatches, batch_drawer, report, table, validate
 from .filescan import Prescan
 from .fsutil import write_atomic
+from .heap import long_lived
 from .ledger import Ledger
 from .loss import DetectionLoss, EndToEndLoss
 from .model import ALIASES, build_model
@@ -103,29 +103,6 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None, prescan: Prescan | None
         if parts.tracking is not None:
             for line in parts.tracking.close(finished=code == 0):
                 print(line, flush=True)
-
-
-@contextmanager
-def long_lived():
-    """The set-up, without the cyclic garbage collector; what it made is then
-    kept out of every later collection (gc.freeze), as the CLI does with the
-    imports (hpcyolo.cli.task.train). Set-up makes what lives as long as the
-    run: a view of its label rows and the text of its path per image, the
-    model, its EMA and optimizer; at 50k images the collections it would run
-    (the young generations' every 700 allocations, and the full ones as the
-    heap grows) took 20 to 30 ms of a 1.5 s second start, and every later
-    full collection would traverse those objects again, in this process and
-    in each loader worker forked from it (writing to their pages: memory
-    the fork shared, copied). What set-up leaves as garbage in cycles (a few
-    objects) stays."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if collecting:
-            gc.enable()
 
 
 def prepare(cfg: TrainConfig, d: Dist, run: Path, settings: dict, ledger: Ledger, prescan: Prescan | None

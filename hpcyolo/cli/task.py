@@ -3,7 +3,6 @@ its options come from the settings' table), exec (a custom entrypoint)."""
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import traceback
@@ -150,20 +149,12 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
 
     idle_threads_sleep(os.environ)  # before torch loads libgomp
-    # Torch's and the trainer's imports without the garbage collector: its full collections, as the heap
-    # grew, traversed every object the imports had made (0.7 s of a 5 s start at 50k images, CPU). What
-    # they made is then kept out of every later collection (gc.freeze): modules, classes and functions,
-    # that live as long as the process does (and the few thousand objects the imports left as garbage,
-    # under a megabyte, which a collection to find them would take 0.2 s on every start to free).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    # Torch's and the trainer's imports without the garbage collector, then frozen (hpcyolo_trainer.heap).
+    from hpcyolo_trainer.heap import long_lived
+
+    with long_lived():
         from hpcyolo_trainer.dist import device_fault_line, lost_peer_line
         from hpcyolo_trainer.train import main as train_main
-    finally:
-        gc.freeze()
-        if collecting:
-            gc.enable()
 
     try:
         code = train_main(train_config(run_dir, data, signal, **options), stop, prescan)
