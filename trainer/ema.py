@@ -16,6 +16,7 @@ class ModelEMA:
         for p in self.module.parameters():
             p.requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, updates
+        self._paired: tuple | None = None  # (model, its tensors paired with ours): _pairs
 
     def _decay(self) -> float:
         # Small at first, so early weights do not dominate the average.
@@ -26,22 +27,34 @@ class ModelEMA:
         """ema = d * ema + (1 - d) * weights over all floating tensors at once
         (torch's multi-tensor ops: a few kernel launches on a GPU instead of
         two per tensor, ~700 for a detector; the same arithmetic, so the same
-        bits); integer buffers (BatchNorm's num_batches_tracked) are copied."""
+        bits); integer buffers (BatchNorm's num_batches_tracked) are copied,
+        also at once."""
         self.updates += 1
         d = self._decay()
-        source = model.state_dict()
-        mine, theirs, counters = [], [], []
-        for name, value in self.module.state_dict().items():
-            if value.dtype.is_floating_point:
-                mine.append(value)
-                theirs.append(source[name].detach())
-            else:
-                counters.append((value, source[name]))
+        mine, theirs, counters, sources = self._pairs(model)
         if mine:
             torch._foreach_mul_(mine, d)
             torch._foreach_add_(mine, theirs, alpha=1 - d)
-        for value, new in counters:
-            value.copy_(new)
+        if counters:
+            torch._foreach_copy_(counters, sources)
+
+    def _pairs(self, model: nn.Module) -> tuple[list, list, list, list]:
+        """The EMA's tensors and the model's, paired by name: made at the
+        first update and kept, since a step changes tensors in place (the
+        optimizer, BatchNorm's statistics, load_state_dict, broadcasts); made
+        again for another model object. Two state_dict() walks of ~550
+        modules each and ~700 detach() calls per step were a host cost that
+        a GPU waits for (yolo26n: about 3 ms of a step's launches)."""
+        if self._paired is not None and self._paired[0] is model:
+            return self._paired[1]
+        source = model.state_dict()
+        mine, theirs, counters, sources = [], [], [], []
+        for name, value in self.module.state_dict().items():
+            floating = value.dtype.is_floating_point
+            (mine if floating else counters).append(value)
+            (theirs if floating else sources).append(source[name])
+        self._paired = (model, (mine, theirs, counters, sources))
+        return self._paired[1]
 
     def state_dict(self) -> dict:
         return {"module": self.module.state_dict(), "updates": self.updates}

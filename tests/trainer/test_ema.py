@@ -41,3 +41,26 @@ def test_ema_update_matches_the_formula_for_every_tensor():
     assert ema.updates == 3
     first = next(k for k, v in got.items() if v.dtype.is_floating_point)
     assert not torch.equal(got[first], model.state_dict()[first])
+
+
+def test_the_pairing_is_kept_for_the_model_and_made_again_for_another():
+    """update() pairs the EMA's tensors with the model's once and keeps the
+    pairs (the model's tensors change in place); another model object is
+    paired anew, so the average follows that model's values."""
+    torch.manual_seed(0)
+    model = build_model("yolov8n", 3)
+    ema = ModelEMA(model, tau=1e-9)  # decay 0.9999 from the first update on
+    ema.update(model)
+    pairs = ema._paired[1]
+    ema.update(model)
+    assert ema._paired[1] is pairs
+    other = build_model("yolov8n", 3)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.fill_(1.0)
+    before = {k: v.clone() for k, v in ema.module.state_dict().items()}
+    ema.update(other)
+    d = ema._decay()
+    name = next(n for n, _ in other.named_parameters())
+    torch.testing.assert_close(ema.module.state_dict()[name], d * before[name] + (1 - d))
+    assert ema._paired[0] is other
