@@ -55,7 +55,8 @@ def _inter_union(a: Tensor, b: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """Intersection and union areas of broadcastable xyxy boxes [...,4] -> [...] each."""
     lt = torch.maximum(a[..., :2], b[..., :2])
     rb = torch.minimum(a[..., 2:4], b[..., 2:4])
-    inter = (rb - lt).clamp(min=0).prod(-1)
+    wh = (rb - lt).clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]  # not prod(-1): its backward reads a flag from the GPU, a wait in every step
     return inter, _area(a) + _area(b) - inter + eps
 
 

@@ -174,6 +174,7 @@ class DetectionLoss:
         self.names = ("box_loss", "cls_loss", "dfl_loss" if reg_max > 1 else "l1_loss")  # the items, as logged
         self.assigner = TaskAlignedAssigner(topk=topk, topk2=topk2, min_side=min_side, ciou=assign_ciou)
         self.world_size = world_size
+        self._anchor_cache: dict[tuple, tuple[Tensor, Tensor, Tensor]] = {}
 
     def __call__(self, feats: list[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
         """feats: per level [B, 4*reg_max+nc, H, W]; targets [M,6] (img, cls, cx, cy, w, h; 0..1) -> (loss, items).
@@ -196,10 +197,29 @@ class DetectionLoss:
         its ranks agree with one process only on average). The items are
         scaled alike: their mean over the ranks equals one process's items.
         """
+        return self.from_gts(feats, self.gts(feats, targets))
+
+    def gts(self, feats: list[Tensor], targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The targets as the assigner takes them (labels, xyxy boxes in
+        pixels, mask; padded per image), on the maps' device. Made on the
+        device the targets are on: from the loader's CPU batch (the trainer
+        passes it), the padding is sized without waiting for the GPU and
+        arrives in one copy that does not wait either."""
+        batch, device = feats[0].shape[0], feats[0].device
+        if targets.device == device:
+            return _gt_tensors(targets.float(), batch, self._input_hw(feats))
+        packed = torch.cat(_gt_tensors(targets.float(), batch, self._input_hw(feats)), -1)  # [B,K,6]
+        if device.type == "cuda":
+            packed = packed.pin_memory()
+        labels, boxes, mask = packed.to(device, non_blocking=True).split((1, 4, 1), -1)
+        return labels, boxes, mask.bool()
+
+    def from_gts(self, feats: list[Tensor], gts: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """The loss and items of `feats` against targets made by gts()."""
         pred_dist, pred_logits = self._flatten(feats)
         batch = pred_logits.shape[0]
-        points, strides = (t.to(pred_dist.dtype) for t in make_anchors(feats, self.strides))
-        gt_labels, gt_bboxes, mask_gt = _gt_tensors(targets.to(pred_dist), batch, self._input_hw(feats))
+        points, strides, whwh = self._anchors(feats, pred_dist.dtype)
+        gt_labels, gt_bboxes, mask_gt = gts
         pred_bboxes = self._decode(points, pred_dist)  # xyxy, grid units
         # The assigner compares boxes in pixels, like the gts.
         target_bboxes, target_scores, fg = self.assigner(
@@ -213,9 +233,21 @@ class DetectionLoss:
         cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="sum") / score_sum
         target_bboxes = target_bboxes / strides  # back to grid units, like the predictions
         box, dfl = self._box_losses(pred_dist, pred_bboxes, points, target_bboxes, target_scores, fg, score_sum,
-                                    strides, self._input_hw(feats))
-        parts = torch.stack((box, cls, dfl)) * torch.tensor(self.gains, dtype=cls.dtype, device=cls.device)
+                                    strides, whwh)
+        box_gain, cls_gain, dfl_gain = self.gains
+        parts = torch.stack((box * box_gain, cls * cls_gain, dfl * dfl_gain))
         return parts.sum() * (batch * self.world_size), parts.detach()
+
+    def _anchors(self, feats: list[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(points [A,2], strides [A,1], the input's w, h, w, h [4]) for
+        maps of these sizes, made once per size, device and dtype: a step
+        at one size launches no kernel and copies nothing for them."""
+        key = (tuple(f.shape[-2:] for f in feats), feats[0].dtype, dtype, feats[0].device)
+        if key not in self._anchor_cache:
+            points, strides = (t.to(dtype) for t in make_anchors(feats, self.strides))
+            h, w = self._input_hw(feats)
+            self._anchor_cache[key] = points, strides, points.new_tensor([w, h, w, h])
+        return self._anchor_cache[key]
 
     def set_epoch(self, epoch: int, epochs: int | None = None) -> None:
         """Nothing here changes with the epoch (EndToEndLoss's weights do)."""
@@ -262,29 +294,32 @@ class DetectionLoss:
         fg: Tensor,
         score_sum: Tensor,
         strides: Tensor,
-        input_hw: tuple[float, float],
+        whwh: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        """CIoU and DFL (reg_max 1: L1) losses over foreground anchors, weighted by their target scores."""
-        if not bool(fg.any()):
+        """CIoU and DFL (reg_max 1: L1) losses over foreground anchors, weighted by their target scores.
+        The foreground's indices are read once (the one wait for the GPU
+        here); indexing by them, unlike by the mask, waits for nothing, in
+        the backward pass too."""
+        b, a = fg.nonzero(as_tuple=True)
+        if not len(b):
             # Zero, yet attached to the regression outputs: DDP expects every
             # parameter to get a gradient each step, even on a rank whose batch
             # has nothing to regress.
             zero = pred_dist.new_zeros(()) + pred_dist.sum() * 0  # new_zeros + : no -0.0 in the logs
             return zero, zero
-        weight = target_scores.sum(-1)[fg].unsqueeze(-1)  # [n,1]
-        iou = bbox_iou(pred_bboxes[fg], target_bboxes[fg], ciou=True)
+        weight = target_scores.sum(-1)[b, a].unsqueeze(-1)  # [n,1]
+        iou = bbox_iou(pred_bboxes[b, a], target_bboxes[b, a], ciou=True)
         box = ((1.0 - iou) * weight).sum() / score_sum
         if self.reg_max == 1:
             # The four distances in pixels over the image's width or height.
-            h, w = input_hw
-            scale = strides.expand(fg.shape[0], -1, -1)[fg] / pred_dist.new_tensor([w, h, w, h])  # [n,4]
-            ltrb = bbox2dist(points, target_bboxes)[fg]
-            l1 = F.l1_loss(pred_dist[fg] * scale, ltrb * scale, reduction="none").mean(-1, keepdim=True)
+            scale = strides[a] / whwh  # [n,4]
+            ltrb = bbox2dist(points[a], target_bboxes[b, a])
+            l1 = F.l1_loss(pred_dist[b, a] * scale, ltrb * scale, reduction="none").mean(-1, keepdim=True)
             return box, (l1 * weight).sum() / score_sum
         # reg_max - 1 is the largest bin value: targets stay below it so both
         # DFL bins exist.
-        ltrb = bbox2dist(points, target_bboxes, self.reg_max - 1)[fg]  # [n,4]
-        dfl = (_dfl(pred_dist[fg].view(-1, self.reg_max), ltrb) * weight).sum() / score_sum
+        ltrb = bbox2dist(points[a], target_bboxes[b, a], self.reg_max - 1)  # [n,4]
+        dfl = (_dfl(pred_dist[b, a].view(-1, self.reg_max), ltrb) * weight).sum() / score_sum
         return box, dfl
 
 
@@ -326,8 +361,9 @@ class EndToEndLoss:
     def __call__(self, feats: tuple[list[Tensor], list[Tensor]], targets: Tensor) -> tuple[Tensor, Tensor]:
         maps, one2one_maps = feats
         share = self.one2many_share
-        many, _ = self.one2many(maps, targets)
-        one, items = self.one2one(one2one_maps, targets)
+        gts = self.one2many.gts(maps, targets)  # the same targets for both heads: made once
+        many, _ = self.one2many.from_gts(maps, gts)
+        one, items = self.one2one.from_gts(one2one_maps, gts)
         return many * share + one * (1 - share), items
 
 

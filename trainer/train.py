@@ -532,7 +532,8 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
         record_shape(d, pos.epoch, i, imgs.shape)
         at = pos.epoch * data.batches + i  # the run's batch index: the warm-up and schedule follow it
         last_micro = at - last_step >= parts.schedule.accumulate(at) or i + 1 == data.batches
-        pos.loss_sum += forward_backward(parts.net, parts.loss_fn, imgs, targets.to(d.device, non_blocking=True),
+        # The targets as the loader made them, on the host: the loss pads them there (DetectionLoss.gts).
+        pos.loss_sum += forward_backward(parts.net, parts.loss_fn, imgs, targets,
                                          parts.amp, parts.amp_dtype, parts.scaler, reduce=last_micro,
                                          span=forward_span(parts, pos.global_step))
         if not last_micro:
