@@ -40,7 +40,8 @@ its "arithmetic:" line; ultralytics: its trainer's attributes at the start).
   trainer's read_results_csv (results.csv into a dict, once an epoch when it
   saves) is done by the csv module instead, and the run says so.
 - ceiling: the model step alone on batches pre-loaded on the GPU (uint8, as
-  the loader delivers them): /255, autocast, loss, backward, clip, the
+  the loader delivers them; the targets in pinned host memory, as the
+  trainer passes them to its loss): /255, autocast, loss, backward, clip, the
   optimizer step (the one the trainers choose for this run: AdamW at the
   default sizes; SGD until 2026-11-27), EMA update: what the trainer would
   reach with an infinitely fast loader.
@@ -349,13 +350,14 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
             if device.type == "cuda":
                 imgs, targets = imgs.pin_memory(), targets.pin_memory()
             batches.append((imgs, targets, [{"hsv": row} for row in gains.tolist()]))
-        else:
-            batches.append((imgs.to(device).contiguous(memory_format=memory), targets.to(device), None))
+        else:  # the images on the device; the targets on the host, as the trainer hands them to its loss
+            targets = targets.pin_memory() if device.type == "cuda" else targets
+            batches.append((imgs.to(device).contiguous(memory_format=memory), targets, None))
 
     def step(k):
         imgs, targets, metas = batches[k % len(batches)]
         if input_path:
-            imgs, targets = device_batch(cfg, one, imgs, metas, k), targets.to(device, non_blocking=True)
+            imgs = device_batch(cfg, one, imgs, metas, k)
         else:
             imgs = imgs.float() / 255
         with torch.autocast(device.type, dtype=dtype, enabled=amp):

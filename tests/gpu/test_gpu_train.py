@@ -318,3 +318,89 @@ def test_nms_on_the_gpu_takes_the_dense_path_and_keeps_the_cpus_boxes(monkeypatc
     gpu = B.nms(boxes.cuda(), scores.cuda(), 0.7)
     assert calls == ["cuda"]
     assert torch.equal(gpu.cpu(), cpu)
+
+
+def _step_inputs(name: str, boxes_per_image: int = 9):
+    """A model of `name` on the GPU in channels_last and one batch: 8 images of 256 px, targets on the host."""
+    from hpcyolo_trainer.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(name, 80).cuda().to(memory_format=torch.channels_last).train()
+    imgs = torch.rand(8, 3, 256, 256, device="cuda").contiguous(memory_format=torch.channels_last)
+    n = 8 * boxes_per_image
+    targets = torch.cat([torch.arange(8).repeat_interleave(boxes_per_image)[:, None].float(),
+                         torch.randint(0, 80, (n, 1)).float(), torch.rand(n, 2) * 0.8 + 0.1,
+                         torch.rand(n, 2) * 0.3 + 0.02], 1)
+    return model, imgs, targets
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolo26n"])
+def test_the_loss_from_host_targets_equals_the_loss_from_device_targets_and_waits_twice_per_head(name):
+    """The trainer hands the loss the loader's host targets: padded on the
+    host, copied without a wait. The result is the device targets' result,
+    and a head's loss waits for the GPU twice (the assigner's candidates and
+    the foreground's indices), in its backward pass not at all: before, the
+    mask indexing and the padding waited 16 to 18 times per head."""
+    import warnings
+
+    from hpcyolo_trainer.dist import Dist
+    from hpcyolo_trainer.settings import TrainConfig
+    from hpcyolo_trainer.train import detection_loss
+
+    model, imgs, targets = _step_inputs(name)
+    one = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cuda"))
+    loss_fn = detection_loss(model, 80, one, TrainConfig(run_dir="-", data="-", epochs=3))
+    results = []
+    for host in (False, True):
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            feats = model(imgs)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                loss, items = loss_fn(feats, targets.pin_memory() if host else targets.cuda())
+                loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        waits = sum("synchroniz" in str(w.message) for w in seen)
+        results.append((loss.detach(), items, [p.grad.clone() for p in model.parameters() if p.grad is not None],
+                        waits))
+    (l0, i0, g0, _), (l1, i1, g1, waits) = results
+    assert torch.equal(l0, l1) and torch.equal(i0, i1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+    heads = 2 if name == "yolo26n" else 1
+    assert waits <= 2 * heads, f"{waits} waits for the GPU in the loss of {heads} head(s)"
+
+
+def test_the_optimizer_is_fused_on_the_gpu_and_steps_as_the_multi_tensor_one():
+    """On a GPU the optimizers are torch's fused ones (a few launches per
+    step); three AdamW steps land where the multi-tensor path's do."""
+    import copy
+
+    from hpcyolo_trainer.schedule import build_optimizer
+
+    model, _, _ = _step_inputs("yolov8n")
+    twin = copy.deepcopy(model)
+    fused = build_optimizer(model, "adamw", 1e-3, 0.9, 5e-4)
+    plain = build_optimizer(twin, "adamw", 1e-3, 0.9, 5e-4)
+    assert fused.defaults["fused"] is True
+    for group in plain.param_groups:
+        group["fused"], group["foreach"] = False, True
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(3):
+        for a, b in zip(model.parameters(), twin.parameters()):
+            a.grad = torch.randn(a.shape, device="cuda", generator=g)
+            b.grad = a.grad.clone()
+        fused.step()
+        plain.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not build_optimizer(build_model_cpu(), "adamw", 1e-3, 0.9, 5e-4).defaults.get("fused")
+
+
+def build_model_cpu():
+    from hpcyolo_trainer.model import build_model
+
+    return build_model("yolov8n", 80)
