@@ -114,14 +114,10 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, wei
             if params or not muon:
                 extra = {"lr_scale": scale, "use_muon": group == "muon"} if muon else {}
                 param_groups.append({"params": params, "weight_decay": decays[group], "name": group, **extra})
-    # On a GPU, torch's fused kernels: a few launches per step where the multi-tensor path spends host time on
-    # every parameter (yolo26n's ~370); a small step is bound by that time. The CPU keeps the default path.
-    params = [p for g in param_groups for p in g["params"]]
-    fused = {"fused": True} if params and all(p.is_cuda for p in params) else {}
     if name == "sgd":
-        return eager(torch.optim.SGD)(param_groups, lr=lr, momentum=momentum, nesterov=True, **fused)
+        return eager(torch.optim.SGD)(param_groups, lr=lr, momentum=momentum, nesterov=True)
     if name == "adamw":
-        return eager(torch.optim.AdamW)(param_groups, lr=lr, betas=(momentum, 0.999), **fused)
+        return eager(torch.optim.AdamW)(param_groups, lr=lr, betas=(momentum, 0.999))
     if muon:
         from .musgd import MuSGD
 

@@ -372,35 +372,3 @@ def test_the_loss_from_host_targets_equals_the_loss_from_device_targets_and_wait
     assert all(torch.equal(a, b) for a, b in zip(g0, g1))
     heads = 2 if name == "yolo26n" else 1
     assert waits <= 2 * heads, f"{waits} waits for the GPU in the loss of {heads} head(s)"
-
-
-def test_the_optimizer_is_fused_on_the_gpu_and_steps_as_the_multi_tensor_one():
-    """On a GPU the optimizers are torch's fused ones (a few launches per
-    step); three AdamW steps land where the multi-tensor path's do."""
-    import copy
-
-    from hpcyolo_trainer.schedule import build_optimizer
-
-    model, _, _ = _step_inputs("yolov8n")
-    twin = copy.deepcopy(model)
-    fused = build_optimizer(model, "adamw", 1e-3, 0.9, 5e-4)
-    plain = build_optimizer(twin, "adamw", 1e-3, 0.9, 5e-4)
-    assert fused.defaults["fused"] is True
-    for group in plain.param_groups:
-        group["fused"], group["foreach"] = False, True
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for _ in range(3):
-        for a, b in zip(model.parameters(), twin.parameters()):
-            a.grad = torch.randn(a.shape, device="cuda", generator=g)
-            b.grad = a.grad.clone()
-        fused.step()
-        plain.step()
-    for a, b in zip(model.parameters(), twin.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert not build_optimizer(build_model_cpu(), "adamw", 1e-3, 0.9, 5e-4).defaults.get("fused")
-
-
-def build_model_cpu():
-    from hpcyolo_trainer.model import build_model
-
-    return build_model("yolov8n", 80)
