@@ -108,6 +108,21 @@ History (NVIDIA H200, 16 CPUs, torch 2.11.0+cu130, ultralytics 8.4.190,
     sparse and dense alternated, medians of 2): 2.51 s sparse, 1.82 s
     dense (0.72x), the same mAP.
   - The GPU suite: 9 passed, 1 skipped (several GPUs) in 118 s.
+- 2026-11-27, later, another H200 (commit f3e2065; this machine ran every
+  side slower than the last): yolo26n hpcyolo 477.9 images/s (data wait 0%,
+  0.80 of the ceiling), ultralytics 533.4 (0%, 0.89), ceiling 601.0 (now
+  AdamW, as the trainers run), ceiling + input path 588.2 (0.98): 0.90x.
+  The way in to the device explains 2% of the gap. A torch.profiler trace
+  of 8 steps of `hpcyolo train` there (yolo26n, epoch 2) showed the step
+  bound by the host: about 63 ms of kernels in a 134 ms step, ~2,860
+  kernel launches and 36 waits for the GPU a step, 34 of them in the loss
+  (boolean-mask indexing, its backward, bincount, small tensors copied
+  from pageable memory, prod()'s backward) and the EMA's state_dict()
+  walks in the optimizer step. After the fixes (f34b4fc, aec6f8b) the GPU
+  tests on the next H200 showed the loss waiting at most twice per head,
+  with the same loss and gradients from host and device targets; the
+  throughput run after them did not finish inside its time limit there,
+  so it is not measured.
 """
 
 from __future__ import annotations
