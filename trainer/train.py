@@ -562,7 +562,8 @@ def train_epoch(cfg: TrainConfig, d: Dist, data: Data, parts: Parts, pos: Positi
             with parts.watch.phase("checkpoint"), parts.ledger.timed("checkpoint"):
                 save_state(d, cfg, parts, pos)
             parts.ledger.checkpointed(pos.global_step)
-        stopped = stop_if_asked(cfg, d, parts, pos, stop, step_seconds)  # all ranks agree, after the optimizer step
+        stopped = stop_if_asked(cfg, d, parts, pos, stop, step_seconds,  # all ranks agree, after the optimizer step
+                                epoch_done=pos.batch >= data.batches)
         if stopped is not None:
             return stopped
         if pos.time_up:
@@ -589,15 +590,13 @@ def device_batch(cfg: TrainConfig, d: Dist, imgs: torch.Tensor, metas, step: int
 
 
 def stop_if_asked(cfg: TrainConfig, d: Dist, parts: Parts, pos: Position, stop: StopFlag,
-                  step_seconds: float = 0.0, where: str | None = None) -> int | None:
+                  step_seconds: float = 0.0, where: str | None = None, epoch_done: bool = False) -> int | None:
     """The ranks' agreed answer to a stop request (agreed_stop): None to go
     on, else the exit code, after a checkpoint where the answer asks for one.
-    Also whether the time budget is spent (pos.time_up): whether another
-    step like the last (`step_seconds`) and the end of the run (1.5 times
-    its longest epoch end so far) would overrun it."""
+    Also whether the time budget is spent (pos.time_up, budget_spent;
+    `epoch_done`: the step was its epoch's last)."""
     # Rank 0's clock decides for every rank; in the same all-reduce as the stop request.
-    budget = cfg.time is not None and d.is_main and \
-        pos.run_seconds + step_seconds + 1.5 * pos.end_seconds > cfg.time * 3600
+    budget = d.is_main and budget_spent(cfg, pos, step_seconds, epoch_done)
     with parts.watch.phase("stop drill") if stop.drill else nullcontext():  # a drill may hold for a signal
         now, pos.time_up = agreed_stop(d, stop, pos.global_step, budget)
     if now.action != NONE:
@@ -1000,6 +999,20 @@ def optimizer_step(model, optimizer, scaler, ema: ModelEMA, clip_norm: float) ->
     optimizer.zero_grad(set_to_none=True)
     ema.update(model)
     return norm
+
+
+def budget_spent(cfg: TrainConfig, pos: Position, step_seconds: float, epoch_done: bool = False) -> bool:
+    """Whether the time budget leaves no room to go on: for another step
+    like the last (`step_seconds`) and the run's final end (1.5 times its
+    longest epoch end so far). After an epoch's last step (`epoch_done`),
+    going on also means that epoch's own end before the next step: room for
+    one more end. (Without it, the check at an epoch's last step passed,
+    the epoch's end spent the final end's room, and the run ended up to an
+    end past its budget.)"""
+    if cfg.time is None:
+        return False
+    ends = 2.5 if epoch_done else 1.5
+    return pos.run_seconds + step_seconds + ends * pos.end_seconds > cfg.time * 3600
 
 
 def agreed_stop(d: Dist, stop: StopFlag, step: int, time_up: bool = False) -> tuple[Decision, bool]:

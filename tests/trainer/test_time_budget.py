@@ -110,3 +110,17 @@ def test_a_budget_spread_over_a_preemption_ends_inside_it_on_every_rank_at_once(
     assert 3 <= len(rows) < 1000
     ranks = [(tmp_path / "shapes-log" / f"rank-{r}.txt").read_text().splitlines() for r in (0, 1)]
     assert [line.split()[:2] for line in ranks[0]] == [line.split()[:2] for line in ranks[1]]
+
+
+def test_at_an_epochs_last_step_the_budget_keeps_room_for_that_epochs_end_too():
+    """Mid-epoch, going on costs a step and the final end (1.5 x the
+    longest end so far); after an epoch's last step it costs that epoch's
+    end as well. 3.6 s budget, 0.3 s steps, 0.5 s ends, 2.2 s trained."""
+    from hpcyolo_trainer.train import Position, budget_spent
+
+    cfg = TrainConfig(run_dir="-", data="-", time=0.001)
+    pos = Position(run_seconds=2.2, end_seconds=0.5)
+    assert not budget_spent(cfg, pos, 0.3)  # 2.2 + 0.3 + 0.75 = 3.25
+    assert budget_spent(cfg, pos, 0.3, epoch_done=True)  # 2.2 + 0.5 + 0.3 + 0.75 = 3.75
+    assert not budget_spent(cfg, Position(run_seconds=1.5, end_seconds=0.5), 0.3, epoch_done=True)
+    assert not budget_spent(TrainConfig(run_dir="-", data="-"), pos, 1e9, epoch_done=True)  # no budget
