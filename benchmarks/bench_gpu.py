@@ -566,11 +566,10 @@ def main() -> None:
             yaml.write_text(text)
         header = f"  {'':<22} {'images/s/GPU':>12} {'data wait':>10} {'of ceiling':>11} {'GPU GiB':>8}"
         for model in filter(None, args.models.split(",")):  # --models "": the val race alone
-            if args.no_train:  # each row as soon as it is measured (a compile takes minutes)
-                print(f"\n{model}\n{header}", flush=True)
+            # Each row as soon as it is measured: a run cut off by its time limit keeps what it measured.
+            print(f"\n{model}\n{header}", flush=True)
             top = ceiling(model, args, device)
-            if args.no_train:
-                print(row("ceiling (GPU alone)", top, top["images_per_s"]), f"\n  ran with: {top['ran']}", flush=True)
+            print(row("ceiling (GPU alone)", top, top["images_per_s"]), flush=True)
             variants = [("ceiling NCHW", False, False, False)] if args.nchw else []
             if args.compile:
                 variants += [("ceiling compiled", True, None, False)]
@@ -580,22 +579,17 @@ def main() -> None:
             for name, compile_, channels_last, input_path in variants:
                 extra.append((name, ceiling(model, args, device, compile_=compile_, channels_last=channels_last,
                                             input_path=input_path)))
-                if args.no_train:
-                    print(row(*extra[-1], top["images_per_s"]), flush=True)
+                print(row(*extra[-1], top["images_per_s"]), flush=True)
+            print(f"  ceiling ran with: {top['ran']}", flush=True)
+            for name, r in extra:
+                print(f"  {name} ran with: {r['ran']}", flush=True)
             if args.no_train:
                 continue
             mine = ours(yaml, work, model, args)
+            print(row("hpcyolo train", mine, top["images_per_s"]), flush=True)
+            print(f"  hpcyolo ran with: {mine['ran']} ({mine['wall']:.0f} s in all)", flush=True)
             other = theirs(ul, yaml, model, args, ul_device) if ul else {}
-            print(f"\n{model}\n{header}")
-            print(row("hpcyolo train", mine, top["images_per_s"]))
-            print(row("ultralytics train", other, top["images_per_s"]))
-            print(row("ceiling (GPU alone)", top, top["images_per_s"]))
-            for name, r in extra:
-                print(row(name, r, top["images_per_s"]))
-            print(f"  hpcyolo ran with: {mine['ran']} ({mine['wall']:.0f} s in all)")
-            print(f"  ceiling ran with: {top['ran']}")
-            for name, r in extra:
-                print(f"  {name} ran with: {r['ran']}")
+            print(row("ultralytics train", other, top["images_per_s"]), flush=True)
             if other:
                 print(f"  ultralytics ran with: {other['ran']} ({other['wall']:.0f} s in all)")
                 print(f"  hpcyolo / ultralytics: {mine['images_per_s'] / other['images_per_s']:.2f}x")
