@@ -205,10 +205,11 @@ class DetectionLoss:
         device the targets are on: from the loader's CPU batch (the trainer
         passes it), the padding is sized without waiting for the GPU and
         arrives in one copy that does not wait either."""
-        batch, device = feats[0].shape[0], feats[0].device
+        device = feats[0].device
+        gts = _gt_tensors(targets.float(), feats[0].shape[0], self._input_hw(feats))
         if targets.device == device:
-            return _gt_tensors(targets.float(), batch, self._input_hw(feats))
-        packed = torch.cat(_gt_tensors(targets.float(), batch, self._input_hw(feats)), -1)  # [B,K,6]
+            return gts
+        packed = torch.cat(gts, -1)  # [B,K,6]: one copy
         if device.type == "cuda":
             packed = packed.pin_memory()
         labels, boxes, mask = packed.to(device, non_blocking=True).split((1, 4, 1), -1)
