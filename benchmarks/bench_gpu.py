@@ -115,10 +115,10 @@ History (NVIDIA H200, 16 CPUs, torch 2.11.0+cu130, ultralytics 8.4.190,
   The way in to the device explains 2% of the gap. A torch.profiler trace
   of 8 steps of `hpcyolo train` there (yolo26n, epoch 2) showed the step
   bound by the host: about 63 ms of kernels in a 134 ms step, ~2,860
-  kernel launches and 36 waits for the GPU a step, 34 of them in the loss
-  (boolean-mask indexing, its backward, bincount, small tensors copied
-  from pageable memory, prod()'s backward) and the EMA's state_dict()
-  walks in the optimizer step. After the fixes (f34b4fc, aec6f8b) the GPU
+  kernel launches and 36 waits for the GPU a step, all in the loss's
+  forward and backward (boolean-mask indexing, its backward, bincount,
+  small tensors copied from pageable memory, prod()'s backward), and the
+  EMA's state_dict() walks in the optimizer step. After the fixes (f34b4fc, aec6f8b) the GPU
   tests on the next H200 showed the loss waiting at most twice per head,
   with the same loss and gradients from host and device targets; the
   throughput run after them did not finish inside its time limit there,
