@@ -122,26 +122,28 @@ def requeue(job_id: int, env: Mapping[str, str] | None = None) -> None:
     _check(run(argv, env=env), argv)
 
 
-def exclude_nodes(job_id: int, nodes: list[str], env: Mapping[str, str] | None = None,
-                  running: dict[str, str] | None = None) -> str | None:
-    """Add `nodes` to the job's excluded nodes (ExcNodeList, which a requeue
-    keeps), so that its next start avoids them; returns the new list. Where
-    its partitions would keep fewer nodes than the job asks for (it would
-    wait for good), changes nothing and returns None. `running`: the job's
-    `show_job` from before a requeue (a requeued job shows NumNodes 1
-    until it is scheduled again)."""
-    info = show_job(job_id, env)
-    running = running or info
+def excluded_with(info: dict[str, str], nodes: list[str], env: Mapping[str, str] | None = None) -> str | None:
+    """The excluded nodes (ExcNodeList) of the job whose `show_job` is
+    `info`, with `nodes` added, for exclude_nodes; None where its partitions
+    would keep fewer nodes than it asks for (it would wait for good). Ask
+    while the job runs: a requeued job shows NumNodes 1 until it is
+    scheduled again."""
     before = info.get("ExcNodeList", "(null)")
     known = [] if before in ("(null)", "") else hostnames(before, env)
     wanted = list(dict.fromkeys([*known, *nodes]))
-    offered = partition_nodes(running.get("Partition", ""), env)
-    needed = int(re.match(r"\d*", running.get("NumNodes", "")).group() or 1)
+    offered = partition_nodes(info.get("Partition", ""), env)
+    needed = int(re.match(r"\d*", info.get("NumNodes", "")).group() or 1)
     if offered is not None and len(set(offered) - set(wanted)) < needed:
         return None
-    argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(wanted)}"]
-    _check(run(argv, env=env), argv)
     return ",".join(wanted)
+
+
+def exclude_nodes(job_id: int, excluded: str, env: Mapping[str, str] | None = None) -> None:
+    """Set the job's excluded nodes (a requeue keeps them) to `excluded`
+    (excluded_with's list), so that its next start avoids them; Slurm takes
+    them only from a pending job."""
+    argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={excluded}"]
+    _check(run(argv, env=env), argv)
 
 
 def partition_nodes(partitions: str, env: Mapping[str, str] | None = None) -> list[str] | None:

@@ -281,16 +281,20 @@ def failures_retried(run_dir: Path, job: str) -> int:
 def requeue_without(job: str, nodes: tuple[str, ...]) -> None:
     """Requeue this running job, then exclude `nodes` from its next start
     (Slurm takes a job's excluded nodes only while it is pending). The
-    requeue sends the job's processes SIGTERM (SIGKILL KillWait later): this
-    one ignores it, having an update to make."""
+    requeue sends the job's processes SIGTERM, and SIGKILL KillWait seconds
+    later (the testbed's 5, and under a slow controller maybe less than the
+    queries take): this one ignores the SIGTERM, and asks and says what it
+    can before the requeue, leaving one `scontrol update` for after it."""
     from hpcyolo import slurm
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    running = slurm.show_job(int(job))
-    slurm.requeue(int(job))
-    if slurm.exclude_nodes(int(job), list(nodes), running=running) is None:
+    excluded = slurm.excluded_with(slurm.show_job(int(job)), list(nodes))
+    if excluded is None:
         print(f"hpcyolo: {', '.join(nodes)} not excluded: the job's partition would keep fewer nodes than it asks "
               "for, and it would wait for good; the requeued job may start there again", file=sys.stderr, flush=True)
+    slurm.requeue(int(job))
+    if excluded is not None:
+        slurm.exclude_nodes(int(job), excluded)
 
 
 def claim_failure(run_dir: Path, job: str, restart: str) -> bool:
