@@ -98,13 +98,26 @@ def show_job(job_id: int, env: Mapping[str, str] | None = None) -> dict[str, str
 
 
 def wait(job_id: int, *, timeout: float, env: Mapping[str, str] | None = None, poll: float = 1.0,
-         settled=lambda info: True) -> dict[str, str]:
-    """Wait until the job reaches a final state (and `settled(info)` holds)."""
+         settled=lambda info: True, settle: float = 60.0) -> dict[str, str]:
+    """Wait until the job reaches a final state and `settled(info)` holds
+    (its restart count, say, for a job that a requeue takes back out of its
+    final state). A job that stays in a final state without settling for
+    `settle` seconds is returned as it is, for the caller to judge (it was not
+    requeued): slurmctld forgets a finished job MinJobAge seconds after its
+    end (300 by default), and then its state could no longer be shown."""
     deadline = time.monotonic() + timeout
+    unsettled_since = None
     while True:
         info = show_job(job_id, env)
-        if info.get("JobState") in FINAL_STATES and settled(info):
-            return info
+        if info.get("JobState") in FINAL_STATES:
+            if settled(info):
+                return info
+            if unsettled_since is None:
+                unsettled_since = time.monotonic()
+            elif time.monotonic() - unsettled_since >= settle:
+                return info
+        else:
+            unsettled_since = None
         if time.monotonic() > deadline:
             raise SlurmError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s")
         time.sleep(poll)

@@ -58,6 +58,18 @@ def test_sbatch_test_only_rejects_an_unknown_partition(slurm_env):
     assert r.returncode == 1 and "partition" in r.stderr.lower()
 
 
+def test_wait_returns_a_finished_job_that_never_settles_before_slurm_forgets_it(tmp_path, slurm_env):
+    # A job that ends without the requeue the caller waits for: wait() hands
+    # back its final state `settle` seconds later, not an "Invalid job id"
+    # once slurmctld has dropped it (MinJobAge) or a time-out at `timeout`.
+    job_id = slurm.sbatch("#!/bin/bash\ntrue\n", f"--output={tmp_path}/%j.out", env=slurm_env)
+    start = time.monotonic()
+    info = slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5, settled=lambda i: i.get("Restarts") == "1",
+                      settle=3)
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "0")
+    assert 3 <= time.monotonic() - start < 60
+
+
 def test_probe_maps_ranks_on_two_nodes(tmp_path, slurm_env):
     site = make_testbed_site(tmp_path)
     job = job_spec(tmp_path, "probe", "python3 -m hpcyolo.node.probe")
