@@ -52,7 +52,7 @@ its "arithmetic:" line; ultralytics: its trainer's attributes at the start).
   pinned host uint8 batches through the trainer's own device_batch (copy,
   /255, the HSV jitter on the device, memory format): how much of the
   trainer's distance from the ceiling the way in to the device explains.
-- val: one pass of hpcyolo's validation (hpcyolo_trainer.evaluate, rect
+- val: one pass of hpcyolo's validation (hpcyolo_trainer.eval.evaluate, rect
   batches of --batch, conf 0.001) over --val-images images of the trained
   run, timed in process after one untimed pass.
 - val race (--val-race, on by default): `hpcyolo val` against ultralytics'
@@ -148,7 +148,7 @@ THREADS = min(8, max(1, (os.cpu_count() or 1) - 1))  # ultralytics' utils.NUM_TH
 # == hpcyolo train ===========================================================
 
 def ours(yaml: Path, work: Path, model: str, args) -> dict:
-    from hpcyolo_trainer import rundir
+    from hpcyolo_trainer.common import rundir
 
     run = work / f"ours-{model}"
     cmd = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(yaml), "--model", model, "--epochs",
@@ -326,13 +326,13 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     channels_last = device.type == "cuda" if channels_last is None else channels_last
     import torch
 
-    from hpcyolo_trainer.dist import Dist
-    from hpcyolo_trainer.ema import ModelEMA
-    from hpcyolo_trainer.model import build_model
-    from hpcyolo_trainer.schedule import build_optimizer
-    from hpcyolo_trainer.settings import TrainConfig
-    from hpcyolo_trainer.train import (arithmetic, choose_optimizer, detection_loss, device_batch, mixed_precision,
-                                       optimizer_step)
+    from hpcyolo_trainer.parallel.dist import Dist
+    from hpcyolo_trainer.optim.ema import ModelEMA
+    from hpcyolo_trainer.model.detector import build_model
+    from hpcyolo_trainer.optim.schedule import build_optimizer
+    from hpcyolo_trainer.common.settings import TrainConfig
+    from hpcyolo_trainer.run.train import (arithmetic, choose_optimizer, detection_loss, device_batch,
+                                             mixed_precision, optimizer_step)
 
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)  # as both trainers run (see ours())
@@ -406,8 +406,8 @@ def two_passes(weights: str, yaml: Path, batch: int, args) -> tuple[list[float],
     seconds, each ended by torch.cuda.synchronize on a GPU; the figures)."""
     import torch
 
-    from hpcyolo_trainer.dist import setup
-    from hpcyolo_trainer.evaluate import evaluate
+    from hpcyolo_trainer.parallel.dist import setup
+    from hpcyolo_trainer.eval.evaluate import evaluate
 
     d = setup()
     seconds, result = [], None

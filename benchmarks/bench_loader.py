@@ -162,7 +162,7 @@ def worker_pids(iterator) -> list[int]:
 # == ours ====================================================================
 
 def ours_dataset(yaml: Path, imgsz: int, hsv_on_device: bool = False):
-    from hpcyolo_trainer.data import AugmentHyp, YoloDataset, load_data_spec
+    from hpcyolo_trainer.data.dataset import AugmentHyp, YoloDataset, load_data_spec
 
     spec = load_data_spec(yaml)
     return YoloDataset(spec.train, imgsz, augment=True, hyp=AugmentHyp(), seed=0, names_count=len(spec.names),
@@ -170,13 +170,13 @@ def ours_dataset(yaml: Path, imgsz: int, hsv_on_device: bool = False):
 
 
 def ours_epoch(dataset, epoch: int, batch: int, workers: int, warmup: int) -> dict:
-    """One epoch as `hpcyolo train` loads it (trainer/train.py: RunBatches
+    """One epoch as `hpcyolo train` loads it (trainer/run/train.py: RunBatches
     over an EvenShardSampler, our collate, no pinning on CPU)."""
     from torch.utils.data import DataLoader
 
-    from hpcyolo_trainer.data import collate
-    from hpcyolo_trainer.sampler import EvenShardSampler, RunBatches
-    from hpcyolo_trainer.train import ignore_signals
+    from hpcyolo_trainer.data.dataset import collate
+    from hpcyolo_trainer.data.sampler import EvenShardSampler, RunBatches
+    from hpcyolo_trainer.run.train import ignore_signals
 
     batches = RunBatches(EvenShardSampler(len(dataset), 0, 1, seed=0), batch, epoch, 0, epoch + 1, epoch + 1)
     loader = DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
@@ -193,8 +193,8 @@ def epoch_start_waits(dataset, batch: int, workers: int, epochs: int = 4, pause:
     prepared it during the pause."""
     from torch.utils.data import DataLoader
 
-    from hpcyolo_trainer.data import collate
-    from hpcyolo_trainer.sampler import EvenShardSampler, RunBatches
+    from hpcyolo_trainer.data.dataset import collate
+    from hpcyolo_trainer.data.sampler import EvenShardSampler, RunBatches
 
     per = math.ceil(len(dataset) / batch)
     waits: dict[str, list[float]] = {"loader per epoch": [], "one loader for the run": []}
@@ -223,8 +223,8 @@ def epoch_start_waits(dataset, batch: int, workers: int, epochs: int = 4, pause:
 def ours_breakdown(dataset, batch: int, batches: int) -> dict:
     """ms per image of each stage, in this process alone: the dataset's own
     functions wrapped with timers, items fetched as a DataLoader worker does."""
-    import hpcyolo_trainer.augment as augment
-    import hpcyolo_trainer.data as data
+    import hpcyolo_trainer.data.augment as augment
+    import hpcyolo_trainer.data.dataset as data
 
     import torch
 

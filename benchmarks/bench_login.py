@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcyolo_trainer import rundir
+from hpcyolo_trainer.common import rundir
 
 REPO = Path(__file__).resolve().parent.parent
 TORCHX = "/work/bench-torchx-venv/bin/torchx"

@@ -7,7 +7,7 @@ dataset: does the loader's faster scheme learn as well?
 A mosaic is an image and three partners. Ultralytics draws the partners from
 each loader worker's buffer of recently loaded images (at most 8 x batch,
 1000); hpcyolo's loader draws them from each batch's pool, the images of
-the batches of its stream around it, 1000 images (trainer/sampler.py),
+the batches of its stream around it, 1000 images (trainer/data/sampler.py),
 which the worker holds decoded while the pools use them: about one decode
 per mosaic. Before, it drew them from the whole dataset, four decodes
 per mosaic. This benchmark trains the demo's settings (the n model, two
@@ -54,7 +54,7 @@ BIN = Path(sys.executable).parent
 # One training process that draws mosaic partners from the whole dataset:
 # the module constant set before `hpcyolo train` runs (loader workers fork
 # from this process and inherit it).
-FROM_THE_DATASET = ("import sys; import hpcyolo_trainer.data as data; data.POOL_PARTNERS = False; "
+FROM_THE_DATASET = ("import sys; import hpcyolo_trainer.data.dataset as data; data.POOL_PARTNERS = False; "
                     "from hpcyolo.entry import main; sys.argv = ['hpcyolo', *sys.argv[1:]]; sys.exit(main())")
 SCHEMES = ("pool", "dataset")
 
@@ -89,8 +89,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from hpcyolo.login.shapes import make_shapes
-    from hpcyolo_trainer.data import POOL_PARTNERS
-    from hpcyolo_trainer.sampler import POOL_IMAGES, STREAM
+    from hpcyolo_trainer.data.dataset import POOL_PARTNERS
+    from hpcyolo_trainer.data.sampler import POOL_IMAGES, STREAM
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-mosaic-"))
     sizes = [800, 400][:args.sets]

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_rect_val.py [--data coco8.yaml] [--weights W | --untrained yolov8n]
                                                   [--imgsz 640] [--batch 16] [--runs 5]
 
-`hpcyolo_trainer.evaluate.evaluate` end to end (decode, letterbox, forward,
+`hpcyolo_trainer.eval.evaluate.evaluate` end to end (decode, letterbox, forward,
 NMS, matching) with `rect=True` and `rect=False`, alternating so that machine
 noise hits both, on CPU in one process. Rectangular batches sort the images
 by aspect ratio and pad each batch only up to its own shape: on photos of
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from hpcyolo_trainer import checkpoint as ckpt
-from hpcyolo_trainer.dataset import load_data_spec
-from hpcyolo_trainer.dist import Dist
-from hpcyolo_trainer.evaluate import evaluate
-from hpcyolo_trainer.model import build_model
+from hpcyolo_trainer.run import checkpoint as ckpt
+from hpcyolo_trainer.common.datayaml import load_data_spec
+from hpcyolo_trainer.parallel.dist import Dist
+from hpcyolo_trainer.eval.evaluate import evaluate
+from hpcyolo_trainer.model.detector import build_model
 
 COCO8 = Path("/work/shared/datasets/coco8/coco8.yaml")
 ONE = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -24,7 +24,7 @@ import time
 
 RANK = """
 import os, sys, time, datetime
-from hpcyolo_trainer.rendezvous import listen_early, init_process_group
+from hpcyolo_trainer.common.rendezvous import listen_early, init_process_group
 if sys.argv[1] == "early":
     listen_early(os.environ)
 import torch, torch.distributed as dist

@@ -32,9 +32,9 @@ IMGSZ, BATCH = 160, 16
 MINIMAL = """
 import sys, time, torch
 from torch.utils.data import DataLoader
-from hpcyolo_trainer.data import YoloDataset, load_data_spec, collate, AugmentHyp
-from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.loss import DetectionLoss
+from hpcyolo_trainer.data.dataset import YoloDataset, load_data_spec, collate, AugmentHyp
+from hpcyolo_trainer.model.detector import build_model
+from hpcyolo_trainer.optim.loss import DetectionLoss
 data, imgsz, batch, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 spec = load_data_spec(data)
 ds = YoloDataset(spec.train, imgsz, augment=True, hyp=AugmentHyp(), seed=0, names_count=len(spec.names))
@@ -57,7 +57,7 @@ print((time.perf_counter() - t0) / batches)
 
 CACHE_PROBE = """
 import json, os, sys, time
-from hpcyolo_trainer.data import YoloDataset, load_data_spec, cache_bytes
+from hpcyolo_trainer.data.dataset import YoloDataset, load_data_spec, cache_bytes
 spec = load_data_spec(sys.argv[1])
 ds = YoloDataset(spec.train, int(sys.argv[2]), augment=False, cache="ram", cache_dir=sys.argv[3],
                  names_count=len(spec.names))
@@ -112,7 +112,7 @@ def minimal_step(data: Path, batches: int) -> float:
 def loader_rate(data: Path, cache: str, cache_dir: Path, workers: int) -> float:
     from torch.utils.data import DataLoader
 
-    from hpcyolo_trainer.data import AugmentHyp, YoloDataset, collate, load_data_spec
+    from hpcyolo_trainer.data.dataset import AugmentHyp, YoloDataset, collate, load_data_spec
 
     spec = load_data_spec(data)
     ds = YoloDataset(spec.train, IMGSZ, augment=True, hyp=AugmentHyp(), seed=0, cache=cache, cache_dir=cache_dir,

@@ -15,7 +15,7 @@ multi-process run draws its augmentation per rank, so even exact maths
 gives another sample of the seed-to-seed spread: compare the means.
 
 BatchNorm normalises over the whole global batch at any layout (SyncBatchNorm
-on GPUs, trainer/syncbn.py on CPU process groups), so nothing in the maths
+on GPUs, trainer/parallel/syncbn.py on CPU process groups), so nothing in the maths
 depends on the split; what is left is the order of floating-point sums and
 the loader's augmentation draws per rank.
 """

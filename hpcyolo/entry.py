@@ -4,14 +4,14 @@ A requeued job runs `hpcyolo stage --data DATA --dest DEST` again on a node
 that already holds the copy. The answer takes a few stats and one small JSON
 read, while importing the click CLI and the YAML parser takes ten times as
 long. So `main` reads that one command line itself, with nothing but
-hpcyolo_trainer.staged (os and json): a current copy at DEST gets the usual "already
+hpcyolo_trainer.common.stagedcopy (os and json): a current copy at DEST gets the usual "already
 staged" line and exit 0; a first stage goes to stage() without click.
 `hpcyolo render SITE JOB` (no option) runs hpcyolo.login.edge.render without
 click either: on a login node, click and the other commands' modules were a
 third of its time. Everything else, and any command line it does not read
 exactly, goes to the click CLI (hpcyolo.cli) unchanged.
 
-What "current" means is defined in hpcyolo_trainer.staged, once: stage() asks
+What "current" means is defined in hpcyolo_trainer.common.stagedcopy, once: stage() asks
 `current_marker` too, before it parses anything and again under its lock.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hpcyolo_trainer.staged import already_staged, claim, current_marker, say
+from hpcyolo_trainer.common.stagedcopy import already_staged, claim, current_marker, say
 
 
 def main() -> int | None:
@@ -69,7 +69,7 @@ def _plain(data: str, dest: str) -> bool:
 def _handled(signal: str | None) -> bool:
     """Whether click's check of --signal would pass (a first stage only: the
     settings' table costs imports that a requeued job's answer does without)."""
-    from hpcyolo_trainer.settings import SIGNALS
+    from hpcyolo_trainer.common.settings import SIGNALS
 
     return signal is None or signal in SIGNALS
 
@@ -100,7 +100,7 @@ def _render(site: str, job: str) -> int:
 def _as_click_would(command) -> int:
     """Run `command` and return the exit code, its errors said as the click
     group says them (hpcyolo.cli.group): one line, or Aborted! on Ctrl-C."""
-    from hpcyolo_trainer.errors import HpcyoloError, printable
+    from hpcyolo_trainer.common.errors import HpcyoloError, printable
 
     try:
         command()

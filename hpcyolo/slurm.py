@@ -15,7 +15,7 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Mapping
 
-from hpcyolo_trainer.errors import SlurmError, shown
+from hpcyolo_trainer.common.errors import SlurmError, shown
 
 if TYPE_CHECKING:
     import subprocess  # imported by run(): `hpcyolo render` runs no command, and subprocess is 3 ms of it

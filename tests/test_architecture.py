@@ -112,7 +112,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_function_level_imports_count():
     graph = import_graph()
     assert "hpcyolo.node.stage" in graph["hpcyolo.login.submit"]  # `from .stage import stage` inside a method
-    assert "hpcyolo_trainer.train" in graph["hpcyolo.cli.task"]  # `from hpcyolo_trainer.train import ...` in a command
+    assert "hpcyolo_trainer.run.train" in graph["hpcyolo.cli.task"]  # `from hpcyolo_trainer.run.train import ...` in a command
 
 
 def test_no_import_cycle_in_hpcyolo_and_trainer():
@@ -216,29 +216,170 @@ def test_subprocess_is_used_for_slurm_only_in_slurm_py():
         assert not slurm_command_lines(modules()[name]), name
 
 
-# == the documented environment variables ======================================
+# == the trainer's folders ======================================================
 
-def test_every_hpcyolo_variable_is_documented_and_every_documented_one_is_read():
-    """docs/architecture.md's table of HPCYOLO_* variables and the code (the
-    packages, the templates, the tests' golden switch) name the same set."""
-    code = set()
-    for path in [*modules().values(), *(ROOT / "templates").glob("*.j2"), ROOT / "tests" / "test_golden.py"]:
-        code |= set(re.findall(r"\bHPCYOLO_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
-    doc = (ROOT / "docs" / "architecture.md").read_text()
-    table = doc[doc.index("| variable | set by | what it does |"):]
-    documented = set(re.findall(r"`(HPCYOLO_[A-Z0-9_]+)`", table.split("\n\n")[0]))
-    assert code - {"HPCYOLO_DRILL"} == documented
+# What each folder of trainer/ may import of the others (its own always). The
+# same list opens each folder's __init__.py; a new edge is a decision, made here.
+FOLDER_IMPORTS = {
+    "common": set(),
+    "data": {"common"},
+    "model": {"common"},
+    "parallel": {"common"},
+    "optim": {"common", "model"},
+    "report": {"common", "parallel"},
+    "eval": {"common", "data", "model", "parallel", "report"},
+    "run": {"common", "data", "model", "optim", "parallel", "report", "eval"},
+}
+# The trainer's modules hpcyolo's login and node sides may import: common/, and
+# the hang verdict's reader (run/watchdog.py imports no torch).
+HPCYOLO_MAY_READ = ("hpcyolo_trainer.common.", "hpcyolo_trainer.run.watchdog")
 
 
-def test_the_architecture_doc_names_every_module_and_only_those():
-    """docs/architecture.md lists each module by its path in its package
-    (`login/plan.py`, `settings.py`); a module added, moved or removed
-    without the doc fails here."""
-    doc = (ROOT / "docs" / "architecture.md").read_text()
-    named = {re.sub(r"^(hpcyolo|trainer)/", "", name) for name in re.findall(r"`([a-z_/0-9]+\.py)`", doc)
-             if not name.startswith("tests/")}
-    files = {path.relative_to(folder).as_posix() for folder in PACKAGES.values() for path in folder.rglob("*.py")
-             if path.stem != "__init__" and "__pycache__" not in path.parts}
-    files -= {"cli/__main__.py"}
-    assert sorted(files - named) == [], "modules the doc does not name"
-    assert sorted(named - files) == [], "modules the doc names that do not exist"
+def folder_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "hpcyolo_trainer" and len(parts) > 2 else None
+
+
+def test_every_trainer_module_is_in_a_known_folder():
+    loose = sorted(m for m in modules() if m.startswith("hpcyolo_trainer.") and folder_of(m) not in FOLDER_IMPORTS)
+    assert not loose, f"modules outside the folders test_architecture knows: {loose}"
+
+
+def test_the_trainer_folders_import_in_one_direction():
+    """common < data, model, parallel < optim, report < eval < run:
+    each folder imports only the folders FOLDER_IMPORTS allows it, at module
+    level or inside a function."""
+    wrong = [f"{module} imports {dep}" for module, deps in import_graph().items() if folder_of(module)
+             for dep in sorted(deps) if folder_of(dep) and folder_of(dep) != folder_of(module)
+             and folder_of(dep) not in FOLDER_IMPORTS[folder_of(module)]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_folder_rule_sees_a_wrong_edge():
+    graph = {"hpcyolo_trainer.common.errors": {"hpcyolo_trainer.run.train"}}
+    wrong = [(m, d) for m, deps in graph.items() for d in deps
+             if folder_of(d) not in FOLDER_IMPORTS[folder_of(m)] | {folder_of(m)}]
+    assert wrong == [("hpcyolo_trainer.common.errors", "hpcyolo_trainer.run.train")]
+
+
+def test_each_folder_says_what_it_may_import():
+    """Each folder's __init__.py opens with what lives there and names the
+    folders it may import, as FOLDER_IMPORTS has them."""
+    for folder, allowed in FOLDER_IMPORTS.items():
+        init = ROOT / "trainer" / folder / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc) > 80, f"{init}: no docstring saying what lives there"
+        named = set(re.findall(r"\b([a-z]+)/", doc)) & set(FOLDER_IMPORTS)
+        assert allowed <= named | {folder}, f"{init}: names {sorted(named)}, may import {sorted(allowed)}"
+
+
+def test_common_imports_neither_torch_nor_numpy():
+    """common/ is what hpcyolo reads before torch loads: no torch, numpy or
+    any third-party module at module level (yaml only, the CLI's own)."""
+    heavy = []
+    for name, path in modules().items():
+        if folder_of(name) != "common":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                heavy += [f"{name}: {n}" for n in names if not node.__dict__.get("level")
+                          and n.split(".")[0] in ("torch", "numpy", "cv2", "PIL", "matplotlib", "tqdm")]
+    assert not heavy, heavy
+
+
+def test_hpcyolo_reads_only_common_outside_its_commands():
+    """hpcyolo's login and node sides (and slurm.py, entry.py) import of the
+    trainer only common/ (and the hang verdict's reader): a login node
+    renders, validates and reads runs without torch. Only cli/'s commands
+    reach further, inside the command that needs it."""
+    wrong = [f"{module} imports {dep}" for module, deps in import_graph().items()
+             if module.startswith("hpcyolo.") and not module.startswith("hpcyolo.cli.")
+             for dep in sorted(deps) if dep.startswith("hpcyolo_trainer.") and not dep.startswith(HPCYOLO_MAY_READ)]
+    assert not wrong, "\n".join(wrong)
+
+
+# == every import resolves =======================================================
+
+def defined_names(path: Path) -> set[str]:
+    """The names a module defines at its top level (functions, classes,
+    assignments, imports), and for a package its submodules."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node in tree.body:
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    if path.name == "__init__.py":
+        names |= {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
+    return names
+
+
+def source_of(module: str) -> Path | None:
+    for package, folder in PACKAGES.items():
+        if module == package or module.startswith(package + "."):
+            base = folder.joinpath(*module.split(".")[1:])
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def unresolved_imports(path: Path) -> list[str]:
+    """The import statements of `path` (function-level too) naming a module
+    of hpcyolo or hpcyolo_trainer that does not exist, or a name that
+    module does not define."""
+    bad = []
+    for line, module in imported_names(path):
+        if module.split(".")[0] not in PACKAGES:
+            continue
+        if source_of(module) is None:
+            bad.append(f"{path.relative_to(ROOT)}:{line}: no module {module}")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = dict(imported_names_at(path)).get(node.lineno)
+        source = source_of(base) if base else None
+        if source is None:
+            continue
+        names = defined_names(source)
+        bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {base} has no {a.name}"
+                for a in node.names if a.name != "*" and a.name not in names]
+    return bad
+
+
+def imported_names_at(path: Path) -> list[tuple[int, str]]:
+    return [(line, name) for line, name in imported_names(path)]
+
+
+def test_every_import_resolves():
+    """Every import of hpcyolo's and the trainer's code, the tests' and the
+    benchmarks', at module level or inside a function, names a module that
+    exists and a name it defines: a module moved without its users fails
+    here, not at the first run of a rarely taken path."""
+    files = [*modules().values(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    bad = [line for path in files for line in unresolved_imports(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_import_check_sees_a_missing_name(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from hpcyolo_trainer.common.errors import NoSuchError\n"
+                       "    from hpcyolo_trainer.train import main\n")
+    bad = unresolved_imports_in(planted)
+    assert any("has no NoSuchError" in b for b in bad) and any("no module hpcyolo_trainer.train" in b for b in bad)
+
+
+def unresolved_imports_in(path: Path) -> list[str]:
+    """unresolved_imports for a file outside the tree (paths shown as they are)."""
+    global ROOT
+    saved, ROOT = ROOT, Path("/")
+    try:
+        return unresolved_imports(path)
+    finally:
+        ROOT = saved

@@ -12,7 +12,7 @@ from conftest import COCO8, REPO, write
 from hpcyolo.login.config import load_job, load_site
 from hpcyolo.login.plan import make_plan
 from hpcyolo.slurm import format_time, parse_time
-from hpcyolo_trainer.errors import ConfigError
+from hpcyolo_trainer.common.errors import ConfigError
 
 GPU_SITE = """\
 name: gpusite

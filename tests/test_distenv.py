@@ -19,9 +19,9 @@ from hpcyolo.node.distenv import (DistEnv, NodeLayout, check_master, default_por
                                   sagemaker_layout)
 from hpcyolo.node.local import free_port
 from hpcyolo.node.netif import resolve_master
-from hpcyolo_trainer.devices import device_for, visible_gpus
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.rendezvous import port_in_use_message
+from hpcyolo_trainer.common.devices import device_for, visible_gpus
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.rendezvous import port_in_use_message
 
 HOST = re.escape(socket.gethostname().split(".")[0])
 
@@ -526,7 +526,7 @@ def test_port_in_use_message():
 def test_address_in_use_at_init_is_one_clear_line():
     # Rank 0 of 2 creates the store server on MASTER_PORT: taken, it fails at once (torch 2.13:
     # DistNetworkError "... code: -98, name: EADDRINUSE, message: address already in use").
-    code = ("import sys\nfrom hpcyolo_trainer.errors import HpcyoloError\nfrom hpcyolo_trainer.dist import setup\n"
+    code = ("import sys\nfrom hpcyolo_trainer.common.errors import HpcyoloError\nfrom hpcyolo_trainer.parallel.dist import setup\n"
             "try:\n    setup(timeout_s=10)\nexcept HpcyoloError as e:\n    sys.exit(f'hpcyolo: error: {e}')\n")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -541,7 +541,7 @@ def test_address_in_use_at_init_is_one_clear_line():
     assert "Traceback" not in r.stderr
 
 
-EARLY = ("import os, sys, time\nfrom pathlib import Path\nfrom hpcyolo_trainer.rendezvous import listen_early\n"
+EARLY = ("import os, sys, time\nfrom pathlib import Path\nfrom hpcyolo_trainer.common.rendezvous import listen_early\n"
          "listen_early(os.environ)\nassert 'torch' not in sys.modules\nPath(sys.argv[1]).write_text('')\n"
          "time.sleep(1.5)\nfrom hpcyolo.node.probe import run\nraise SystemExit(run())\n")
 
@@ -579,8 +579,8 @@ def test_rank_0_that_cannot_listen_early_says_so_in_one_line_before_torch_loads(
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), HPCYOLO_JOB="local taken")
-        code = ("import os, sys\nfrom hpcyolo_trainer.rendezvous import listen_early\n"
-                "from hpcyolo_trainer.errors import HpcyoloError\ntry:\n    listen_early(os.environ)\n"
+        code = ("import os, sys\nfrom hpcyolo_trainer.common.rendezvous import listen_early\n"
+                "from hpcyolo_trainer.common.errors import HpcyoloError\ntry:\n    listen_early(os.environ)\n"
                 "except HpcyoloError as e:\n"
                 "    sys.exit(f'hpcyolo: error: {e} (torch loaded: {\"torch\" in sys.modules})')\n")
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -7,9 +7,9 @@ import json
 import signal
 
 from hpcyolo.node.job import claim_failure, end, node_failure, settle_failure, task_failure
-from hpcyolo_trainer.ledger import account, read_starts
-from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE
-from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
+from hpcyolo_trainer.common.ledger import account, read_starts
+from hpcyolo_trainer.common.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE
+from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
 
 KILLED = "srun: error: node2: tasks 2-3: Killed\nsrun: error: node1: tasks 0-1: Exited with exit code 76\n"
 
@@ -32,7 +32,7 @@ def test_the_errors_of_a_failing_gpu_or_link_are_told_from_the_users():
     import torch
     import torch.distributed as dist
 
-    from hpcyolo_trainer.dist import device_fault_line, lost_peer_line
+    from hpcyolo_trainer.parallel.dist import device_fault_line, lost_peer_line
 
     ecc = RuntimeError("CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be ...")
     nccl = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:2062, unhandled system error")

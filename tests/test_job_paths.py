@@ -22,8 +22,8 @@ from conftest import VENV_BIN, max_abs_diff, write
 from test_slurm_train import EPOCHS, STOP_STEP, final_state, leftovers, site_file
 
 from hpcyolo import slurm
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
 
 pytestmark = pytest.mark.slurm
 PATHS = ("sbatch", "submitit", "local")

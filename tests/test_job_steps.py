@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from hpcyolo.node import job
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import EXIT_CODE, PEER_LOST_EXIT_CODE
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.preemption import EXIT_CODE, PEER_LOST_EXIT_CODE
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 

@@ -1,5 +1,5 @@
 """Each contract has one home: the run directory's file names, its columns and
-the never-overwrite refusal are written in trainer/rundir.py only, and the
+the never-overwrite refusal are written in trainer/common/rundir.py only, and the
 templates read the plan only (what the script does is what the plan says)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from conftest import REPO
 
 from hpcyolo.login.render import _environment, templates_dir
-from hpcyolo_trainer import rundir
+from hpcyolo_trainer.common import rundir
 
-OWNER = REPO / "trainer" / "rundir.py"
+OWNER = REPO / "trainer" / "common" / "rundir.py"
 SOURCES = sorted([*(REPO / "hpcyolo").rglob("*.py"), *(REPO / "trainer").rglob("*.py")])
 # Text that names a run-directory file, a results.csv column or the refusal.
 NAMES = (rundir.RECORD, rundir.JOBS, rundir.PREEMPTED, rundir.RESULTS, rundir.RESULTS_PLOT, rundir.CONFIG,
@@ -66,7 +66,7 @@ e = f"{x} already holds a run; y"
 
 @pytest.mark.parametrize("path", [p for p in SOURCES if p != OWNER], ids=lambda p: str(p.relative_to(REPO)))
 def test_run_directory_names_live_in_rundir_only(path):
-    assert run_dir_names(path.read_text()) == [], f"{path.relative_to(REPO)}: use hpcyolo_trainer.rundir's names"
+    assert run_dir_names(path.read_text()) == [], f"{path.relative_to(REPO)}: use hpcyolo_trainer.common.rundir's names"
 
 
 def test_rundir_names_them():

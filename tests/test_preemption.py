@@ -21,7 +21,7 @@ import pytest
 
 from hpcyolo.node.local import free_port
 from hpcyolo.node.slurm_stop import sigterm_decision, slurm_stop_reason
-from hpcyolo_trainer.preemption import CHECKPOINT, HOLD_ENV, NONE, STOP, Decision, StopFlag
+from hpcyolo_trainer.common.preemption import CHECKPOINT, HOLD_ENV, NONE, STOP, Decision, StopFlag
 
 STOP_ON_SIGTERM = Decision(STOP, "SIGTERM")
 

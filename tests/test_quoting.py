@@ -17,7 +17,7 @@ from conftest import write
 from hpcyolo.login.config import load_job, load_site
 from hpcyolo.login.plan import make_plan
 from hpcyolo.login.render import render_sbatch
-from hpcyolo_trainer.errors import ConfigError
+from hpcyolo_trainer.common.errors import ConfigError
 
 STUB = """#!/usr/bin/env python3
 import json, os, sys

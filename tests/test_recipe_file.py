@@ -17,9 +17,9 @@ from conftest import SHARED, write
 
 from hpcyolo.login.config import load_job
 from hpcyolo.login.shapes import make_shapes
-from hpcyolo_trainer.errors import ConfigError
-from hpcyolo_trainer.recipe import NOT_FOR_TRAINING, NOT_YET, read_recipe
-from hpcyolo_trainer.settings import BY_NAME
+from hpcyolo_trainer.common.errors import ConfigError
+from hpcyolo_trainer.common.recipe import NOT_FOR_TRAINING, NOT_YET, read_recipe
+from hpcyolo_trainer.common.settings import BY_NAME
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 ARGS = SHARED / "fixtures" / "ultralytics" / "yolo26n-shapes" / "args.yaml"

@@ -1,4 +1,4 @@
-"""hpcyolo_trainer.record: a record behaves as the frozen, keyword-only
+"""hpcyolo_trainer.common.record: a record behaves as the frozen, keyword-only
 dataclass it stands for (the same class written with @dataclass is the
 reference)."""
 
@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from hpcyolo_trainer.record import make_record, record
+from hpcyolo_trainer.common.record import make_record, record
 
 
 def _fields(cls):

@@ -142,7 +142,7 @@ def test_the_interfaces_of_a_compute_node_from_the_probe():
 
 
 def test_the_preemption_exit_code_is_named_once():
-    from hpcyolo_trainer import preemption
+    from hpcyolo_trainer.common import preemption
 
     assert "75" not in Path(doctor.__file__).read_text().replace("0.75", "")
     assert preemption.EXIT_CODE == 75

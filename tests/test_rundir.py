@@ -1,5 +1,5 @@
 """A run directory is never silently rewritten: a second request on it
-continues the run only when it asks for the same run (hpcyolo_trainer.rundir), and
+continues the run only when it asks for the same run (hpcyolo_trainer.common.rundir), and
 anything else stops in one line before a file is written."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from conftest import REPO
 from hpcyolo.login.config import load_job
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.settings import SETTINGS, TrainConfig
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.settings import SETTINGS, TrainConfig
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 TINY = ("--imgsz", "64", "--batch", "4", "--nbs", "4", "--close-mosaic", "0", "--workers", "0")

@@ -1,13 +1,13 @@
-"""The run directory's records, written and read back by hpcyolo_trainer.rundir."""
+"""The run directory's records, written and read back by hpcyolo_trainer.common.rundir."""
 
 from __future__ import annotations
 
 import pytest
 
 from hpcyolo.login import runcheck
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import EXIT_CODE
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.preemption import EXIT_CODE
 
 
 def test_the_job_journal_reads_back(tmp_path):

@@ -1,4 +1,4 @@
-"""The trainer's settings are stated once (hpcyolo_trainer.settings): the job
+"""The trainer's settings are stated once (hpcyolo_trainer.common.settings): the job
 spec's fields, the options of `hpcyolo train`, the trainer's TrainConfig, the
 batch script's command line and the same-run rule all come from that table
 and agree with it on every default, type and doc; `hpcyolo train` used
@@ -23,9 +23,9 @@ from hpcyolo.login import config
 from hpcyolo.login.config import load_job, load_site
 from hpcyolo.login.plan import make_plan
 from hpcyolo.login.runcheck import planned_settings
-from hpcyolo_trainer.errors import ConfigError
-from hpcyolo_trainer.settings import (BY_KEY, BY_NAME, REQUIRED, SETTINGS, OptionError, TrainConfig, check_train,
-                                      plain_type)
+from hpcyolo_trainer.common.errors import ConfigError
+from hpcyolo_trainer.common.settings import (BY_KEY, BY_NAME, REQUIRED, SETTINGS, OptionError, TrainConfig,
+                                               check_train, plain_type)
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -233,10 +233,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_the_readme_holds_the_settings_table():
-    from hpcyolo_trainer.settings import markdown
+    from hpcyolo_trainer.common.settings import markdown
 
     assert markdown() in README.read_text(), \
-        "README.md's table of the trainer's settings is stale: paste `python -m hpcyolo_trainer.settings` over it"
+        "README.md's table of the trainer's settings is stale: paste `python -m hpcyolo_trainer.common.settings` over it"
 
 
 def _readme_keys(heading: str) -> dict[str, list[str]]:

@@ -14,7 +14,7 @@ from conftest import REPO
 from PIL import Image
 
 from hpcyolo.login import shapes
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 SMALL = dict(n_train=24, n_val=8, imgsz=64, classes=6, seed=1, max_objects=4)
 

@@ -20,8 +20,8 @@ from conftest import VENV_BIN, job_log, submit, write
 from test_slurm_train import leftovers, site_file, task_pid, wait_for_log
 
 from hpcyolo import slurm
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
 
 pytestmark = pytest.mark.slurm
 LONG = 1000  # epochs: far more than the jobs below run before they are stopped

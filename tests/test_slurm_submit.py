@@ -20,7 +20,7 @@ from hpcyolo import slurm
 from hpcyolo.login.config import load_job, load_site
 from hpcyolo.login.plan import make_plan
 from hpcyolo.login.render import render_sbatch
-from hpcyolo_trainer.preemption import HOLD_ENV
+from hpcyolo_trainer.common.preemption import HOLD_ENV
 
 pytestmark = pytest.mark.slurm
 

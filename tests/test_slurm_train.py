@@ -26,9 +26,9 @@ from conftest import REPO, VENV_BIN, job_log, max_abs_diff, submit, write
 
 from hpcyolo import slurm
 from hpcyolo.node.distenv import default_port
-from hpcyolo_trainer import checkpoint as ckpt
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.preemption import HOLD_ENV
+from hpcyolo_trainer.run import checkpoint as ckpt
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.preemption import HOLD_ENV
 
 pytestmark = pytest.mark.slurm
 EPOCHS = 2

@@ -20,7 +20,7 @@ import yaml
 from hpcyolo.node import stage as st
 from hpcyolo.node import treecopy
 from hpcyolo.node.archive import list_archive, scan_tar
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 YAML = """\
 # a dataset for the staging tests

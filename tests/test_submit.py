@@ -18,7 +18,7 @@ from hpcyolo.login.plan import make_plan
 from hpcyolo.login.render import render_sbatch
 from hpcyolo.login.submit import parse_sweeps, point_name, submitit_parameters, sweep_points
 from hpcyolo.slurm import parse_time
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 SITES = sorted((REPO / "site_configs").glob("*.yaml"))
 JOB = REPO / "examples" / "coco8.yaml"

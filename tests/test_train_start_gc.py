@@ -16,7 +16,7 @@ from tests.conftest import COCO8
 
 CODE = """
 import gc, json, sys
-import hpcyolo_trainer.train as train
+import hpcyolo_trainer.run.train as train
 
 seen = {}
 
@@ -47,7 +47,7 @@ def test_the_imports_are_frozen_and_the_collector_runs_again(tmp_path):
 
 SET_UP = """
 import gc, json, sys
-import hpcyolo_trainer.train as train
+import hpcyolo_trainer.run.train as train
 
 def first_epochs(cfg, d, data, parts, pos, run, stop):  # what the training loop would find
     live = {id(o) for o in gc.get_objects()}  # the objects collections traverse: the frozen ones are not among them

@@ -15,7 +15,7 @@ from test_config import CPU_SITE, GPU_SITE, JOB, error_of, plan_of
 from hpcyolo.login.doctor import check_layout
 from hpcyolo.login.render import render_sbatch as render
 from hpcyolo.node import distenv
-from hpcyolo_trainer.devices import device_for
+from hpcyolo_trainer.common.devices import device_for
 
 UNEVEN = JOB.replace("nodes: 2,", "nodes: 3, gpus: 10,").replace("batch: 64", "batch: 60")
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import COCO8, REPO, write
 
-from hpcyolo_trainer.errors import ConfigError
+from hpcyolo_trainer.common.errors import ConfigError
 
 SITE = """\
 name: s
@@ -203,7 +203,7 @@ def test_sweep_values_are_read_as_written(tmp_path):
     ("{0: 1.50, 1: 2024-01-01}", ["1.50", "2024-01-01"]),
 ])
 def test_data_yaml_names_are_as_written(tmp_path, names, want):
-    from hpcyolo_trainer.data import load_data_spec
+    from hpcyolo_trainer.data.dataset import load_data_spec
 
     (tmp_path / "images" / "a.jpg").parent.mkdir()
     (tmp_path / "images" / "a.jpg").write_bytes(b"")
@@ -214,7 +214,7 @@ def test_data_yaml_names_are_as_written(tmp_path, names, want):
 @pytest.mark.parametrize("names, key", [("[cat, yes]", "names[1]"), ("[cat, null]", "names[1]"),
                                         ("{0: cat, 1: [a]}", "names.1"), ("{0: cat, '1': dog}", "names")])
 def test_data_yaml_names_that_are_no_names_are_one_line(tmp_path, names, key):
-    from hpcyolo_trainer.data import load_data_spec
+    from hpcyolo_trainer.data.dataset import load_data_spec
 
     (tmp_path / "images" / "a.jpg").parent.mkdir()
     (tmp_path / "images" / "a.jpg").write_bytes(b"")

@@ -15,7 +15,7 @@ from click.exceptions import NoArgsIsHelpError
 from hpcyolo import __version__
 from hpcyolo.login.edge import hint_swapped as _hint_swapped  # noqa: F401  (for the commands' modules)
 from hpcyolo.login.edge import load_plan as _load_plan  # noqa: F401
-from hpcyolo_trainer.errors import HpcyoloError, printable
+from hpcyolo_trainer.common.errors import HpcyoloError, printable
 
 
 class _Group(click.Group):
@@ -59,11 +59,11 @@ def main() -> None:
 
 
 def _check_imgsz(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-    """--imgsz through the one check the job spec uses too (hpcyolo_trainer.registry),
+    """--imgsz through the one check the job spec uses too (hpcyolo_trainer.common.registry),
     as one line: a bad size would otherwise surface as a RuntimeError deep
     in the model, after torch and the data have loaded."""
-    from hpcyolo_trainer.registry import check_imgsz
-    from hpcyolo_trainer.settings import OptionError
+    from hpcyolo_trainer.common.registry import check_imgsz
+    from hpcyolo_trainer.common.settings import OptionError
 
     if value is not None:
         try:

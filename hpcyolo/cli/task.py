@@ -10,8 +10,8 @@ import traceback
 import click
 
 from hpcyolo.cli.group import main, this_process_vars
-from hpcyolo_trainer.errors import HpcyoloError, printable
-from hpcyolo_trainer.settings import SIGNALS
+from hpcyolo_trainer.common.errors import HpcyoloError, printable
+from hpcyolo_trainer.common.settings import SIGNALS
 
 
 @main.command(short_help="Copy a dataset into node-local scratch.")
@@ -61,8 +61,8 @@ def stage(data: str | None, dest: str | None, remove: str | None, workers: int |
 def _setting_option(name: str):
     """The option of `hpcyolo train` for the trainer's setting `name`: its
     name, default, help and check all from the settings' table
-    (hpcyolo_trainer.settings)."""
-    from hpcyolo_trainer.settings import BY_NAME, REQUIRED
+    (hpcyolo_trainer.common.settings)."""
+    from hpcyolo_trainer.common.settings import BY_NAME, REQUIRED
 
     s = BY_NAME[name]
     kind = {"file": click.Path(exists=True, dir_okay=False), "file-name": click.Path(dir_okay=False),
@@ -76,7 +76,7 @@ def _setting_option(name: str):
 
     def check(ctx: click.Context, param: click.Parameter, value):
         if s.parse and isinstance(value, str):
-            from hpcyolo_trainer.settings import OptionError
+            from hpcyolo_trainer.common.settings import OptionError
 
             try:
                 value = s.parse(value)
@@ -94,7 +94,7 @@ def _setting_option(name: str):
 
 def _with_run_options(fn):
     """The run-level options, which `hpcyolo exec` shares: --run-dir, --data, --signal, --dist-timeout."""
-    from hpcyolo_trainer.settings import RUN_LEVEL
+    from hpcyolo_trainer.common.settings import RUN_LEVEL
 
     for name in reversed(RUN_LEVEL):
         fn = _setting_option(name)(fn)
@@ -103,7 +103,7 @@ def _with_run_options(fn):
 
 def _with_setting_options(fn):
     """Every other setting of the trainer that has an option, in the table's order."""
-    from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS
+    from hpcyolo_trainer.common.settings import RUN_LEVEL, SETTINGS
 
     for s in reversed(SETTINGS):
         if s.flag and s.name not in RUN_LEVEL:
@@ -126,7 +126,7 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
     from hpcyolo.node.slurm_stop import sigterm_decision
-    from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE, StopFlag
+    from hpcyolo_trainer.common.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE, StopFlag
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.
@@ -135,26 +135,26 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     if options.get("cfg"):
         options.update(_recipe(options))
     # What the job spec checks, with its words, before torch loads.
-    from hpcyolo_trainer.settings import check_train
+    from hpcyolo_trainer.common.settings import check_train
 
     check_train({"signal": signal, **options}, int(os.environ.get("WORLD_SIZE", "1")))
-    from hpcyolo_trainer.devices import idle_threads_sleep
-    from hpcyolo_trainer.rendezvous import listen_early
+    from hpcyolo_trainer.common.devices import idle_threads_sleep
+    from hpcyolo_trainer.common.rendezvous import listen_early
 
     prescan = None
     if os.environ.get("RANK", "0") == "0":  # rank 0 lists and stats the dataset while torch loads
-        from hpcyolo_trainer.filescan import Prescan
+        from hpcyolo_trainer.data.filescan import Prescan
 
         prescan = Prescan(data, options.get("fraction", 1.0))
     listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
 
     idle_threads_sleep(os.environ)  # before torch loads libgomp
-    # Torch's and the trainer's imports without the garbage collector, then frozen (hpcyolo_trainer.heap).
-    from hpcyolo_trainer.heap import long_lived
+    # Torch's and the trainer's imports without the garbage collector, then frozen (hpcyolo_trainer.common.heap).
+    from hpcyolo_trainer.common.heap import long_lived
 
     with long_lived():
-        from hpcyolo_trainer.dist import device_fault_line, lost_peer_line
-        from hpcyolo_trainer.train import main as train_main
+        from hpcyolo_trainer.parallel.dist import device_fault_line, lost_peer_line
+        from hpcyolo_trainer.run.train import main as train_main
 
     try:
         code = train_main(train_config(run_dir, data, signal, **options), stop, prescan)
@@ -179,7 +179,7 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
 def _end_rank(code: int):  # NoReturn
     """End a training process with `code`. Where it had a process group
     (still up: an error ended training; or left, kept from destruction, at
-    a normal ending: hpcyolo_trainer.dist.leave), without the interpreter's
+    a normal ending: hpcyolo_trainer.parallel.dist.leave), without the interpreter's
     teardown: gloo's work threads release their last collective's tensors
     under the GIL, and one that tries while the interpreter finalizes ends
     the process in std::terminate (SIGABRT, exit 134), which srun and the
@@ -189,7 +189,7 @@ def _end_rank(code: int):  # NoReturn
     sys.stderr.flush()
     import torch.distributed
 
-    from hpcyolo_trainer.dist import has_left
+    from hpcyolo_trainer.parallel.dist import has_left
 
     if torch.distributed.is_available() and (torch.distributed.is_initialized() or has_left()):
         os._exit(code)
@@ -199,7 +199,7 @@ def _end_rank(code: int):  # NoReturn
 def _recipe(options: dict) -> dict:
     """The settings of --cfg's recipe that the command line does not give
     itself; rank 0 says what it took, kept and ignored."""
-    from hpcyolo_trainer.recipe import merge
+    from hpcyolo_trainer.common.recipe import merge
 
     ctx = click.get_current_context()
     given = {name: value for name, value in options.items()
@@ -213,7 +213,7 @@ def _recipe(options: dict) -> dict:
 
 def train_config(run_dir: str, data: str, signal: str, **options):
     """The trainer's config of a `hpcyolo train` command line (no torch)."""
-    from hpcyolo_trainer.settings import TrainConfig
+    from hpcyolo_trainer.common.settings import TrainConfig
 
     return TrainConfig(run_dir=run_dir, data=data, signal=signal, **options)
 
@@ -289,7 +289,7 @@ def job_begin(run_dir: str, via: str, resume: bool, log: str | None, began: str 
 
     request = None
     if train_options:
-        from hpcyolo_trainer import rundir
+        from hpcyolo_trainer.common import rundir
 
         params = train.make_context("hpcyolo train", list(train_options)).params
         request = rundir.settings(train_config(**params).to_dict())
@@ -343,8 +343,8 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
     if run_dir and os.environ.get("SLURM_JOB_ID") and status not in (0, 75):
         from pathlib import Path
 
-        from hpcyolo_trainer import rundir
-        from hpcyolo_trainer.watchdog import HANG_EXIT_CODE, read_blame
+        from hpcyolo_trainer.common import rundir
+        from hpcyolo_trainer.run.watchdog import HANG_EXIT_CODE, read_blame
 
         slurm_job, restart = os.environ["SLURM_JOB_ID"], str(restarts(os.environ))
         blame = read_blame(rundir.hang_folder(run_dir, slurm_job, restart))

@@ -35,7 +35,7 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     Example:
         hpcyolo predict RUN/weights/best.pt photos/ --out predictions --format json
     """
-    from hpcyolo_trainer.predict import predict as run_predict
+    from hpcyolo_trainer.eval.predict import predict as run_predict
 
     results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
                           end2end=end2end, warn=lambda m: click.echo(m, err=True))
@@ -84,8 +84,8 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     import json
     import math
 
-    from hpcyolo_trainer.dist import cleanup, setup
-    from hpcyolo_trainer.evaluate import evaluate, table
+    from hpcyolo_trainer.parallel.dist import cleanup, setup
+    from hpcyolo_trainer.eval.evaluate import evaluate, table
 
     d = setup()
     try:
@@ -142,7 +142,7 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
     Example:
         hpcyolo export RUN/weights/best.pt --imgsz 640 --dynamic -o best.onnx
     """
-    from hpcyolo_trainer.export import export_onnx
+    from hpcyolo_trainer.eval.export import export_onnx
 
     r = export_onnx(weights, output, imgsz=imgsz, batch=batch, dynamic=dynamic, opset=opset, end2end=end2end)
     shape = "dynamic batch and size" if dynamic else f"input {r['batch']}x3x{r['imgsz']}x{r['imgsz']}"

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 # Settings that say where or how a run ran, not what it trained: never "differing".
 NOT_COMPARED = {"run_dir", "cache_dir", "signal", "dist_timeout", "log_every", "save_every", "keep", "val_images",
@@ -77,7 +77,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
 
 
 def _config(run: Path) -> dict:
-    from hpcyolo_trainer.yamlfile import read_yaml
+    from hpcyolo_trainer.common.yamlfile import read_yaml
 
     path = run / rundir.CONFIG
     config = read_yaml(path) if path.is_file() else {}
@@ -122,7 +122,7 @@ def plot(runs: list[Run], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from hpcyolo_trainer.fsutil import atomic_file
+    from hpcyolo_trainer.common.fsutil import atomic_file
 
     losses = [c for c in runs[0].rows[0] if c.startswith("train/")]
     panels = [rundir.MAP50_95, rundir.MAP50, *losses]

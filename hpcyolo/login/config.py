@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from hpcyolo.login.loader import build, spec
 from hpcyolo.slurm import limit_seconds, parse_time
-from hpcyolo_trainer.errors import ConfigError, HpcyoloError, shown
-from hpcyolo_trainer.record import make_record, record
-from hpcyolo_trainer.settings import BY_KEY, SIGNALS, check_non_negative, check_positive, check_signal  # noqa: F401
-from hpcyolo_trainer.yamlfile import read_yaml
+from hpcyolo_trainer.common.errors import ConfigError, HpcyoloError, shown
+from hpcyolo_trainer.common.record import make_record, record
+from hpcyolo_trainer.common.settings import BY_KEY, SIGNALS, check_non_negative, check_positive, check_signal
+from hpcyolo_trainer.common.yamlfile import read_yaml
 
 # -- value checks (each raises ValueError with the message the user sees) ----
 
@@ -177,7 +177,7 @@ def check_host_suffix(value: str) -> None:
 
 def setting(key: str) -> Any:
     """The schema field of the trainer's setting with this key (its default,
-    doc and check: hpcyolo_trainer.settings)."""
+    doc and check: hpcyolo_trainer.common.settings)."""
     row = BY_KEY[key]
     return spec(row.default, doc=row.doc, check=row.check)
 
@@ -391,7 +391,7 @@ class Run:
     name: str | None = spec(None, doc="Run directory name under the site's storage.runs; empty: the job name.",
                             check=check_name)
     resume: bool = spec(False, doc="Continue an existing run of this name, if it is the same run (model, data, "
-                                   "settings: hpcyolo_trainer.rundir); false refuses to touch one (a requeued job "
+                                   "settings: hpcyolo_trainer.common.rundir); false refuses to touch one (a requeued job "
                                    "always resumes its own run).")
     dist_timeout: setting_type("run.dist_timeout") = setting("run.dist_timeout")
     hang_factor: setting_type("run.hang_factor") = setting("run.hang_factor")
@@ -456,13 +456,13 @@ def _job(file: str, raw: Any, overrides: dict[str, Any]) -> JobSpec:
 
 
 def _take_recipe(raw: Any, file: str) -> None:
-    """train.cfg: the recipe's settings (hpcyolo_trainer.recipe) into the
+    """train.cfg: the recipe's settings (hpcyolo_trainer.common.recipe) into the
     job's train section where it does not set them itself; what was taken,
     kept and ignored on stderr. The plan then carries the settings, not the file."""
     train = raw.get("train") if isinstance(raw, dict) else None
     if not isinstance(train, dict) or not isinstance(train.get("cfg"), str):
         return
-    from hpcyolo_trainer.recipe import merge
+    from hpcyolo_trainer.common.recipe import merge
 
     path = Path(file).parent / train["cfg"]
     if not path.is_file():

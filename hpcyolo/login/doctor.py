@@ -25,8 +25,8 @@ from hpcyolo import slurm
 from hpcyolo.login.config import JobSpec, SiteConfig
 from hpcyolo.node.preflight import Check
 from hpcyolo.slurm import limit_seconds
-from hpcyolo_trainer.errors import HpcyoloError, shown
-from hpcyolo_trainer.preemption import EXIT_CODE
+from hpcyolo_trainer.common.errors import HpcyoloError, shown
+from hpcyolo_trainer.common.preemption import EXIT_CODE
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -341,7 +341,7 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
     if not (job and job.data.stage and data):
         return Check("storage.scratch", "PASS", f"{where}: {free / 2**30:.1f} GiB free on this node")
     from hpcyolo.node.stage import walk
-    from hpcyolo_trainer.dataset import dataset_root, read_data_yaml
+    from hpcyolo_trainer.common.datayaml import dataset_root, read_data_yaml
 
     root = dataset_root(Path(data), read_data_yaml(data))
     need = walk(root).nbytes
@@ -355,7 +355,7 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
 
 def check_dataset(data: str) -> Check:
     """The data YAML, its splits and labels, as the trainer checks them."""
-    from hpcyolo_trainer.dataset import check_data
+    from hpcyolo_trainer.common.datayaml import check_data
 
     try:
         warnings = check_data(data)
@@ -414,7 +414,7 @@ def parse_partition(out: str, name: str | None) -> dict[str, str]:
 
 def published_parameters(model: str) -> int:
     """The detector's parameter count as ultralytics publishes it (80 classes)."""
-    from hpcyolo_trainer import registry
+    from hpcyolo_trainer.common import registry
 
     name = registry.ALIASES.get(model, model)
     return registry.PUBLISHED_PARAMETERS[name[:-1]][name[-1]]
@@ -422,7 +422,7 @@ def published_parameters(model: str) -> int:
 
 def checkpoint_estimate(model: str, optimizer: str) -> tuple[int, str]:
     """(bytes, how they were counted) of a checkpoint of `model` trained with `optimizer`."""
-    from hpcyolo_trainer import registry
+    from hpcyolo_trainer.common import registry
 
     name = registry.ALIASES.get(model, model)
     params = published_parameters(name)
@@ -459,7 +459,7 @@ def check_preemption(site: SiteConfig, job: JobSpec | None) -> Check:
     part = parse_partition(out, site.slurm.partition) if code == 0 else {}
     root = _expand(site.storage.runs)
     speed = write_speed(root) if root is not None else f"{site.storage.runs}: a variable in it is not set here"
-    from hpcyolo_trainer import registry
+    from hpcyolo_trainer.common import registry
 
     model, optimizer = (job.train.model, job.train.optimizer) if job else (None, None)
     if model not in registry.CHOICES:  # no job, or a model the weights decide (train.weights)

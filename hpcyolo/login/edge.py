@@ -14,7 +14,7 @@ import sys
 def hint_swapped(command):
     """SITE and JOB given the wrong way round fail on the first unknown key;
     say what happened instead (hpcyolo render job.yaml site.yaml)."""
-    from hpcyolo_trainer.errors import ConfigError
+    from hpcyolo_trainer.common.errors import ConfigError
 
     @functools.wraps(command)
     def wrapper(site: str | None, job: str | None, **options):
@@ -51,7 +51,7 @@ def render(site: str, job: str, output: str | None = None) -> str | None:
     (atomically); returns the line to say on stderr then."""
     from hpcyolo.login.render import render_sbatch
     from hpcyolo.login.runcheck import warn_job
-    from hpcyolo_trainer.errors import HpcyoloError
+    from hpcyolo_trainer.common.errors import HpcyoloError
 
     plan = load_plan(site, job, for_sbatch=True)
     script = render_sbatch(plan)
@@ -59,7 +59,7 @@ def render(site: str, job: str, output: str | None = None) -> str | None:
     if output is None:
         sys.stdout.write(script)
         return None
-    from hpcyolo_trainer.fsutil import write_atomic
+    from hpcyolo_trainer.common.fsutil import write_atomic
 
     try:
         write_atomic(output, script.encode("utf-8", "surrogateescape"), mode=0o777)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcyolo import slurm
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError, SlurmError
-from hpcyolo_trainer.rundir import Start  # noqa: F401  (a start of a job, as callers of starts() know it)
-from hpcyolo_trainer.rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError, SlurmError
+from hpcyolo_trainer.common.rundir import Start
+from hpcyolo_trainer.common.rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
 
 
 @dataclass
@@ -157,7 +157,7 @@ def status(run: Path) -> str:
 
 def health(run: Path) -> list[str]:
     """The failures and slow ranks recorded, and the ledger's table (where the hours went)."""
-    from hpcyolo_trainer import ledger
+    from hpcyolo_trainer.common import ledger
 
     lines = []
     for row in rundir.read_rows(run / rundir.FAILURES):
@@ -176,7 +176,7 @@ def health(run: Path) -> list[str]:
 
 def ledger_json(run: Path) -> dict:
     """`hpcyolo status --json`: the ledger's figures, in seconds."""
-    from hpcyolo_trainer import ledger
+    from hpcyolo_trainer.common import ledger
 
     starts = ledger.read_starts(run / rundir.LEDGER)
     return {"run": str(run.resolve()), "starts": len(starts), **ledger.account(starts),

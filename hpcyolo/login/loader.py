@@ -2,7 +2,7 @@
 
 The schema is the dataclasses themselves (hpcyolo.login.config): each field's type
 says what YAML value it takes, `spec(doc=..., check=...)` documents it and adds
-a value check. This module walks a mapping that hpcyolo_trainer.yamlfile parsed
+a value check. This module walks a mapping that hpcyolo_trainer.common.yamlfile parsed
 against them.
 """
 
@@ -16,8 +16,8 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union, get_args, get_origin
 
-from hpcyolo_trainer.errors import ConfigError, shown
-from hpcyolo_trainer.yamlfile import Float, as_written
+from hpcyolo_trainer.common.errors import ConfigError, shown
+from hpcyolo_trainer.common.yamlfile import Float, as_written
 
 
 def spec(default: Any = dataclasses.MISSING, *, doc: str, check: Callable[[Any], None] | None = None,

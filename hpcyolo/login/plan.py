@@ -15,12 +15,12 @@ from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig
 from hpcyolo.login.shell import Expand, Raw, Var
 from hpcyolo.node.job import STAGED, staged_yaml, task_env
 from hpcyolo.slurm import format_time, limit_seconds, parse_time
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import ConfigError
-from hpcyolo_trainer.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
-from hpcyolo_trainer.record import record
-from hpcyolo_trainer.rendezvous import PORT_BASE, PORT_SPAN
-from hpcyolo_trainer.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import ConfigError
+from hpcyolo_trainer.common.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
+from hpcyolo_trainer.common.record import record
+from hpcyolo_trainer.common.rendezvous import PORT_BASE, PORT_SPAN
+from hpcyolo_trainer.common.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
 
 # torchrun's agent turns only these into a clean shutdown of its workers
 # (torch.distributed.elastic: SIGTERM, SIGINT, SIGHUP, SIGQUIT); any other
@@ -114,7 +114,7 @@ class JobPlan:
 
     @property
     def ledger_file(self) -> Raw:
-        """This start's stamps in the run's ledger (hpcyolo_trainer.ledger), as a shell word."""
+        """This start's stamps in the run's ledger (hpcyolo_trainer.common.ledger), as a shell word."""
         return Raw(f'"{rundir.ledger_file("$RUN_DIR", "$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}", ".times")}"')
 
     @property

@@ -19,9 +19,9 @@ from hpcyolo.login.plan import JobPlan
 from hpcyolo.login.shell import Raw, Var
 from hpcyolo.node.job import begin, end, staged_data
 from hpcyolo.node.local import launch
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import MARKER_ENV
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.preemption import MARKER_ENV
 
 
 def run_local(plan: JobPlan, resume: bool = False) -> int:
@@ -56,7 +56,7 @@ def run_local(plan: JobPlan, resume: bool = False) -> int:
 def _ended(plan: JobPlan, scratch: str, code: int, message: str | None) -> int:
     """Every ending here is final: the node-local scratch goes, as after a job."""
     if plan.uses_scratch:
-        from hpcyolo_trainer.staged import remove
+        from hpcyolo_trainer.common.stagedcopy import remove
 
         remove(scratch)
     if message:

@@ -3,7 +3,7 @@ do with the run its directory holds (continue it, or be refused), said by
 validate, render and submit --dry-run and enforced by submit and `hpcyolo
 run`; and the plan's paths with $VARs, expanded as the batch shell would.
 The run directory itself (its files, records and the same-run rule) is
-hpcyolo_trainer.rundir's."""
+hpcyolo_trainer.common.rundir's."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 from hpcyolo.login.shell import Var
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.rundir import RESUME_HOW, settings
-from hpcyolo_trainer.settings import TrainConfig
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.rundir import RESUME_HOW, settings
+from hpcyolo_trainer.common.settings import TrainConfig
 
 LOCAL_RESUME_HOW = "add --resume (or set run.resume: true)"  # and `hpcyolo run`
 
@@ -31,7 +31,7 @@ def planned_settings(plan, run_dir: Path) -> dict | None:
 
 
 def job_verdict(plan, run_dir: Path, resume: bool, resume_how: str) -> tuple[bool, str] | None:
-    """What a job of `plan` would do with the run in `run_dir` (hpcyolo_trainer.rundir.job_verdict)."""
+    """What a job of `plan` would do with the run in `run_dir` (hpcyolo_trainer.common.rundir.job_verdict)."""
     holds = rundir.holds_run(run_dir)
     # The planned settings only matter for a run already there (a sweep's 1,000 new run directories skip them).
     planned = planned_settings(plan, run_dir) if holds else None

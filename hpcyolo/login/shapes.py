@@ -72,7 +72,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring")
 SPLITS = ("train", "val")
@@ -408,7 +408,7 @@ def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int 
             raise HpcyoloError(f"{dest}: cannot write the dataset: {e.strerror}") from None
         raise
     try:
-        from hpcyolo_trainer.fsutil import fsync_dir
+        from hpcyolo_trainer.common.fsutil import fsync_dir
 
         fsync_dir(dest.parent)
     except OSError:  # pragma: no cover - some filesystems refuse fsync on directories

@@ -37,10 +37,10 @@ from hpcyolo.login.shell import Raw, Var
 from hpcyolo.node import job as steps
 from hpcyolo.node.job import begin, end, job_id, restarts, staged_data
 from hpcyolo.slurm import parse_time
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, TERMINATED_EXIT_CODE
-from hpcyolo_trainer.rundir import record_job
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.preemption import EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, TERMINATED_EXIT_CODE
+from hpcyolo_trainer.common.rundir import record_job
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
 SUBMITIT_PARAMETERS = {
@@ -109,7 +109,7 @@ class TrainTask:
 
     def __call__(self) -> int:
         """The job's steps (hpcyolo.node.job), as every task of a submitit job takes them."""
-        from hpcyolo_trainer.ledger import process_start
+        from hpcyolo_trainer.common.ledger import process_start
 
         env = os.environ
         rank, first_on_node = int(env.get("SLURM_PROCID", "0")), env.get("SLURM_LOCALID", "0") == "0"
@@ -162,7 +162,7 @@ class TrainTask:
                 submitit_handler(sig, None)  # checkpoint() below, requeue, exit
             return EXIT_CODE
         if first_on_node and plan.uses_scratch:
-            from hpcyolo_trainer.staged import remove
+            from hpcyolo_trainer.common.stagedcopy import remove
 
             remove(self.scratch_dir)
         if ending.code != 0:
@@ -175,7 +175,8 @@ class TrainTask:
         (hpcyolo.node.job.task_failure); the first that finds a failure of
         its own decides for the job as `hpcyolo job end` does for the batch
         script, and the others (whose ranks lost their peer) wait for its answer."""
-        from hpcyolo_trainer.watchdog import HANG_EXIT_CODE, read_blame
+        from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
+        from hpcyolo_trainer.run.watchdog import read_blame
 
         run, host = Path(self.run_dir), os.uname().nodename
         failure = steps.task_failure(code, rank, host, read_blame(rundir.hang_folder(run, job, restart)))
@@ -235,7 +236,7 @@ class Sweep:
 
 def parse_sweeps(options: tuple[str, ...]) -> list[Sweep]:
     """Each value is read as YAML with the job spec's rules (`010` stays "010")."""
-    from hpcyolo_trainer.yamlfile import loads
+    from hpcyolo_trainer.common.yamlfile import loads
 
     sweeps = []
     for option in options:
@@ -380,7 +381,7 @@ def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, swe
 def check_datasets(plans: list[JobPlan]) -> None:
     """Each dataset once, as `validate` checks it: data that cannot be
     trained on is refused here, not after the job waited in the queue."""
-    from hpcyolo_trainer.dataset import check_data
+    from hpcyolo_trainer.common.datayaml import check_data
 
     for data in dict.fromkeys(plan.data for plan in plans):
         for warning in check_data(data):

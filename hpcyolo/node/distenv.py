@@ -74,7 +74,7 @@ unique for every job, each array task included (an array task's
 SLURM_ARRAY_JOB_ID + SLURM_ARRAY_TASK_ID, used before, equals a later plain
 job's id), so two jobs on a node share a port only when their ids differ by
 a multiple of 15000. Should ports meet anyway, the rendezvous is keyed by the
-job (HPCYOLO_JOB, see `job_identity` and hpcyolo_trainer.rendezvous): ranks refuse
+job (HPCYOLO_JOB, see `job_identity` and hpcyolo_trainer.common.rendezvous): ranks refuse
 another job's store with one line, and a port taken at init is reported with
 `port_in_use_message`.
 """
@@ -90,10 +90,10 @@ from dataclasses import replace
 from typing import Mapping
 
 from hpcyolo.node.netif import resolve_master, site_interface
-from hpcyolo_trainer.devices import check_gpus, env_int, short_hostname, visible_gpus
-from hpcyolo_trainer.errors import HpcyoloError, shown
-from hpcyolo_trainer.record import record
-from hpcyolo_trainer.rendezvous import JOB_ENV, PORT_BASE, PORT_SPAN
+from hpcyolo_trainer.common.devices import check_gpus, env_int, short_hostname, visible_gpus
+from hpcyolo_trainer.common.errors import HpcyoloError, shown
+from hpcyolo_trainer.common.record import record
+from hpcyolo_trainer.common.rendezvous import JOB_ENV, PORT_BASE, PORT_SPAN
 
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (tests, a SageMaker-like platform)

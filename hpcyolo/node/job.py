@@ -39,10 +39,11 @@ import time
 from pathlib import Path
 
 from hpcyolo.node.slurm_stop import SIGTERM_ENV
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, SCRATCH_ENV
-from hpcyolo_trainer.record import record
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.preemption import (DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE,
+                                                 SCRATCH_ENV)
+from hpcyolo_trainer.common.record import record
 
 STAGED = "data"  # the staged copy's folder in the run's node-local scratch
 
@@ -103,11 +104,11 @@ def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume
 
 
 def start_ledger(run_dir: Path, job: str, restart: str, began: float, env) -> None:
-    """This start's stamps in the run's ledger (hpcyolo_trainer.ledger):
+    """This start's stamps in the run's ledger (hpcyolo_trainer.common.ledger):
     Slurm's submit and start times, and the script's first stamp; the
     script appends the others."""
     from hpcyolo import slurm
-    from hpcyolo_trainer.errors import SlurmError
+    from hpcyolo_trainer.common.errors import SlurmError
 
     lines = []
     try:
@@ -182,7 +183,7 @@ def node_failure(code: int, srun_stderr: str, blame: dict | None = None) -> Fail
     first task a signal ended, that found its device or network failed
     (DEVICE_FAULT_EXIT_CODE), or of a node failure. A task the kernel's OOM
     killer ended, an exception or a refusal (exit 1, 2) is the user's."""
-    from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
+    from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
 
     if code == HANG_EXIT_CODE:
         if blame and blame.get("nodes"):
@@ -210,7 +211,7 @@ def task_failure(code: int, rank: int, host: str, blame: dict | None = None) -> 
     its own rank's exit (a negative code: the signal that ended it): the
     watchdog's verdict, this rank killed by a signal (not by the OOM
     killer), or its device or network failed."""
-    from hpcyolo_trainer.watchdog import HANG_EXIT_CODE
+    from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
 
     if code == HANG_EXIT_CODE:
         return node_failure(code, "", blame)
@@ -333,7 +334,7 @@ def record_failure(run_dir: Path, job: str, restart: str, failure: Failure, retr
     """A row of RUN/failures.csv: the node(s), rank(s), reason, whether it was
     retried, and the steps lost (trained past the newest checkpoint, from the
     trainer's ledger)."""
-    from hpcyolo_trainer.ledger import read_trainer
+    from hpcyolo_trainer.common.ledger import read_trainer
 
     lost = ""
     trainer = read_trainer(rundir.ledger_file(run_dir, job, restart, ".json"))

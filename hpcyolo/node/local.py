@@ -36,7 +36,7 @@ def launch(argv: Sequence[str], nproc: int, *, env: Mapping[str, str] | None = N
     first failure's exit code."""
     base = dict(os.environ if env is None else env)
     # This launch's identity, checked at the rendezvous: another launch that
-    # got the same port is refused, never joined (hpcyolo_trainer.rendezvous).
+    # got the same port is refused, never joined (hpcyolo_trainer.common.rendezvous).
     job = base.get(JOB_ENV) or f"local launch {os.getpid()}-{secrets.token_hex(4)}"
     layout = NodeLayout(node_rank=0, nnodes=1, nproc_per_node=nproc, master_addr="127.0.0.1",
                         master_port=port or free_port(), host=socket.gethostname(), source="local", job=job)

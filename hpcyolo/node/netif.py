@@ -10,7 +10,7 @@ import ipaddress
 import struct
 from typing import Mapping
 
-from hpcyolo_trainer.errors import HpcyoloError, shown
+from hpcyolo_trainer.common.errors import HpcyoloError, shown
 
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B  # <linux/sockios.h>
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hpcyolo.node.distenv import from_environ
 from hpcyolo.node.netif import interface_ipv4
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 CONNECT_TIMEOUT = 60.0
 
@@ -107,7 +107,7 @@ def check_room(scratch: str | None, data: str | None) -> Check:
     from pathlib import Path
 
     from hpcyolo.node.stage import walk
-    from hpcyolo_trainer.dataset import dataset_root, read_data_yaml
+    from hpcyolo_trainer.common.datayaml import dataset_root, read_data_yaml
 
     os.makedirs(scratch, exist_ok=True)
     free = shutil.disk_usage(scratch).free

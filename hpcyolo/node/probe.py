@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def main() -> int:
-    from hpcyolo_trainer.rendezvous import init_process_group, listen_early
+    from hpcyolo_trainer.common.rendezvous import init_process_group, listen_early
 
     listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
     import torch
@@ -52,7 +52,7 @@ def main() -> int:
 
 def run() -> int:
     """main(), with hpcyolo's errors (a refused rendezvous, a taken port) as one line."""
-    from hpcyolo_trainer.errors import HpcyoloError
+    from hpcyolo_trainer.common.errors import HpcyoloError
 
     try:
         return main()

@@ -1,5 +1,5 @@
 """Why a training task got SIGTERM, as Slurm says: the answer the trainer's
-StopFlag asks for (hpcyolo_trainer.preemption) when `hpcyolo train` runs
+StopFlag asks for (hpcyolo_trainer.common.preemption) when `hpcyolo train` runs
 under Slurm.
 
 SIGTERM is what Slurm sends on `scancel`, at the time limit, on preemption
@@ -12,7 +12,7 @@ stops.
 
 from __future__ import annotations
 
-from hpcyolo_trainer.preemption import CHECKPOINT, STOP, Decision
+from hpcyolo_trainer.common.preemption import CHECKPOINT, STOP, Decision
 
 # The site's preemption.sigterm: "requeue" (when Slurm says so) or "stop".
 SIGTERM_ENV = "HPCYOLO_SIGTERM"
@@ -25,7 +25,7 @@ def sigterm_decision(env) -> Decision:
     if not env.get("SLURM_JOB_ID"):
         return Decision(STOP, "SIGTERM")
     from hpcyolo import slurm
-    from hpcyolo_trainer.errors import SlurmError
+    from hpcyolo_trainer.common.errors import SlurmError
 
     try:
         info = slurm.show_job(int(env["SLURM_JOB_ID"]), env=env)

@@ -15,7 +15,7 @@ its marker inside, so a directory at DEST is always complete. An exclusive
 lock next to DEST makes other tasks on the node wait for the one copying; a
 later stage of the same source (a requeued job on the same node) finds the
 marker and returns at once. The marker records what was stat'ed of the source;
-whether a copy is still current is decided in hpcyolo_trainer.staged, which the
+whether a copy is still current is decided in hpcyolo_trainer.common.stagedcopy, which the
 `hpcyolo` command asks before importing this module (or yaml, or click).
 
 A stop while staging: the site's preemption signal, or a SIGTERM that Slurm
@@ -42,12 +42,13 @@ from pathlib import Path
 
 from hpcyolo.node.archive import archive_yaml, list_archive, run_tar, scan_tar
 from hpcyolo.node.treecopy import Manifest, copy_tree, first_difference, walk
-from hpcyolo_trainer.dataset import SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml, split_entries
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.preemption import EXIT_CODE, mark_preempted
-from hpcyolo_trainer.staged import (MARKER, OWNER, already_staged, claim, current_marker, is_current, node_name,
-                                    read_marker, remove, say, source_identity)
-from hpcyolo_trainer.yamlfile import dump_yaml, loads
+from hpcyolo_trainer.common.datayaml import (SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml,
+                                               split_entries)
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.preemption import EXIT_CODE, mark_preempted
+from hpcyolo_trainer.common.stagedcopy import (MARKER, OWNER, already_staged, claim, current_marker, is_current,
+                                                 node_name, read_marker, remove, say, source_identity)
+from hpcyolo_trainer.common.yamlfile import dump_yaml, loads
 
 # Room left free after the copy: filesystem overhead, the staged YAML, and (on
 # a tmpfs) memory the training processes still need.
@@ -247,7 +248,7 @@ def _stops(signal_name: str | None, dest: Path):
             return
         if signum == signal.SIGTERM:
             from hpcyolo.node.slurm_stop import sigterm_decision
-            from hpcyolo_trainer.preemption import CHECKPOINT
+            from hpcyolo_trainer.common.preemption import CHECKPOINT
 
             decision = sigterm_decision(os.environ)
             stopping.append(decision.reason)
@@ -283,7 +284,7 @@ def remove_stale(dest: Path) -> list[Path]:
     if not run.parent.name.startswith("hpcyolo-") or not os.environ.get("SLURM_JOB_ID") or not run.parent.is_dir():
         return []
     from hpcyolo import slurm
-    from hpcyolo_trainer.errors import SlurmError
+    from hpcyolo_trainer.common.errors import SlurmError
 
     removed = []
     for folder in run.parent.iterdir():

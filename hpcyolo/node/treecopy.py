@@ -13,7 +13,7 @@ import stat
 import threading
 from pathlib import Path
 
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 CHUNK = 256  # files per unit of work of a worker process
 # Copied with one read + one write; larger files with sendfile, which moves

@@ -27,8 +27,8 @@ import torch
 # `cuda`: the only tests that may skip in CI (tests/conftest.py).
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from hpcyolo_trainer import rundir  # noqa: E402
-from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE  # noqa: E402
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 IMGSZ = 192
@@ -113,7 +113,7 @@ def test_stop_by_signal_and_resume(shapes, tmp_path):
     out = p.communicate(timeout=120)[0]
     assert p.returncode == EXIT_CODE, out[-3000:]
     assert "stopping for preemption (SIGUSR2)" in out
-    from hpcyolo_trainer import checkpoint as ckpt
+    from hpcyolo_trainer.run import checkpoint as ckpt
 
     stopped = ckpt.load_latest(run / "checkpoints", warn=print)
     step, epoch, batch = stopped["global_step"], stopped["epoch"], stopped["batch"]
@@ -135,21 +135,21 @@ def ddp_script() -> str:
     trainer's own pieces, a few AMP steps on random images."""
     return r"""
 import math, os, torch
-from hpcyolo_trainer.dist import setup, cleanup
-from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.loss import DetectionLoss
+from hpcyolo_trainer.parallel.dist import setup, cleanup
+from hpcyolo_trainer.model.detector import build_model
+from hpcyolo_trainer.optim.loss import DetectionLoss
 from torch.nn.parallel import DistributedDataParallel as DDP
 import torch.distributed as dist
 d = setup(60)
 assert dist.is_initialized() or d.world_size == 1
 if not dist.is_initialized():
-    from hpcyolo_trainer.rendezvous import init_process_group
+    from hpcyolo_trainer.common.rendezvous import init_process_group
     init_process_group("nccl", 60, device_id=d.device)
 assert dist.get_backend() == "nccl", dist.get_backend()
 # The per-step stop agreement goes over a gloo group beside NCCL (dist.setup
 # makes it when world > 1; made here for this world of one), on the CPU.
 import dataclasses, datetime
-from hpcyolo_trainer.dist import max_over_ranks
+from hpcyolo_trainer.parallel.dist import max_over_ranks
 control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
 assert max_over_ranks(dataclasses.replace(d, control=control, world_size=2), 3) == 3
 torch.manual_seed(0)
@@ -253,7 +253,7 @@ def test_export_on_a_gpu_machine(trained, tmp_path):
 
 DEVICE_PROBE = r"""
 import os, torch
-from hpcyolo_trainer.dist import setup
+from hpcyolo_trainer.parallel.dist import setup
 d = setup()
 x = torch.ones(1, device=d.device)  # the device really works
 print(d.device, torch.cuda.current_device(), torch.cuda.get_device_properties(d.device).uuid)
@@ -285,7 +285,7 @@ def test_hsv_jitter_on_the_gpu_equals_the_cpu_result():
     """The trainer's HSV step on a CUDA batch (photometric.py) gives the CPU's
     result: the colours a GPU node trains on are the ones the CPU suite checks
     against the loader's lookup tables (tests/trainer/test_photometric.py)."""
-    from hpcyolo_trainer.photometric import hsv_jitter_batch
+    from hpcyolo_trainer.data.photometric import hsv_jitter_batch
 
     g = torch.Generator().manual_seed(0)
     imgs = torch.randint(0, 256, (8, 3, 96, 128), generator=g).float() / 255
@@ -302,7 +302,7 @@ def test_hsv_jitter_on_the_gpu_equals_the_cpu_result():
 def test_nms_on_the_gpu_takes_the_dense_path_and_keeps_the_cpus_boxes(monkeypatch):
     """A GPU's NMS decides from whole overlap matrices (boxes._dense_nms), the
     CPU's from the sparse overlap graph: the same boxes, in the same order."""
-    from hpcyolo_trainer import boxes as B
+    from hpcyolo_trainer.model import boxes as B
 
     calls = []
     dense = B._dense_nms
@@ -322,7 +322,7 @@ def test_nms_on_the_gpu_takes_the_dense_path_and_keeps_the_cpus_boxes(monkeypatc
 
 def _step_inputs(name: str, boxes_per_image: int = 9):
     """A model of `name` on the GPU in channels_last and one batch: 8 images of 256 px, targets on the host."""
-    from hpcyolo_trainer.model import build_model
+    from hpcyolo_trainer.model.detector import build_model
 
     torch.manual_seed(0)
     model = build_model(name, 80).cuda().to(memory_format=torch.channels_last).train()
@@ -343,9 +343,9 @@ def test_the_loss_from_host_targets_equals_the_loss_from_device_targets_and_wait
     mask indexing and the padding waited 16 to 18 times per head."""
     import warnings
 
-    from hpcyolo_trainer.dist import Dist
-    from hpcyolo_trainer.settings import TrainConfig
-    from hpcyolo_trainer.train import detection_loss
+    from hpcyolo_trainer.parallel.dist import Dist
+    from hpcyolo_trainer.common.settings import TrainConfig
+    from hpcyolo_trainer.run.train import detection_loss
 
     model, imgs, targets = _step_inputs(name)
     one = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cuda"))

@@ -1,4 +1,4 @@
-"""Box geometry and NMS (hpcyolo_trainer.boxes) on hand-made cases and against a brute-force reference."""
+"""Box geometry and NMS (hpcyolo_trainer.model.boxes) on hand-made cases and against a brute-force reference."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hpcyolo_trainer import boxes as B
+from hpcyolo_trainer.model import boxes as B
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

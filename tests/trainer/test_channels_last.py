@@ -10,13 +10,13 @@ import io
 import torch
 from conftest import SHARED
 
-from hpcyolo_trainer.dist import Dist
-from hpcyolo_trainer.ema import ModelEMA
-from hpcyolo_trainer.evaluate import ValBatches, validate
-from hpcyolo_trainer.loss import DetectionLoss
-from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.settings import TrainConfig
-from hpcyolo_trainer.train import layout, optimizer_step, place_model
+from hpcyolo_trainer.parallel.dist import Dist
+from hpcyolo_trainer.optim.ema import ModelEMA
+from hpcyolo_trainer.eval.evaluate import ValBatches, validate
+from hpcyolo_trainer.optim.loss import DetectionLoss
+from hpcyolo_trainer.model.detector import build_model
+from hpcyolo_trainer.common.settings import TrainConfig
+from hpcyolo_trainer.run.train import layout, optimizer_step, place_model
 
 FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
 CPU = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -55,7 +55,7 @@ def test_a_training_step_and_the_emas_validation_in_channels_last_equal_nchw():
     for (k, a), b in zip(nhwc.state_dict().items(), nchw.state_dict().values()):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), k
     # The trainer's validation of the EMA model, in the layout it trained in.
-    from hpcyolo_trainer.dataset import load_data_spec
+    from hpcyolo_trainer.common.datayaml import load_data_spec
 
     spec = load_data_spec(FIXTURE / "data.yaml")
     batches = ValBatches(spec.val, 4, 96, 8)

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer.run import checkpoint as ckpt
 
 
 def state(step: int) -> dict:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hpcyolo.login.shapes import make_shapes
-from hpcyolo_trainer.augment import AugmentHyp, copy_paste, copy_paste_flip, warp
-from hpcyolo_trainer.data import YoloDataset, read_outlines
+from hpcyolo_trainer.data.augment import AugmentHyp, copy_paste, copy_paste_flip, warp
+from hpcyolo_trainer.data.dataset import YoloDataset, read_outlines
 
 
 def test_an_instance_is_pasted_mirrored_inside_its_outline_and_one_on_its_own_mirror_is_not():

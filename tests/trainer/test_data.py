@@ -19,13 +19,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import hpcyolo_trainer.data as data_module
-from hpcyolo_trainer.augment import mosaic4, mosaic_affine, random_affine
-from hpcyolo_trainer.data import (AugmentHyp, YoloDataset, cache_bytes, collate, label_path, load_data_spec,
-                                  parse_label_row)
-from hpcyolo_trainer.dataset import IMG_EXTS, ImagePaths, texts
-from hpcyolo_trainer.errors import ConfigError
-from hpcyolo_trainer.sampler import EpochBatch, EvenShardSampler, RunBatches
+import hpcyolo_trainer.data.dataset as data_module
+from hpcyolo_trainer.data.augment import mosaic4, mosaic_affine, random_affine
+from hpcyolo_trainer.data.dataset import (AugmentHyp, YoloDataset, cache_bytes, collate, label_path,
+                                            load_data_spec, parse_label_row)
+from hpcyolo_trainer.common.datayaml import IMG_EXTS, ImagePaths, texts
+from hpcyolo_trainer.common.errors import ConfigError
+from hpcyolo_trainer.data.sampler import EpochBatch, EvenShardSampler, RunBatches
 
 COCO8 = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "coco8"
 
@@ -251,7 +251,7 @@ def test_image_that_stops_decoding_is_blank_without_labels(rects, tmp_path, monk
     img, labels, _, _ = plain[1]
     assert (img == 114).all() and labels.shape == (0, 5)
 
-    import hpcyolo_trainer.data as data
+    import hpcyolo_trainer.data.dataset as data
     decode = data.decode_resized
     monkeypatch.setattr(data, "decode_resized", lambda p, shape: None if p == Path(files[0]) else decode(p, shape))
     cached = YoloDataset(files[:1], 64, augment=False, hyp=AugmentHyp(), seed=1, cache="disk",
@@ -381,7 +381,7 @@ def test_a_batchs_pool_is_the_images_of_its_streams_batches_around_it(batch):
     run's start, the first ones; later epochs' batches too, as their
     orders are fixed already). A resumed run's batches carry the pools the
     whole run's had."""
-    from hpcyolo_trainer.sampler import POOL_IMAGES, STREAM
+    from hpcyolo_trainer.data.sampler import POOL_IMAGES, STREAM
 
     n, epochs = (40, 7) if batch == 4 else (600, 9)
     depth = POOL_IMAGES // batch
@@ -501,7 +501,7 @@ def test_the_runs_batches_with_pools_are_the_same_for_any_worker_count_and_after
 
 
 def test_run_batches_of_rectangular_batches_follow_the_rect_sampler(rects):
-    from hpcyolo_trainer.sampler import RectBatchSampler
+    from hpcyolo_trainer.data.sampler import RectBatchSampler
 
     batches = [[0, 1], [2, 3], [4, 5]]
     rect = RectBatchSampler(batches, 2, 0, 1, seed=1)
@@ -553,8 +553,8 @@ def test_stopping_the_loader_mid_run_lets_the_process_exit(tmp_path, rects):
 import functools, sys
 from pathlib import Path
 from torch.utils.data import DataLoader
-from hpcyolo_trainer.data import YoloDataset, collate
-from hpcyolo_trainer.train import ignore_signals, stop_workers
+from hpcyolo_trainer.data.dataset import YoloDataset, collate
+from hpcyolo_trainer.run.train import ignore_signals, stop_workers
 ds = YoloDataset([Path(p) for p in {[str(r) for r in rects]!r}] * 8, 64, augment=True, names_count=12)
 loader = DataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate,
                     worker_init_fn=functools.partial(ignore_signals, ("USR1", "TERM")))

@@ -1,4 +1,4 @@
-"""The dataset's index (hpcyolo_trainer.dataindex): a start on an unchanged
+"""The dataset's index (hpcyolo_trainer.data.index): a start on an unchanged
 dataset reads one index file, not the label files; a changed file is noticed
 and only it is checked again; what the check found is kept exactly. Rank 0's
 listing and stats, taken by a child forked before torch loads
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from conftest import SHARED
 
-from hpcyolo_trainer import dataindex, filescan, rundir
-from hpcyolo_trainer.data import check_each, check_files, sift
-from hpcyolo_trainer.dataset import label_path, load_data_spec, training_files
-from hpcyolo_trainer.errors import ConfigError
+from hpcyolo_trainer.data import index as dataindex, filescan
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.data.dataset import check_each, check_files, sift
+from hpcyolo_trainer.common.datayaml import label_path, load_data_spec, training_files
+from hpcyolo_trainer.common.errors import ConfigError
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -530,10 +531,10 @@ INDEXED = """
 import json, os, sys, time
 from pathlib import Path
 import torch, torch.distributed as dist
-from hpcyolo_trainer.dataset import load_data_spec
-from hpcyolo_trainer.dist import Dist
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.train import indexed
+from hpcyolo_trainer.common.datayaml import load_data_spec
+from hpcyolo_trainer.parallel.dist import Dist
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.run.train import indexed
 data, run, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -661,9 +662,9 @@ def test_the_trainer_judges_the_index_by_the_stats_handed_over(tmp_path, shapes)
     checked again and the index keeps the stats it was judged by."""
     import torch
 
-    from hpcyolo_trainer.dist import Dist
-    from hpcyolo_trainer.settings import TrainConfig
-    from hpcyolo_trainer.train import load_data
+    from hpcyolo_trainer.parallel.dist import Dist
+    from hpcyolo_trainer.common.settings import TrainConfig
+    from hpcyolo_trainer.run.train import load_data
 
     d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), data=str(shapes), batch=4, imgsz=64)

@@ -14,9 +14,9 @@ from hpcyolo.node.local import free_port
 SCRIPT = r"""
 import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1)
-from hpcyolo_trainer.dist import Dist
-from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.train import data_parallel
+from hpcyolo_trainer.parallel.dist import Dist
+from hpcyolo_trainer.model.detector import build_model
+from hpcyolo_trainer.run.train import data_parallel
 from torch.nn.parallel import DistributedDataParallel as DDP
 torch.manual_seed(0)
 model = build_model("yolov8n", 2)
@@ -54,8 +54,8 @@ def test_torchs_own_ddp_imports_dynamo_the_cost_the_stand_in_saves():
 
 END = r"""
 import os, sys, torch, torch.distributed as dist
-from hpcyolo_trainer.dist import has_left, setup
-from hpcyolo_trainer.train import data_parallel, finish
+from hpcyolo_trainer.parallel.dist import has_left, setup
+from hpcyolo_trainer.run.train import data_parallel, finish
 d = setup(60)
 def train():  # as train.main: DDP a local, the group left (finish) before it returns
     net = data_parallel(torch.nn.Linear(4, 4), d)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hpcyolo.node.local import free_port
-from hpcyolo_trainer.dist import Dist, max_over_ranks
+from hpcyolo_trainer.parallel.dist import Dist, max_over_ranks
 
 
 def _worker(rank: int, world: int, port: int, out):

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from hpcyolo_trainer.musgd import MuSGD
-from hpcyolo_trainer.schedule import build_optimizer, eager
+from hpcyolo_trainer.optim.musgd import MuSGD
+from hpcyolo_trainer.optim.schedule import build_optimizer, eager
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -79,7 +79,7 @@ def test_the_step_runs_without_grad_where_the_optimizer_is_not_differentiable(mo
 def test_a_training_step_of_the_trainers_optimizers_imports_no_dynamo():
     code = """
 import sys, torch
-from hpcyolo_trainer.schedule import build_optimizer
+from hpcyolo_trainer.optim.schedule import build_optimizer
 for name in ("adamw", "sgd", "musgd"):
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     opt = build_optimizer(model, name, 0.01, 0.9, 5e-4)

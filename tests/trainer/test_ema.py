@@ -7,8 +7,8 @@ import copy
 
 import torch
 
-from hpcyolo_trainer.ema import ModelEMA
-from hpcyolo_trainer.model import build_model
+from hpcyolo_trainer.optim.ema import ModelEMA
+from hpcyolo_trainer.model.detector import build_model
 
 
 def test_ema_update_matches_the_formula_for_every_tensor():

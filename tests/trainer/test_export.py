@@ -14,12 +14,12 @@ import pytest
 import torch
 from conftest import SHARED
 
-from hpcyolo_trainer.errors import HpcyoloError
+from hpcyolo_trainer.common.errors import HpcyoloError
 
 pytest.importorskip("onnxruntime", reason="the export extra (pip install hpcyolo[export]) is not installed")
 
-from hpcyolo_trainer.export import HINT, export_onnx, relative_diff, run_onnx  # noqa: E402
-from hpcyolo_trainer.weights import build_from, read_weights  # noqa: E402
+from hpcyolo_trainer.eval.export import HINT, export_onnx, relative_diff, run_onnx
+from hpcyolo_trainer.model.weights import build_from, read_weights
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FIXTURES = SHARED / "fixtures" / "ultralytics"

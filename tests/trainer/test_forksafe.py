@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from hpcyolo_trainer import forksafe
+from hpcyolo_trainer.parallel import forksafe
 
 # Run in a fresh interpreter: an at-fork hook cannot be taken back. A thread
 # takes HEAD_LOCK through ctypes (the GIL released), holds it 0.4 s in C and

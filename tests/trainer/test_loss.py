@@ -1,4 +1,4 @@
-"""Task-aligned assignment and the detection loss (hpcyolo_trainer.loss)."""
+"""Task-aligned assignment and the detection loss (hpcyolo_trainer.optim.loss)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from hpcyolo_trainer.boxes import bbox2dist, bbox_iou, make_anchors
-from hpcyolo_trainer.loss import DetectionLoss, TaskAlignedAssigner
+from hpcyolo_trainer.model.boxes import bbox2dist, bbox_iou, make_anchors
+from hpcyolo_trainer.optim.loss import DetectionLoss, TaskAlignedAssigner
 
 NC, REG_MAX, STRIDES = 2, 16, (8, 16, 32)
 NO = 4 * REG_MAX + NC

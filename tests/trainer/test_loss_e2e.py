@@ -1,4 +1,4 @@
-"""YOLO26's loss (hpcyolo_trainer.loss): the L1 box term of a head without
+"""YOLO26's loss (hpcyolo_trainer.optim.loss): the L1 box term of a head without
 bins, STAL's widened small boxes, the one-to-one assignment (topk2) and
 EndToEndLoss's ProgLoss weighting of the two heads, with ultralytics 8.4's
 constants."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcyolo_trainer.loss import DetectionLoss, EndToEndLoss, TaskAlignedAssigner
-from hpcyolo_trainer.model import build_model
+from hpcyolo_trainer.optim.loss import DetectionLoss, EndToEndLoss, TaskAlignedAssigner
+from hpcyolo_trainer.model.detector import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcyolo_trainer.metrics import IOU_THRESHOLDS, DetStats, ap_per_class, match_predictions
+from hpcyolo_trainer.eval.metrics import IOU_THRESHOLDS, DetStats, ap_per_class, match_predictions
 
 BOX = [0.0, 0.0, 10.0, 10.0]  # area 100: a [0,0,10,h] prediction has IoU h/10
 FAR = [50.0, 50.0, 60.0, 60.0]  # overlaps nothing above

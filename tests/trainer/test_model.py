@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from hpcyolo_trainer import families, registry
-from hpcyolo_trainer.model import ALIASES, MODELS, DetectionModel, build_model, count_parameters
+from hpcyolo_trainer.model import families
+from hpcyolo_trainer.common import registry
+from hpcyolo_trainer.model.detector import ALIASES, MODELS, DetectionModel, build_model, count_parameters
 
 # Published sizes at nc=80, as ultralytics prints them: each family module's
 # PUBLISHED_PARAMETERS. Ultralytics counts 16 extra frozen weights where the

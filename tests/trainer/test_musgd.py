@@ -1,4 +1,4 @@
-"""MuSGD (hpcyolo_trainer.musgd), checked against outside references:
+"""MuSGD (hpcyolo_trainer.optim.musgd), checked against outside references:
 torch.optim.SGD for everything that is not a matrix, the SVD's polar factor
 for the Newton-Schulz orthogonalisation, and ultralytics' parameter groups."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.musgd import MuSGD, orthogonalise
-from hpcyolo_trainer.schedule import Schedule, build_optimizer
+from hpcyolo_trainer.model.detector import build_model
+from hpcyolo_trainer.optim.musgd import MuSGD, orthogonalise
+from hpcyolo_trainer.optim.schedule import Schedule, build_optimizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hpcyolo_trainer.augment import AugmentHyp, apply_hsv, hsv_gains
-from hpcyolo_trainer.data import YoloDataset, collate
-from hpcyolo_trainer.photometric import gains_of, hsv_jitter_batch
+from hpcyolo_trainer.data.augment import AugmentHyp, apply_hsv, hsv_gains
+from hpcyolo_trainer.data.dataset import YoloDataset, collate
+from hpcyolo_trainer.data.photometric import gains_of, hsv_jitter_batch
 
 IMGSZ = 96
 NC = 3

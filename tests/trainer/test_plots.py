@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hpcyolo_trainer.plots import PALETTE, draw_detections, plot_results, save_image
+from hpcyolo_trainer.report.plots import PALETTE, draw_detections, plot_results, save_image
 
 HEADER = (
     "epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision,"

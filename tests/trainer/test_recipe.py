@@ -18,7 +18,7 @@ from conftest import SHARED
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer.settings import REQUIRED, SETTINGS, TrainConfig
+from hpcyolo_trainer.common.settings import REQUIRED, SETTINGS, TrainConfig
 
 DEFAULTS = SHARED / "fixtures" / "ultralytics" / "train-defaults.json"
 V8 = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes" / "model.pt"
@@ -44,9 +44,9 @@ def test_every_setting_that_ultralytics_has_defaults_to_ultralytics_value():
 
 
 def test_the_loss_gains_scale_each_term():
-    from hpcyolo_trainer.dist import Dist
-    from hpcyolo_trainer.model import build_model
-    from hpcyolo_trainer.train import detection_loss
+    from hpcyolo_trainer.parallel.dist import Dist
+    from hpcyolo_trainer.model.detector import build_model
+    from hpcyolo_trainer.run.train import detection_loss
 
     torch.manual_seed(0)
     model = build_model("yolov8n", 2)
@@ -61,8 +61,8 @@ def test_the_loss_gains_scale_each_term():
 
 
 def test_warmup_starts_and_cosine_decay_come_from_the_settings():
-    from hpcyolo_trainer.model import build_model
-    from hpcyolo_trainer.train import build_optimization
+    from hpcyolo_trainer.model.detector import build_model
+    from hpcyolo_trainer.run.train import build_optimization
 
     model = build_model("yolov8n", 2)
     cfg = TrainConfig(run_dir="r", data="d", batch=16, nbs=16, epochs=10, warmup_bias_lr=0.05, warmup_momentum=0.6,
@@ -83,7 +83,7 @@ def test_cos_lr_keeps_the_old_spelling_of_its_option_and_of_old_runs():
 
     from hpcyolo.cli import main
     from hpcyolo.cli.task import train
-    from hpcyolo_trainer.settings import BY_NAME
+    from hpcyolo_trainer.common.settings import BY_NAME
 
     assert "--cos-lr, --cosine / --no-cos-lr, --linear" in " ".join(CliRunner().invoke(main, ["train", "--help"]).output
                                                                    .split())
@@ -156,7 +156,7 @@ def test_val_off_validates_only_the_last_epoch_as_ultralytics_val_false(tmp_path
 
 
 def test_fraction_trains_on_the_first_share_of_the_images_in_name_order():
-    from hpcyolo_trainer.dataset import training_files
+    from hpcyolo_trainer.common.datayaml import training_files
 
     files = [Path(f"img{k:02d}.jpg") for k in (5, 3, 9, 1, 7, 2, 8, 4)]
     assert training_files(files, 1.0) == files  # all, in the order given
@@ -165,9 +165,9 @@ def test_fraction_trains_on_the_first_share_of_the_images_in_name_order():
 
 
 def test_freeze_keeps_those_layers_weights_bit_identical_on_two_ranks_and_trains_the_rest(tmp_path, shapes, capfd):
-    from hpcyolo_trainer import checkpoint as ckpt
-    from hpcyolo_trainer.train import initial_model
-    from hpcyolo_trainer.weights import read_weights
+    from hpcyolo_trainer.run import checkpoint as ckpt
+    from hpcyolo_trainer.run.train import initial_model
+    from hpcyolo_trainer.model.weights import read_weights
 
     run = tmp_path / "run"
     argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "1", "--batch", "4",
@@ -191,8 +191,8 @@ def test_the_schedule_gives_the_learning_rates_ultralytics_logged():
     results.csv of an ultralytics 8.4.190 run (yolo26n, SGD, lr0 0.01, lrf
     0.01, 800 images, batch 32 = nbs: 25 steps an epoch, 12 epochs, a
     warm-up of 3 epochs = 75 steps)."""
-    from hpcyolo_trainer.model import build_model
-    from hpcyolo_trainer.train import build_optimization
+    from hpcyolo_trainer.model.detector import build_model
+    from hpcyolo_trainer.run.train import build_optimization
 
     logged = {1: 0.0032, 2: 0.00599433, 3: 0.00823867, 4: 0.007525, 5: 0.0067, 8: 0.004225, 12: 0.000925}
     cfg = TrainConfig(run_dir="r", data="d", batch=32, nbs=32, epochs=12, optimizer="sgd", lr0=0.01)
@@ -224,7 +224,7 @@ def ultralytics_steps(batches: int, epochs: int, batch: int, nbs: int, warmup_ep
 @pytest.mark.parametrize("batches,batch,nbs,warmup", [(1000, 16, 64, 3.0), (40, 4, 64, 2.5), (7, 2, 8, 0.3),
                                                       (50, 16, 64, 0.0), (30, 64, 64, 3.0)])
 def test_the_warm_up_ramps_the_accumulated_batches_as_ultralytics_loop_does(batches, batch, nbs, warmup):
-    from hpcyolo_trainer.schedule import Schedule, warmup_batches_for
+    from hpcyolo_trainer.optim.schedule import Schedule, warmup_batches_for
 
     epochs = 3
     s = Schedule(lr0=0.01, lrf=0.01, momentum=0.937, epochs=epochs, batches_per_epoch=batches, nominal=nbs / batch,
@@ -270,8 +270,8 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
     saved = torch.load(tmp_path / "run" / "weights" / "last.pt", weights_only=True)
     assert saved["names"] == ["item"] and saved["model"]["head.cls.0.2.bias"].shape == (1,)
     # Training and validation labels alike are all of class 0; the data YAML's four classes were there.
-    from hpcyolo_trainer.dist import Dist
-    from hpcyolo_trainer.train import load_data
+    from hpcyolo_trainer.parallel.dist import Dist
+    from hpcyolo_trainer.run.train import load_data
 
     d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     for single, classes in ((False, {0, 1, 2, 3}), (True, {0})):
@@ -296,9 +296,9 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
     more step would overrun it)."""
     from conftest import max_abs_diff
 
-    from hpcyolo_trainer import checkpoint as ckpt
-    from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
-    from hpcyolo_trainer.train import STEP_SECONDS_ENV
+    from hpcyolo_trainer.run import checkpoint as ckpt
+    from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
+    from hpcyolo_trainer.run.train import STEP_SECONDS_ENV
 
     from test_copy_paste import as_outlines
 
@@ -344,11 +344,11 @@ def test_classes_trains_and_validates_on_those_classes_boxes_only(tmp_path, shap
     import numpy as np
     import yaml
 
-    from hpcyolo_trainer.data import collate
-    from hpcyolo_trainer.dist import Dist
-    from hpcyolo_trainer.errors import HpcyoloError
-    from hpcyolo_trainer.sampler import EpochBatch
-    from hpcyolo_trainer.train import load_data
+    from hpcyolo_trainer.data.dataset import collate
+    from hpcyolo_trainer.parallel.dist import Dist
+    from hpcyolo_trainer.common.errors import HpcyoloError
+    from hpcyolo_trainer.data.sampler import EpochBatch
+    from hpcyolo_trainer.run.train import load_data
 
     d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     full = load_data(TrainConfig(run_dir=str(tmp_path / "r"), data=str(shapes), batch=4, imgsz=160), d)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import SHARED
 
-from hpcyolo_trainer import safe_pickle
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.weights import check_records, read_weights
+from hpcyolo_trainer.model import safe_pickle
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.model.weights import check_records, read_weights
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")

@@ -16,9 +16,9 @@ from conftest import max_abs_diff
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer import checkpoint as ckpt
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
+from hpcyolo_trainer.run import checkpoint as ckpt
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from hpcyolo.node.local import free_port
-from hpcyolo_trainer.sampler import EvenShardSampler, RectBatchSampler, steps_per_epoch
+from hpcyolo_trainer.data.sampler import EvenShardSampler, RectBatchSampler, steps_per_epoch
 
 SIZES = (1, 2, 5, 7, 10, 13)
 BATCH_PER_RANK = 3

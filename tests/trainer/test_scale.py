@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hpcyolo_trainer.scale import rescale, step_size
+from hpcyolo_trainer.data.multiscale import rescale, step_size
 
 
 def test_step_size_is_a_function_of_seed_and_batch_in_range_on_the_stride():

@@ -1,4 +1,4 @@
-"""TensorBoard: the event files rank 0 writes (hpcyolo_trainer.tboard, no
+"""TensorBoard: the event files rank 0 writes (hpcyolo_trainer.report.tboard, no
 TensorBoard library in the trainer) read back by TensorBoard's own
 EventAccumulator, against results.csv, for a run preempted mid-epoch and
 resumed: each epoch once, no step twice. And the plots such a run leaves,
@@ -18,8 +18,8 @@ from PIL import Image
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer import tboard
-from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
+from hpcyolo_trainer.report import tboard
+from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from hpcyolo_trainer.devices import idle_threads_sleep
+from hpcyolo_trainer.common.devices import idle_threads_sleep
 
 # `hpcyolo train` with an import hook that notes GOMP_SPINCOUNT when torch is first imported, and a stand-in
 # trainer (no training): the command's own path up to the trainer's main.
@@ -22,13 +22,13 @@ class Watch(importlib.abc.MetaPathFinder):
             seen["at_torch"] = os.environ.get("GOMP_SPINCOUNT")
         return None
 sys.meta_path.insert(0, Watch())
-fake = types.ModuleType("hpcyolo_trainer.train")
+fake = types.ModuleType("hpcyolo_trainer.run.train")
 def main(cfg, stop=None, prescan=None):
     seen["at_main"] = os.environ.get("GOMP_SPINCOUNT")
     print(json.dumps(seen))
     return 0
 fake.main = main
-sys.modules["hpcyolo_trainer.train"] = fake
+sys.modules["hpcyolo_trainer.run.train"] = fake
 from hpcyolo.cli import main as cli
 cli(["train", "--run-dir", sys.argv[1], "--data", sys.argv[2]])
 """

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpcyolo.login.shapes import make_shapes
-from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
+from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 
@@ -69,8 +69,8 @@ def wandb_history(path: str) -> list[dict]:
 
 
 def test_a_tracker_not_installed_is_one_line_before_anything_runs(monkeypatch):
-    from hpcyolo_trainer import tracking
-    from hpcyolo_trainer.errors import HpcyoloError
+    from hpcyolo_trainer.report import tracking
+    from hpcyolo_trainer.common.errors import HpcyoloError
 
     monkeypatch.setitem(tracking.EXTRAS, "wandb", "no_such_module_here")
     tracking.check_installed({"mlflow": None, "wandb": None})  # off: nothing needed

@@ -15,9 +15,9 @@ from test_resume import max_abs_diff
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer import checkpoint as ckpt
-from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE
-from hpcyolo_trainer.weights import read_weights
+from hpcyolo_trainer.run import checkpoint as ckpt
+from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
+from hpcyolo_trainer.model.weights import read_weights
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 V8 = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes" / "model.pt"
@@ -90,8 +90,8 @@ def test_two_ranks_fine_tune_ultralytics_weights_to_other_classes(tmp_path, shap
 
 FRESH_INIT = """
 import hashlib, sys, torch
-from hpcyolo_trainer.train import initial_model
-from hpcyolo_trainer.weights import read_weights
+from hpcyolo_trainer.run.train import initial_model
+from hpcyolo_trainer.model.weights import read_weights
 rank, seed = int(sys.argv[1]), int(sys.argv[2])
 torch.manual_seed(seed + rank)  # as the trainer seeds each rank's data RNG: different per rank
 torch.rand(100 + rank)

@@ -16,9 +16,9 @@ from conftest import SHARED
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer.boxes import non_max_suppression
-from hpcyolo_trainer.evaluate import letterbox_to, rect_batches
-from hpcyolo_trainer.metrics import ap_per_class, match_predictions
+from hpcyolo_trainer.model.boxes import non_max_suppression
+from hpcyolo_trainer.eval.evaluate import letterbox_to, rect_batches
+from hpcyolo_trainer.eval.metrics import ap_per_class, match_predictions
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FIXTURES = SHARED / "fixtures" / "ultralytics"
@@ -141,7 +141,7 @@ def test_val_takes_hpcyolo_weights(tmp_path):
     folder = FIXTURES / "yolo11n-shapes"
     if not (folder / "model.pt").is_file():
         pytest.skip(f"no reference fixture {folder}")
-    from hpcyolo_trainer.weights import read_weights
+    from hpcyolo_trainer.model.weights import read_weights
 
     w = read_weights(folder / "model.pt")
     torch.save({"model": w.state, "scale": w.arch, "names": w.names, "imgsz": 160}, tmp_path / "best.pt")

@@ -15,7 +15,7 @@ import torch
 from conftest import SHARED
 from PIL import Image
 
-from hpcyolo_trainer.metrics import ConfusionMatrix, DetStats, curves
+from hpcyolo_trainer.eval.metrics import ConfusionMatrix, DetStats, curves
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
@@ -54,7 +54,7 @@ def test_the_curves_at_their_points():
 
 
 def test_a_model_that_finds_nothing_still_gets_its_plots(tmp_path):
-    from hpcyolo_trainer.plots import write_val_plots
+    from hpcyolo_trainer.report.plots import write_val_plots
 
     state = DetStats().state()  # no predictions at all
     state["target_cls"] = np.array([0, 1, 1], np.int32)
@@ -70,15 +70,15 @@ def test_the_plots_agree_with_the_metrics_and_hpcyolo_val_writes_them(tmp_path):
     """Ultralytics' yolov8n fixture on its shapes set: the confusion matrix
     counts every object once, the PR curve's area is the mAP50, the F1
     curve's peak is the mean F1 where P and R are reported."""
-    from hpcyolo_trainer.dist import Dist
-    from hpcyolo_trainer.evaluate import ValBatches, validate
-    from hpcyolo_trainer.weights import build_from, read_weights
+    from hpcyolo_trainer.parallel.dist import Dist
+    from hpcyolo_trainer.eval.evaluate import ValBatches, validate
+    from hpcyolo_trainer.model.weights import build_from, read_weights
 
     w = read_weights(FIXTURE / "model.pt")
     model = build_from(w)
     files = sorted((FIXTURE / "images" / "val").iterdir()) if (FIXTURE / "images" / "val").is_dir() else None
     if files is None:
-        from hpcyolo_trainer.data import load_data_spec
+        from hpcyolo_trainer.data.dataset import load_data_spec
 
         files = load_data_spec(str(FIXTURE / "data.yaml")).val
     batches = ValBatches(files, w.nc, 160, 16)

@@ -23,8 +23,8 @@ import torch
 from conftest import SHARED
 from PIL import Image
 
-from hpcyolo_trainer.dist import Dist
-from hpcyolo_trainer.evaluate import ValBatches, evaluate
+from hpcyolo_trainer.parallel.dist import Dist
+from hpcyolo_trainer.eval.evaluate import ValBatches, evaluate
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 FIXTURE = FIXTURES / "yolov8n-shapes"

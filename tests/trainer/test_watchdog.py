@@ -1,6 +1,6 @@
 """The hang watchdog and the slow-rank report: their rules, and real
 two-rank runs (gloo) with a rank stalled, stopped (SIGSTOP) and slowed by
-the drills (hpcyolo_trainer.drills)."""
+the drills (hpcyolo_trainer.run.drills)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from hpcyolo.login.shapes import make_shapes
-from hpcyolo_trainer import rundir
-from hpcyolo_trainer.preemption import DEVICE_FAULT_EXIT_CODE
-from hpcyolo_trainer.stragglers import STREAK, Stragglers
-from hpcyolo_trainer.watchdog import HANG_EXIT_CODE, HANG_LEARN, Watchdog, verdict
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.preemption import DEVICE_FAULT_EXIT_CODE
+from hpcyolo_trainer.run.stragglers import STREAK, Stragglers
+from hpcyolo_trainer.run.watchdog import HANG_EXIT_CODE, HANG_LEARN, Watchdog, verdict
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 HOSTS = ["n1", "n1", "n2", "n2"]
@@ -169,8 +169,8 @@ def test_a_signal_during_validation_stops_within_a_batch_and_the_resumed_run_end
     import torch
     from conftest import max_abs_diff
 
-    from hpcyolo_trainer import checkpoint as ckpt
-    from hpcyolo_trainer.preemption import EXIT_CODE
+    from hpcyolo_trainer.run import checkpoint as ckpt
+    from hpcyolo_trainer.common.preemption import EXIT_CODE
 
     data = make_shapes(tmp_path / "shapes", n_train=16, n_val=48, imgsz=64, classes=2, seed=0)
 

@@ -19,10 +19,10 @@ import torch
 from conftest import SHARED
 from PIL import Image
 
-from hpcyolo_trainer import safe_pickle
-from hpcyolo_trainer.errors import HpcyoloError
-from hpcyolo_trainer.model import build_model
-from hpcyolo_trainer.weights import Weights, build_from, load_into, read_weights
+from hpcyolo_trainer.model import safe_pickle
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.model.detector import build_model
+from hpcyolo_trainer.model.weights import Weights, build_from, load_into, read_weights
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 FAMILIES = ["yolov8n", "yolo11n", "yolo26n"]
@@ -86,7 +86,7 @@ def test_loading_never_imports_ultralytics(tmp_path):
     (fake / "__init__.py").write_text(f"open({str(canary)!r}, 'w').close()\n")
     code = ("import sys\n"
             f"sys.path.insert(0, {str(tmp_path / 'site')!r})\n"
-            "from hpcyolo_trainer.weights import read_weights\n"
+            "from hpcyolo_trainer.model.weights import read_weights\n"
             f"w = read_weights({str(fixture('yolo11n') / 'model.pt')!r})\n"
             "assert w.arch == 'yolo11n'\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ultralytics'))\n")
@@ -310,7 +310,7 @@ def test_predict_finds_ultralytics_boxes(arch, end2end, tmp_path):
     ((50, 80), (128, 160), 2.0, (0, 14)),  # enlarged to the size, as ultralytics' predict does
 ])
 def test_predict_letterbox_is_ultralytics_rectangle(shape, canvas, gain, offset):
-    from hpcyolo_trainer.predict import rect_letterbox
+    from hpcyolo_trainer.eval.predict import rect_letterbox
 
     img = np.zeros((*shape, 3), dtype=np.uint8)
     out, g, (left, top) = rect_letterbox(img, 160)
@@ -372,6 +372,6 @@ def test_weights_whose_classes_widen_the_class_branches_give_all_but_those():
 def test_an_ultralytics_size_is_the_one_it_trained_at(recorded, trained):
     # ultralytics records imgsz as asked and trains at it rounded up to the
     # stride: val, predict and export default to that, a size the models take.
-    from hpcyolo_trainer.weights import _trained_size
+    from hpcyolo_trainer.model.weights import _trained_size
 
     assert _trained_size(recorded) == trained

@@ -35,9 +35,9 @@ STEP = 5  # an optimizer step at batch 5, inside the warm-up (18 batches here): 
 def _steps(rank: int, world: int, port: int, out: str) -> None:
     """Rank `rank` of `world`: for each of CASES, one optimizer step from the
     same weights on its share of two global batches."""
-    from hpcyolo_trainer.dist import cleanup, setup
-    from hpcyolo_trainer.rendezvous import JOB_ENV
-    from hpcyolo_trainer.train import loader_workers, say_ranks
+    from hpcyolo_trainer.parallel.dist import cleanup, setup
+    from hpcyolo_trainer.common.rendezvous import JOB_ENV
+    from hpcyolo_trainer.run.train import loader_workers, say_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})
@@ -53,12 +53,12 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
 
 
 def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
-    from hpcyolo_trainer.data import AugmentHyp, YoloDataset, collate, load_data_spec
-    from hpcyolo_trainer.ema import ModelEMA
-    from hpcyolo_trainer.settings import TrainConfig
-    from hpcyolo_trainer.train import (build_optimization, data_parallel, detection_loss, forward_backward,
-                                       initial_model, optimizer_step, place_model)
-    from hpcyolo_trainer.weights import read_weights
+    from hpcyolo_trainer.data.dataset import AugmentHyp, YoloDataset, collate, load_data_spec
+    from hpcyolo_trainer.optim.ema import ModelEMA
+    from hpcyolo_trainer.common.settings import TrainConfig
+    from hpcyolo_trainer.run.train import (build_optimization, data_parallel, detection_loss, forward_backward,
+                                             initial_model, optimizer_step, place_model)
+    from hpcyolo_trainer.model.weights import read_weights
 
     cfg = TrainConfig(run_dir="unused", data=str(FIXTURES / fixture / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS,
                       imgsz=IMGSZ, clip_norm=clip, epochs=10, optimizer="sgd")
@@ -121,7 +121,7 @@ def steps(tmp_path_factory) -> dict:
 
 
 def test_loader_workers_are_capped_at_the_cpus_a_rank_may_count_on(steps):
-    from hpcyolo_trainer.train import cpu_share
+    from hpcyolo_trainer.run.train import cpu_share
 
     mine = frozenset(os.sched_getaffinity(0))
     for world in (1, 2, 4):
@@ -184,7 +184,7 @@ def _uneven_batchnorm(rank: int, world: int, port: int, out: str, bounds: list[i
     batch with CrossRankBatchNorm2d; saves its output, input gradient and buffers."""
     import torch.distributed as dist
 
-    from hpcyolo_trainer.syncbn import CrossRankBatchNorm2d
+    from hpcyolo_trainer.parallel.syncbn import CrossRankBatchNorm2d
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     x_all, w_all = _global_batch()

@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import SHARED
 
-from hpcyolo_trainer.export import export_onnx, relative_diff, run_onnx
-from hpcyolo_trainer.weights import build_from, read_weights
+from hpcyolo_trainer.eval.export import export_onnx, relative_diff, run_onnx
+from hpcyolo_trainer.model.weights import build_from, read_weights
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 Y26 = FIXTURES / "yolo26n-shapes"

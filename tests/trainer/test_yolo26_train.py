@@ -18,9 +18,9 @@ from conftest import SHARED, max_abs_diff
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer import checkpoint as ckpt
-from hpcyolo_trainer.preemption import DRILL_ENV, EXIT_CODE, HOLD_ENV
-from hpcyolo_trainer.weights import read_weights
+from hpcyolo_trainer.run import checkpoint as ckpt
+from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE, HOLD_ENV
+from hpcyolo_trainer.model.weights import read_weights
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 Y26 = SHARED / "fixtures" / "ultralytics" / "yolo26n-shapes" / "model.pt"

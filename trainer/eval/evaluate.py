@@ -1,0 +1,289 @@
+"""Validation: the metrics of a model on a dataset split, as ultralytics'
+`model.val()` computes them, in one process or distributed. One function,
+`validate`, measures for both users of it: the trainer's per-epoch row of
+results.csv (the EMA weights) and `hpcyolo val` (`evaluate`: weights from a
+file), so the two agree on the same weights and settings.
+
+Ultralytics' validation protocol, followed here so that the numbers compare:
+- rectangular batches: images sorted by aspect ratio (h/w), batched in that
+  order, each batch letterboxed (centred, grey) to one shape, its sides
+  ceil(imgsz * ratio / 32 + 0.5) * 32, the ratio (h, w) of the batch's
+  flattest or tallest image; a square 160 px image at imgsz 160 sits on a
+  192 x 192 canvas;
+- images resized so their long side is imgsz (never padded up in scale);
+- NMS with conf 0.001, IoU 0.7, one box per class above conf per anchor
+  (multi-label), at most 300 per image;
+- boxes mapped back to the original image and clipped to it; matching and
+  AP as `metrics.DetStats(method="ultralytics")`.
+
+Distributed: every rank computes the same batch layout over the whole split
+and validates every world_size-th batch; rank 0 gathers the per-batch states
+and merges them in batch order, so any number of ranks reports the numbers
+one process does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..data import index as dataindex
+from ..data.augment import PAD_VALUE, letterbox_to, rect_batches
+from ..model.boxes import xywh2xyxy
+from ..data.dataset import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
+from ..common.datayaml import check_labels
+from ..parallel.dist import Dist, gather_objects
+from ..common.errors import HpcyoloError
+from .metrics import ConfusionMatrix, DetStats, curves
+from ..model.detector import check_end2end, detections
+from ..model.weights import build_from, read_weights
+
+
+def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]:
+    """((h, w), gain) of an image resized so its long side is imgsz, as ultralytics' loader (ceil)."""
+    h0, w0 = shape
+    r = imgsz / max(h0, w0)
+    if r == 1:
+        return (h0, w0), 1.0
+    return (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)), r
+
+
+class ValBatches(Dataset):
+    """The rectangular batches of one split; item k is batch k, read from
+    disk (a DataLoader with batch_size=None runs them in its workers)."""
+
+    def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True,
+                 cache_dir: Path | None = None, checked=None):
+        # `checked`: the check's results for `files` from the dataset's index (dataindex).
+        items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc)
+        self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
+        self.nc = nc
+        self.imgsz = imgsz
+        self.batches = rect_batches(self.shapes, batch, imgsz) if len(items) else []
+        if not rect:  # the same batches, each on an imgsz x imgsz canvas
+            self.batches = [(indices, (imgsz, imgsz)) for indices, _ in self.batches]
+        # The training's image cache (data.cache), for the split validated
+        # every epoch: its images resized as below, decoded once per run.
+        self.cache: ImageCache | None = None
+        if cache_dir is not None and len(items):
+            sizes = [resized(s, imgsz)[0] for s in self.shapes]
+            self.cache, _, why_not = open_cache(cache_dir, cache_digest(items, imgsz), self.paths, sizes)
+            if why_not:
+                self.problems.append(why_not)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int):
+        """(uint8 [B, 3, H, W], per image (gain, (left, top), (h0, w0), labels [n, 5] normalised))."""
+        indices, shape = self.batches[k]
+        canvases, metas = [], []
+        for i in indices:
+            (h, w), r = resized(self.shapes[i], self.imgsz)
+            if self.cache is not None:
+                img = self.cache.get(i) if self.cache.ok(i) else None
+            else:
+                img = decode_resized(self.paths[i], (h, w))
+            if img is None:  # no longer decodes: a blank image, its labels still count as missed
+                img = np.full((h, w, 3), PAD_VALUE, np.uint8)
+            canvas, gain, offset = letterbox_to(img, shape)
+            canvases.append(canvas)
+            metas.append((r * gain, offset, self.shapes[i], self.labels[i]))
+        x = torch.from_numpy(np.ascontiguousarray(np.stack(canvases).transpose(0, 3, 1, 2)))
+        return x, metas
+
+
+def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
+                end2end: bool = False, confusion: ConfusionMatrix | None = None):
+    """(DetStats, predictions): one batch predicted and matched against its
+    labels in original image pixels (and counted in `confusion`, where
+    given); the predictions stay in canvas pixels."""
+    stats = DetStats(method="ultralytics")
+    preds = detections(model, x.to(device).float() / 255, conf=conf, iou=iou, end2end=end2end, multi_label=True)
+    for det, (gain, (left, top), (h0, w0), labels) in zip(preds, metas):
+        det = det.float().cpu().clone()
+        det[:, [0, 2]] = ((det[:, [0, 2]] - left) / gain).clamp(0, w0)
+        det[:, [1, 3]] = ((det[:, [1, 3]] - top) / gain).clamp(0, h0)
+        lab = torch.from_numpy(np.array(labels, dtype=np.float32)).reshape(-1, 5)  # the index's rows are read-only
+        gt = xywh2xyxy(lab[:, 1:5]) * torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
+        stats.update(det, gt, lab[:, 0])
+        if confusion is not None:
+            confusion.update(det, gt, lab[:, 0])
+    return stats, preds
+
+
+def as_is(item):
+    """The validation loader's batches as ValBatches made them: torch's
+    default would turn each image's labels (read-only views of the dataset
+    index's rows) into tensors, warning that they are not writable."""
+    return item
+
+
+INTERRUPTED = {"interrupted": True}  # what validate() returns on every rank when a rank was asked to stop
+
+
+@torch.no_grad()
+def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
+             worker_init=None, on_batch=None, end2end: bool = False, plots: bool = False,
+             interrupted=None) -> dict | None:
+    """The metrics of `model` on `batches` (rank 0; None elsewhere), as
+    ultralytics' validator computes them: every rank predicts every
+    world_size-th batch, rank 0 merges the states in batch order. The one
+    validation of hpcyolo: the trainer's per-epoch row and `hpcyolo val`.
+    `on_batch(images, metas, predictions)` sees each of this rank's batches.
+    `end2end`: the one-to-one head's detections, without NMS (YOLO26).
+    `plots`: also what the plots show, `confusion` (ConfusionMatrix.matrix
+    over all ranks' images) and `curves` (metrics.curves).
+    `interrupted()`, asked before each batch: True stops this rank's share
+    there (a preemption signal), and every rank then returns INTERRUPTED."""
+    model.eval()
+    mine = range(d.rank, len(batches), d.world_size)
+    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
+                        worker_init_fn=worker_init, collate_fn=as_is)
+    states, confusion, stopped = [], ConfusionMatrix(batches.nc) if plots else None, False
+    for k, (x, metas) in zip(mine, loader):
+        if interrupted is not None and interrupted():
+            stopped = True
+            break
+        stats, preds = batch_stats(model, x, metas, d.device, conf, iou, end2end, confusion)
+        states.append((k, stats.state()))
+        if on_batch is not None:
+            on_batch(x, metas, preds)
+    gathered = gather_objects(d, (states, None if confusion is None else confusion.matrix, stopped))
+    if any(s for _, _, s in gathered):
+        return INTERRUPTED
+    if not d.is_main:
+        return None
+    ordered = [state for _, state in sorted((pair for rank, _, _ in gathered for pair in rank), key=lambda p: p[0])]
+    merged = DetStats.merge(ordered)
+    summary = DetStats.summary(merged, batches.nc, method="ultralytics")
+    if plots:
+        summary["confusion"] = sum(matrix for _, matrix, _ in gathered)
+        summary["curves"] = curves(merged, batches.nc)
+    return summary
+
+
+@torch.no_grad()
+def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
+             conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
+             warn=print, plots: Path | None = None, workers: int = 0) -> dict | None:
+    """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
+    map50, map50_95, precision, recall, images, instances, and `classes`: one
+    row per class (name, images, instances, precision, recall, map50, map50_95).
+    `rect=False` letterboxes every image to imgsz x imgsz (slower: more padding).
+    `plots`: a folder for ultralytics' validation plots (plots.write_val_plots,
+    val_batchN_labels.jpg and val_batchN_pred.jpg). `workers`: loader
+    processes, at most the CPUs this process may use."""
+    if split not in ("train", "val"):
+        raise HpcyoloError(f"--split must be train or val, not {split!r}")
+    w = read_weights(weights)
+    spec = load_data_spec(data)
+    if len(spec.names) != w.nc:
+        raise HpcyoloError(f"{weights}: has {w.nc} classes, {data} names {len(spec.names)}")
+    size = imgsz or w.imgsz or 640
+    model = build_from(w).to(d.device)
+    check_end2end(model, end2end, weights)
+    files = getattr(spec, split)
+    if not files:
+        raise HpcyoloError(f"{data}: split {split!r} has no images")
+    labels = check_labels(spec, (split,))
+    sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split, data))
+    if d.is_main:
+        for problem in labels + sets.problems:
+            warn(f"warning: {problem}")
+    workers = min(workers, len(os.sched_getaffinity(0)))
+    s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end, plots=plots is not None, workers=workers,
+                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots))
+    if s is None:
+        return None
+    if plots is not None:
+        from ..report.plots import write_val_plots
+
+        write_val_plots(s, spec.names, plots)
+    return {"weights": str(weights), "data": str(data), "split": split, "imgsz": size,
+            **report(s, sets.labels, spec.names)}
+
+
+def indexed_split(d: Dist, files, nc: int, root: Path, split: str, yaml: str | Path | None = None):
+    """The check results of a split's images through the dataset's index in
+    the user's cache (dataindex.shared_file: one file per dataset and split,
+    which training runs share): a second `hpcyolo val` of the same data, or
+    one after a run trained on it, reads one file and checks only the images
+    that changed, as ultralytics reads its labels.cache. None (check every
+    image) where the cache cannot be read or written."""
+    file = dataindex.shared_file(root, split, yaml)
+    if file is None:
+        return None
+    try:
+        results, index, _, _ = dataindex.refresh(files, nc, root, file)
+    except OSError:
+        return None
+    if index is not None and d.is_main:  # the other ranks of a distributed val check alike but leave it to rank 0
+        try:
+            dataindex.write(file, index)
+        except OSError:
+            pass  # a cache: the next val checks again
+    return results
+
+
+def report(s: dict, labels: list, names: list[str]) -> dict:
+    """A validation's summary (validate) as `table` shows it: images,
+    instances, precision, recall, map50, map50_95, and `classes`, one row per
+    class (name, images holding it, instances, P, R, mAP50, mAP50-95)."""
+    images = np.zeros(len(names), dtype=int)  # images holding the class
+    for lb in labels:
+        images[np.unique(np.asarray(lb).reshape(-1, 5)[:, 0].astype(int))] += 1
+    classes = [{"class": name, "images": int(images[c]), "instances": s["per_class_instances"][c],
+                "precision": s["per_class_precision"][c], "recall": s["per_class_recall"][c],
+                "map50": s["per_class_ap50"][c], "map50_95": s["per_class_ap50_95"][c]}
+               for c, name in enumerate(names)]
+    return {"images": len(labels), "instances": int(sum(s["per_class_instances"])), "precision": s["precision"],
+            "recall": s["recall"], "map50": s["map50"], "map50_95": s["map50_95"], "classes": classes}
+
+
+def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None):
+    """validate's on_batch that draws this rank's first `batches` batches as
+    ultralytics' val_batchN_labels.jpg and val_batchN_pred.jpg (predictions
+    above 0.25 confidence) in `folder`; `run(fn, *args)` draws (the trainer
+    hands its plot thread's submit; default: at once)."""
+    from ..report.plots import batch_grid
+
+    drawn = 0
+    run = run or (lambda fn, *args: fn(*args))
+
+    def draw(imgs, metas, preds) -> None:
+        nonlocal drawn
+        if drawn >= batches:
+            return
+        labels = []
+        for gain, (left, top), (h0, w0), lb in metas:
+            lb = np.asarray(lb, np.float32).reshape(-1, 5)
+            xyxy = xywh2xyxy(torch.from_numpy(lb[:, 1:5])).numpy() * (w0, h0, w0, h0) * gain + (left, top, left, top)
+            labels.append((xyxy, lb[:, 0].astype(int), None))
+        kept = [p[p[:, 4] > 0.25].float().cpu().numpy() for p in preds]
+        x = imgs.numpy().copy()  # the loader's batch: drawn maybe later
+        run(batch_grid, x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
+        run(batch_grid, x, [(p[:, :4], p[:, 5].astype(int), p[:, 4]) for p in kept], names,
+            Path(folder) / f"val_batch{drawn}_pred.jpg")
+        drawn += 1
+
+    return draw
+
+
+def table(result: dict) -> str:
+    """The human-readable report: one row for all classes, then one per class."""
+    head = f"{'class':>16} {'images':>7} {'instances':>9} {'P':>7} {'R':>7} {'mAP50':>7} {'mAP50-95':>8}"
+    rows = [head, f"{'all':>16} {result['images']:>7} {result['instances']:>9} {result['precision']:>7.3f} "
+                  f"{result['recall']:>7.3f} {result['map50']:>7.3f} {result['map50_95']:>8.3f}"]
+    for c in result["classes"]:
+        if c["instances"] == 0:
+            rows.append(f"{c['class']:>16} {c['images']:>7} {0:>9} {'-':>7} {'-':>7} {'-':>7} {'-':>8}")
+            continue
+        rows.append(f"{c['class']:>16} {c['images']:>7} {c['instances']:>9} {c['precision']:>7.3f} "
+                    f"{c['recall']:>7.3f} {c['map50']:>7.3f} {c['map50_95']:>8.3f}")
+    return "\n".join(rows)

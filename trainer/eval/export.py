@@ -1,0 +1,102 @@
+"""`hpcyolo export`: weights (ours or an ultralytics checkpoint) as an ONNX model.
+
+The graph is the model's eval-mode `predict`: input `images` float32
+[B, 3, H, W] in [0, 1], output `output0` [B, 4 + nc, anchors]: boxes (cx, cy,
+w, h) in input pixels, then the class scores after sigmoid, before NMS, as
+ultralytics' ONNX export gives. `dynamic`: batch, height and width are free
+(height and width multiples of 32). The file is checked with onnx's checker
+and run once with onnxruntime against torch before it is written (atomically).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..common.errors import HpcyoloError
+from ..common.fsutil import write_atomic
+from ..model.detector import check_end2end
+from ..model.weights import build_from, read_weights
+
+OPSET = 17
+TOLERANCE = 1e-4  # max abs difference, relative to the output's max abs value
+HINT = "hpcyolo export needs onnx and onnxruntime: pip install 'hpcyolo[export]'"
+
+
+class Predict(torch.nn.Module):
+    """The exported graph: raw maps decoded to boxes and class scores."""
+
+    def __init__(self, model, end2end: bool = False):
+        super().__init__()
+        self.model, self.end2end = model, end2end
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.predict(images, end2end=self.end2end)
+
+
+def _need_onnx():
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError:
+        raise HpcyoloError(HINT) from None
+    return onnx, onnxruntime
+
+
+def relative_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| / max |b|: the parity measure of the exported model."""
+    return float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-12))
+
+
+def run_onnx(data: bytes | str, images: np.ndarray) -> np.ndarray:
+    _, ort = _need_onnx()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return session.run(None, {"images": images})[0]
+
+
+def export_onnx(weights: str, output: str | None = None, *, imgsz: int | None = None, batch: int = 1,
+                dynamic: bool = False, opset: int = OPSET, end2end: bool = False) -> dict:
+    """Write the ONNX file; returns {path, imgsz, batch, dynamic, bytes, parity}."""
+    onnx, _ = _need_onnx()
+    w = read_weights(weights)
+    size = imgsz or w.imgsz or 640
+    path = Path(output) if output else Path(weights).with_suffix(".onnx")
+    if not path.parent.is_dir():
+        raise HpcyoloError(f"{path}: no such folder {path.parent}")
+    model = build_from(w)
+    check_end2end(model, end2end, weights)
+    graph = Predict(model, end2end).eval()
+    example = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+    output_axes = {0: "batch"} if end2end else {0: "batch", 2: "anchors"}  # end2end: [B, 300, 6]
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": output_axes} if dynamic else None
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(graph, (example,), buffer, dynamo=False, opset_version=opset, input_names=["images"],
+                          output_names=["output0"], dynamic_axes=axes, do_constant_folding=True)
+    proto = onnx.load_from_string(buffer.getvalue())
+    meta = {"names": json.dumps(dict(enumerate(w.names))), "imgsz": json.dumps([size, size]),
+            "batch": str(batch), "stride": "32", "arch": w.arch, "source": Path(weights).name,
+            "end2end": json.dumps(end2end), "producer": "hpcyolo"}
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(proto)
+    data = proto.SerializeToString()
+    with torch.no_grad():
+        expected = graph(example).numpy()
+    parity = relative_diff(run_onnx(data, example.numpy()), expected)
+    if parity > TOLERANCE:
+        raise HpcyoloError(f"{path}: not written: onnxruntime's output differs from torch's by {parity:.2e} "
+                           f"(relative), more than {TOLERANCE}")
+    try:
+        write_atomic(path, data)
+    except OSError as e:
+        raise HpcyoloError(f"cannot write {path}: {e.strerror}") from None
+    return {"path": str(path), "imgsz": size, "batch": batch, "dynamic": dynamic, "bytes": len(data),
+            "parity": parity, "arch": w.arch, "nc": w.nc}

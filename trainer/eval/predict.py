@@ -1,0 +1,128 @@
+"""Predict with trained weights: boxes as YOLO txt or JSON, and drawn images.
+
+    hpcyolo predict RUN/weights/best.pt images/ --out predictions
+    hpcyolo predict yolov8n.pt images/          # an ultralytics checkpoint, read safely
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from ..data.augment import PAD_VALUE
+from ..data.dataset import IMG_EXTS, decode_resized, probe_image
+from ..common.errors import HpcyoloError
+from ..common.fsutil import write_atomic
+from ..model.detector import check_end2end, detections
+from ..report.plots import draw_detections, save_image
+from ..common.registry import MAX_STRIDE as STRIDE
+from ..model.weights import build_from, read_weights
+
+DEFAULT_IMGSZ = 640  # where the weights do not say their training size
+
+
+def load_weights(path: str | Path, device: torch.device):
+    """(model in eval mode, class names, training image size): hpcyolo's
+    weights or checkpoints, or an ultralytics checkpoint."""
+    weights = read_weights(path)
+    model = build_from(weights)
+    return model.to(device).eval(), weights.names, weights.imgsz or DEFAULT_IMGSZ
+
+
+def image_files(inputs: list[str]) -> list[Path]:
+    """The files named and the images (by extension) in the folders named."""
+    files: list[Path] = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            files += sorted(p for p in item.rglob("*") if p.suffix.lower() in IMG_EXTS)
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise HpcyoloError(f"{item}: no such file or directory")
+    if not files:
+        raise HpcyoloError(f"no images ({', '.join(sorted(IMG_EXTS))}) in {', '.join(inputs)}")
+    return files
+
+
+def rect_letterbox(img: np.ndarray, imgsz: int, stride: int = STRIDE) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """Resize so the long side is `imgsz` (bilinear), then pad each side to the
+    next multiple of `stride` only, centred, grey: ultralytics' inference
+    letterbox (LetterBox with auto=True), so boxes match its predict. Returns
+    (canvas, gain, (left, top))."""
+    h, w = img.shape[:2]
+    gain = min(imgsz / h, imgsz / w)
+    new_h, new_w = round(h * gain), round(w * gain)
+    if (new_h, new_w) != (h, w):
+        img = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    dh, dw = (imgsz - new_h) % stride / 2, (imgsz - new_w) % stride / 2
+    # -0.1 / +0.1: an odd padding puts its extra pixel at the bottom/right.
+    top, bottom, left, right = round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1)
+    canvas = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
+    return canvas, gain, (left, top)
+
+
+def read_image(path: Path) -> np.ndarray:
+    """RGB pixels as decoded, or ValueError saying why not. Probed first, as
+    training checks its images: a truncated JPEG decodes to grey silently."""
+    try:
+        h, w = probe_image(path)
+    except Exception as e:  # PIL raises many kinds for a bad file
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    original = decode_resized(path, (h, w))
+    if original is None:
+        raise ValueError("OpenCV cannot decode it")
+    return original
+
+
+@torch.no_grad()
+def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device,
+           end2end: bool = False) -> np.ndarray:
+    """Detections [n, 6] in `original`'s pixels: x1 y1 x2 y2 conf cls."""
+    h, w = original.shape[:2]
+    canvas, gain, (left, top) = rect_letterbox(original, imgsz)
+    x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
+    det = detections(model, x, conf=conf, iou=iou, end2end=end2end)[0].cpu().numpy()
+    det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / gain
+    det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
+    det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
+    return det
+
+
+def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
+            iou: float = 0.7, fmt: str = "txt", device: str = "cpu", end2end: bool = False,
+            warn=print) -> list[dict]:
+    """Predict every image of `inputs`; one that cannot be read is skipped
+    with one `warn` line, as training skips it, and the others are predicted.
+    Nothing is written when the inputs hold no image or the weights do not load."""
+    files = image_files(inputs)
+    dev = torch.device(device)
+    model, names, train_size = load_weights(weights, dev)
+    check_end2end(model, end2end, weights)
+    size = imgsz or train_size
+    out_dir = Path(out)
+    (out_dir / "labels").mkdir(parents=True, exist_ok=True)
+    results = []
+    for path in files:
+        try:
+            img = read_image(path)
+        except ValueError as e:
+            warn(f"warning: {path}: corrupt image skipped ({e})")
+            continue
+        det = detect(model, img, size, conf, iou, dev, end2end)
+        h, w = img.shape[:2]
+        boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),
+                  "box_xyxy": [round(float(v), 1) for v in b]} for *b, s, c in det]
+        results.append({"image": str(path), "width": w, "height": h, "detections": boxes})
+        if fmt == "txt":  # YOLO format: class cx cy w h conf, normalised
+            lines = [f"{int(c)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
+                     f"{(y2 - y1) / h:.6f} {s:.4f}" for x1, y1, x2, y2, s, c in det]
+            write_atomic(out_dir / "labels" / f"{path.stem}.txt", "".join(f"{line}\n" for line in lines).encode())
+        save_image(draw_detections(img, det[:, :4], det[:, 5].astype(int), det[:, 4], names),
+                   out_dir / f"{path.stem}.jpg")
+    if fmt == "json":
+        write_atomic(out_dir / "predictions.json", json.dumps(results, indent=1).encode())
+    return results
