@@ -44,7 +44,7 @@ from hpcyolo_trainer.run import checkpoint as ckpt
 from hpcyolo_trainer.optim.ema import ModelEMA
 from hpcyolo_trainer.optim.loss import DetectionLoss
 from hpcyolo_trainer.model.detector import build_model
-from hpcyolo_trainer.run.train import rng_state, steady_tensors
+from hpcyolo_trainer.run.state import rng_state, steady_tensors
 
 
 def report(n: int, kind: str, stall: float) -> None:

@@ -331,8 +331,9 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     from hpcyolo_trainer.model.detector import build_model
     from hpcyolo_trainer.optim.schedule import build_optimizer
     from hpcyolo_trainer.common.settings import TrainConfig
-    from hpcyolo_trainer.run.train import (arithmetic, choose_optimizer, detection_loss, device_batch,
-                                             mixed_precision, optimizer_step)
+    from hpcyolo_trainer.run.setup import arithmetic, choose_optimizer, mixed_precision
+    from hpcyolo_trainer.tasks.detect.task import loss as detection_loss
+    from hpcyolo_trainer.run.step import device_batch, optimizer_step
 
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)  # as both trainers run (see ours())
@@ -347,7 +348,7 @@ def ceiling(model_name: str, args, device, compile_: bool = False, channels_last
     name, lr0, momentum, _ = choose_optimizer(cfg, 80, args.images)
     optimizer = build_optimizer(model, name, lr0, momentum, cfg.weight_decay)
     one = Dist(rank=0, local_rank=0, world_size=1, device=device)
-    loss_fn = detection_loss(model, 80, one, cfg)
+    loss_fn = detection_loss(model, 80, one.world_size, cfg)
     net = torch.compile(model) if compile_ else model
     amp, dtype, scaler = mixed_precision(device, True)
     g = torch.Generator().manual_seed(0)

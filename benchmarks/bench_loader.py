@@ -176,7 +176,7 @@ def ours_epoch(dataset, epoch: int, batch: int, workers: int, warmup: int) -> di
 
     from hpcyolo_trainer.data.dataset import collate
     from hpcyolo_trainer.data.sampler import EvenShardSampler, RunBatches
-    from hpcyolo_trainer.run.train import ignore_signals
+    from hpcyolo_trainer.run.inputs import ignore_signals
 
     batches = RunBatches(EvenShardSampler(len(dataset), 0, 1, seed=0), batch, epoch, 0, epoch + 1, epoch + 1)
     loader = DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,

@@ -49,10 +49,10 @@ SET_UP = """
 import gc, json, sys
 import hpcyolo_trainer.run.train as train
 
-def first_epochs(cfg, d, data, parts, pos, run, stop):  # what the training loop would find
+def first_epochs(r):  # what the training loop would find
     live = {id(o) for o in gc.get_objects()}  # the objects collections traverse: the frozen ones are not among them
-    made = [data.train_set.labels, data.train_set.labels[0], data.train_set.paths, parts.model, parts.ema.module,
-            parts.optimizer.param_groups]
+    made = [r.data.train_set.labels, r.data.train_set.labels[0], r.data.train_set.paths, r.parts.model,
+            r.parts.ema.module, r.parts.optimizer.param_groups]
     print(json.dumps({"enabled": gc.isenabled(), "traversed": [id(o) in live for o in made],
                       "tracked": [gc.is_tracked(o) for o in made[:1]]}))
     return 0

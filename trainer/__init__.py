@@ -10,6 +10,7 @@ docstring (tests/test_architecture.py holds them to it):
     optim/     loss, optimizers, schedule, EMA
     report/    what users read: plots, TensorBoard, trackers, progress
     eval/      validation, metrics, predict, export
+    tasks/     what each task (detect, ...) brings: labels, head, loss, metrics, columns, plots
     run/       the training run: the loop, checkpoints and the side tasks around the step
 
 Only `common/` may be imported by hpcyolo at module level; the CLI reaches the

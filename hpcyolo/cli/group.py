@@ -11,11 +11,11 @@ import sys
 
 import click
 from click.exceptions import NoArgsIsHelpError
+from hpcyolo_trainer.common.errors import HpcyoloError, printable
 
 from hpcyolo import __version__
 from hpcyolo.login.edge import hint_swapped as _hint_swapped  # noqa: F401  (for the commands' modules)
 from hpcyolo.login.edge import load_plan as _load_plan  # noqa: F401
-from hpcyolo_trainer.common.errors import HpcyoloError, printable
 
 
 class _Group(click.Group):

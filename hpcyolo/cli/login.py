@@ -8,9 +8,9 @@ import shlex
 import sys
 
 import click
+from hpcyolo_trainer.common.errors import printable
 
 from hpcyolo.cli.group import _hint_swapped, _job_arg, _load_plan, _site_arg, main
-from hpcyolo_trainer.common.errors import printable
 
 
 @main.command(short_help="Check SITE and JOB; print what they ask for.")
@@ -29,8 +29,9 @@ def validate(site: str, job: str) -> None:
     Example:
         hpcyolo validate site_configs/testbed.yaml examples/shapes.yaml
     """
-    from hpcyolo.login.runcheck import warn_job
     from hpcyolo_trainer.common.datayaml import check_data
+
+    from hpcyolo.login.runcheck import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
     for warning in check_data(plan.data):

@@ -8,10 +8,10 @@ import sys
 import traceback
 
 import click
-
-from hpcyolo.cli.group import main, this_process_vars
 from hpcyolo_trainer.common.errors import HpcyoloError, printable
 from hpcyolo_trainer.common.settings import SIGNALS
+
+from hpcyolo.cli.group import main, this_process_vars
 
 
 @main.command(short_help="Copy a dataset into node-local scratch.")
@@ -125,8 +125,9 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     Example:
         hpcyolo train --run-dir runs/demo --data shapes/data.yaml --imgsz 160 --epochs 30
     """
-    from hpcyolo.node.slurm_stop import sigterm_decision
     from hpcyolo_trainer.common.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE, StopFlag
+
+    from hpcyolo.node.slurm_stop import sigterm_decision
 
     # Catch the warning signal from the first moment: importing torch takes
     # seconds, and the signal's default action would kill the process.
@@ -188,7 +189,6 @@ def _end_rank(code: int):  # NoReturn
     sys.stdout.flush()
     sys.stderr.flush()
     import torch.distributed
-
     from hpcyolo_trainer.parallel.dist import has_left
 
     if torch.distributed.is_available() and (torch.distributed.is_initialized() or has_left()):
@@ -329,8 +329,16 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
     """
     import os
 
-    from hpcyolo.node.job import (end, failed_first, failures_retried, job_id, node_failure, record_failure,
-                                  requeue_without, restarts)
+    from hpcyolo.node.job import (
+        end,
+        failed_first,
+        failures_retried,
+        job_id,
+        node_failure,
+        record_failure,
+        requeue_without,
+        restarts,
+    )
 
     errors = ""
     if srun_errors:

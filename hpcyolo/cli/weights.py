@@ -84,8 +84,8 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     import json
     import math
 
-    from hpcyolo_trainer.parallel.dist import cleanup, setup
     from hpcyolo_trainer.eval.evaluate import evaluate, table
+    from hpcyolo_trainer.parallel.dist import cleanup, setup
 
     d = setup()
     try:

@@ -119,10 +119,9 @@ def _shown(value) -> str:
 
 def plot(runs: list[Run], path: Path) -> None:
     """mAP50-95, mAP50 and the training losses of every run against epoch, one figure."""
+    from hpcyolo_trainer.common.fsutil import atomic_file
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from hpcyolo_trainer.common.fsutil import atomic_file
 
     losses = [c for c in runs[0].rows[0] if c.startswith("train/")]
     panels = [rundir.MAP50_95, rundir.MAP50, *losses]

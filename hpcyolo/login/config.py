@@ -15,12 +15,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
-from hpcyolo.login.loader import build, spec
-from hpcyolo.slurm import limit_seconds, parse_time
 from hpcyolo_trainer.common.errors import ConfigError, HpcyoloError, shown
 from hpcyolo_trainer.common.record import make_record, record
 from hpcyolo_trainer.common.settings import BY_KEY, SIGNALS, check_non_negative, check_positive, check_signal
 from hpcyolo_trainer.common.yamlfile import read_yaml
+
+from hpcyolo.login.loader import build, spec
+from hpcyolo.slurm import limit_seconds, parse_time
 
 # -- value checks (each raises ValueError with the message the user sees) ----
 

@@ -21,12 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpcyolo_trainer.common.errors import HpcyoloError, shown
+from hpcyolo_trainer.common.preemption import EXIT_CODE
+
 from hpcyolo import slurm
 from hpcyolo.login.config import JobSpec, SiteConfig
 from hpcyolo.node.preflight import Check
 from hpcyolo.slurm import limit_seconds
-from hpcyolo_trainer.common.errors import HpcyoloError, shown
-from hpcyolo_trainer.common.preemption import EXIT_CODE
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -340,8 +341,9 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
     free = shutil.disk_usage(where).free
     if not (job and job.data.stage and data):
         return Check("storage.scratch", "PASS", f"{where}: {free / 2**30:.1f} GiB free on this node")
-    from hpcyolo.node.stage import walk
     from hpcyolo_trainer.common.datayaml import dataset_root, read_data_yaml
+
+    from hpcyolo.node.stage import walk
 
     root = dataset_root(Path(data), read_data_yaml(data))
     need = walk(root).nbytes

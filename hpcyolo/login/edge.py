@@ -49,9 +49,10 @@ def load_plan(site_path: str, job_path: str, *, for_sbatch: bool = False):
 def render(site: str, job: str, output: str | None = None) -> str | None:
     """`hpcyolo render`: the script on stdout, or written to `output`
     (atomically); returns the line to say on stderr then."""
+    from hpcyolo_trainer.common.errors import HpcyoloError
+
     from hpcyolo.login.render import render_sbatch
     from hpcyolo.login.runcheck import warn_job
-    from hpcyolo_trainer.common.errors import HpcyoloError
 
     plan = load_plan(site, job, for_sbatch=True)
     script = render_sbatch(plan)

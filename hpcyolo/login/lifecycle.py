@@ -17,11 +17,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcyolo import slurm
 from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import HpcyoloError, SlurmError
-from hpcyolo_trainer.common.rundir import Start
-from hpcyolo_trainer.common.rundir import CHECKPOINTS, RECORD, read_results, scores, start_count, starts, submitted
+from hpcyolo_trainer.common.rundir import (
+    CHECKPOINTS,
+    RECORD,
+    Start,
+    read_results,
+    scores,
+    start_count,
+    starts,
+    submitted,
+)
+
+from hpcyolo import slurm
 
 
 @dataclass

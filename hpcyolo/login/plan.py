@@ -11,16 +11,17 @@ import os
 import shlex
 from pathlib import Path
 
-from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig
-from hpcyolo.login.shell import Expand, Raw, Var
-from hpcyolo.node.job import STAGED, staged_yaml, task_env
-from hpcyolo.slurm import format_time, limit_seconds, parse_time
 from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import ConfigError
 from hpcyolo_trainer.common.preemption import EXIT_CODE as PREEMPT_EXIT_CODE
 from hpcyolo_trainer.common.record import record
 from hpcyolo_trainer.common.rendezvous import PORT_BASE, PORT_SPAN
 from hpcyolo_trainer.common.settings import RUN_LEVEL, SETTINGS, Setting, batch_problem
+
+from hpcyolo.login.config import EnvironmentSite, JobSpec, SiteConfig
+from hpcyolo.login.shell import Expand, Raw, Var
+from hpcyolo.node.job import STAGED, staged_yaml, task_env
+from hpcyolo.slurm import format_time, limit_seconds, parse_time
 
 # torchrun's agent turns only these into a clean shutdown of its workers
 # (torch.distributed.elastic: SIGTERM, SIGINT, SIGHUP, SIGQUIT); any other

@@ -14,14 +14,15 @@ import os
 import sys
 from pathlib import Path
 
+from hpcyolo_trainer.common import rundir
+from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.preemption import MARKER_ENV
+
 from hpcyolo.login import runcheck
 from hpcyolo.login.plan import JobPlan
 from hpcyolo.login.shell import Raw, Var
 from hpcyolo.node.job import begin, end, staged_data
 from hpcyolo.node.local import launch
-from hpcyolo_trainer.common import rundir
-from hpcyolo_trainer.common.errors import HpcyoloError
-from hpcyolo_trainer.common.preemption import MARKER_ENV
 
 
 def run_local(plan: JobPlan, resume: bool = False) -> int:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hpcyolo.login.shell import Var
 from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import HpcyoloError
 from hpcyolo_trainer.common.rundir import RESUME_HOW, settings
 from hpcyolo_trainer.common.settings import TrainConfig
+
+from hpcyolo.login.shell import Var
 
 LOCAL_RESUME_HOW = "add --resume (or set run.resume: true)"  # and `hpcyolo run`
 

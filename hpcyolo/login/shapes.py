@@ -70,9 +70,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
-
 from hpcyolo_trainer.common.errors import HpcyoloError
+from PIL import Image, ImageDraw
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring")
 SPLITS = ("train", "val")

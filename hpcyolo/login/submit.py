@@ -29,18 +29,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcyolo.login.plan import JobPlan
-from hpcyolo.login.runcheck import check_job
-from hpcyolo.login.runcheck import expand as _expand
-from hpcyolo.login.runcheck import planned_settings, warn_job
-from hpcyolo.login.shell import Raw, Var
-from hpcyolo.node import job as steps
-from hpcyolo.node.job import begin, end, job_id, restarts, staged_data
-from hpcyolo.slurm import parse_time
 from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import HpcyoloError
 from hpcyolo_trainer.common.preemption import EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, TERMINATED_EXIT_CODE
 from hpcyolo_trainer.common.rundir import record_job
+
+from hpcyolo.login.plan import JobPlan
+from hpcyolo.login.runcheck import check_job, planned_settings, warn_job
+from hpcyolo.login.runcheck import expand as _expand
+from hpcyolo.login.shell import Raw, Var
+from hpcyolo.node import job as steps
+from hpcyolo.node.job import begin, end, job_id, restarts, staged_data
+from hpcyolo.slurm import parse_time
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
 SUBMITIT_PARAMETERS = {

@@ -13,8 +13,9 @@ import shutil
 import zlib
 from pathlib import Path
 
-from hpcyolo.node.treecopy import Manifest
 from hpcyolo_trainer.common.errors import HpcyoloError, shown
+
+from hpcyolo.node.treecopy import Manifest
 
 _LISTING = re.compile(r'^(?P<type>.)\S* \S+ +(?P<size>\d+|\d+, *\d+) \S+ \S+ +"(?P<name>(?:[^"\\]|\\.)*)"'
                       r'(?: (?P<how>->|link to) "(?P<target>(?:[^"\\]|\\.)*)")?$')

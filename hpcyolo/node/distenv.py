@@ -89,11 +89,12 @@ import zlib
 from dataclasses import replace
 from typing import Mapping
 
-from hpcyolo.node.netif import resolve_master, site_interface
 from hpcyolo_trainer.common.devices import check_gpus, env_int, short_hostname, visible_gpus
 from hpcyolo_trainer.common.errors import HpcyoloError, shown
 from hpcyolo_trainer.common.record import record
 from hpcyolo_trainer.common.rendezvous import JOB_ENV, PORT_BASE, PORT_SPAN
+
+from hpcyolo.node.netif import resolve_master, site_interface
 
 SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 SAGEMAKER_CONFIG_ENV = "HPCYOLO_SM_RESOURCE_CONFIG"  # another path for it (tests, a SageMaker-like platform)

@@ -38,12 +38,18 @@ import sys
 import time
 from pathlib import Path
 
-from hpcyolo.node.slurm_stop import SIGTERM_ENV
 from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import HpcyoloError
-from hpcyolo_trainer.common.preemption import (DEVICE_FAULT_EXIT_CODE, EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE,
-                                                 SCRATCH_ENV)
+from hpcyolo_trainer.common.preemption import (
+    DEVICE_FAULT_EXIT_CODE,
+    EXIT_CODE,
+    MARKER_ENV,
+    PEER_LOST_EXIT_CODE,
+    SCRATCH_ENV,
+)
 from hpcyolo_trainer.common.record import record
+
+from hpcyolo.node.slurm_stop import SIGTERM_ENV
 
 STAGED = "data"  # the staged copy's folder in the run's node-local scratch
 
@@ -107,8 +113,9 @@ def start_ledger(run_dir: Path, job: str, restart: str, began: float, env) -> No
     """This start's stamps in the run's ledger (hpcyolo_trainer.common.ledger):
     Slurm's submit and start times, and the script's first stamp; the
     script appends the others."""
-    from hpcyolo import slurm
     from hpcyolo_trainer.common.errors import SlurmError
+
+    from hpcyolo import slurm
 
     lines = []
     try:

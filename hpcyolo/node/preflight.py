@@ -19,9 +19,10 @@ import socket
 import time
 from dataclasses import dataclass
 
+from hpcyolo_trainer.common.errors import HpcyoloError
+
 from hpcyolo.node.distenv import from_environ
 from hpcyolo.node.netif import interface_ipv4
-from hpcyolo_trainer.common.errors import HpcyoloError
 
 CONNECT_TIMEOUT = 60.0
 
@@ -106,8 +107,9 @@ def check_room(scratch: str | None, data: str | None) -> Check:
         return Check("scratch room", "SKIP", "no staging")
     from pathlib import Path
 
-    from hpcyolo.node.stage import walk
     from hpcyolo_trainer.common.datayaml import dataset_root, read_data_yaml
+
+    from hpcyolo.node.stage import walk
 
     os.makedirs(scratch, exist_ok=True)
     free = shutil.disk_usage(scratch).free

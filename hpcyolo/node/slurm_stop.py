@@ -24,8 +24,9 @@ def sigterm_decision(env) -> Decision:
         return Decision(STOP, "SIGTERM (the site's preemption.sigterm is stop)")
     if not env.get("SLURM_JOB_ID"):
         return Decision(STOP, "SIGTERM")
-    from hpcyolo import slurm
     from hpcyolo_trainer.common.errors import SlurmError
+
+    from hpcyolo import slurm
 
     try:
         info = slurm.show_job(int(env["SLURM_JOB_ID"]), env=env)

@@ -40,15 +40,33 @@ import threading
 import time
 from pathlib import Path
 
-from hpcyolo.node.archive import archive_yaml, list_archive, run_tar, scan_tar
-from hpcyolo.node.treecopy import Manifest, copy_tree, first_difference, walk
-from hpcyolo_trainer.common.datayaml import (SPLITS, archive_flags, data_spec, dataset_root, read_data_yaml,
-                                               split_entries)
+from hpcyolo_trainer.common.datayaml import (
+    SPLITS,
+    archive_flags,
+    data_spec,
+    dataset_root,
+    read_data_yaml,
+    split_entries,
+)
 from hpcyolo_trainer.common.errors import HpcyoloError
 from hpcyolo_trainer.common.preemption import EXIT_CODE, mark_preempted
-from hpcyolo_trainer.common.stagedcopy import (MARKER, OWNER, already_staged, claim, current_marker, is_current,
-                                                 node_name, read_marker, remove, say, source_identity)
+from hpcyolo_trainer.common.stagedcopy import (
+    MARKER,
+    OWNER,
+    already_staged,
+    claim,
+    current_marker,
+    is_current,
+    node_name,
+    read_marker,
+    remove,
+    say,
+    source_identity,
+)
 from hpcyolo_trainer.common.yamlfile import dump_yaml, loads
+
+from hpcyolo.node.archive import archive_yaml, list_archive, run_tar, scan_tar
+from hpcyolo.node.treecopy import Manifest, copy_tree, first_difference, walk
 
 # Room left free after the copy: filesystem overhead, the staged YAML, and (on
 # a tmpfs) memory the training processes still need.
@@ -247,8 +265,9 @@ def _stops(signal_name: str | None, dest: Path):
         if os.getpid() != pid or stopping:  # a copy worker, or a second signal while unwinding
             return
         if signum == signal.SIGTERM:
-            from hpcyolo.node.slurm_stop import sigterm_decision
             from hpcyolo_trainer.common.preemption import CHECKPOINT
+
+            from hpcyolo.node.slurm_stop import sigterm_decision
 
             decision = sigterm_decision(os.environ)
             stopping.append(decision.reason)
@@ -283,8 +302,9 @@ def remove_stale(dest: Path) -> list[Path]:
     run = dest.parent
     if not run.parent.name.startswith("hpcyolo-") or not os.environ.get("SLURM_JOB_ID") or not run.parent.is_dir():
         return []
-    from hpcyolo import slurm
     from hpcyolo_trainer.common.errors import SlurmError
+
+    from hpcyolo import slurm
 
     removed = []
     for folder in run.parent.iterdir():

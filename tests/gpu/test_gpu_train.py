@@ -345,11 +345,11 @@ def test_the_loss_from_host_targets_equals_the_loss_from_device_targets_and_wait
 
     from hpcyolo_trainer.parallel.dist import Dist
     from hpcyolo_trainer.common.settings import TrainConfig
-    from hpcyolo_trainer.run.train import detection_loss
+    from hpcyolo_trainer.tasks.detect.task import loss as detection_loss
 
     model, imgs, targets = _step_inputs(name)
     one = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cuda"))
-    loss_fn = detection_loss(model, 80, one, TrainConfig(run_dir="-", data="-", epochs=3))
+    loss_fn = detection_loss(model, 80, one.world_size, TrainConfig(run_dir="-", data="-", epochs=3))
     results = []
     for host in (False, True):
         model.zero_grad()

@@ -16,7 +16,8 @@ from hpcyolo_trainer.model.boxes import non_max_suppression
 from hpcyolo_trainer.optim.ema import ModelEMA
 from hpcyolo_trainer.optim.loss import DetectionLoss
 from hpcyolo_trainer.model.detector import build_model
-from hpcyolo_trainer.run.train import mixed_precision, optimizer_step
+from hpcyolo_trainer.run.setup import mixed_precision
+from hpcyolo_trainer.run.step import optimizer_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -64,7 +65,7 @@ def test_without_cuda_the_trainer_trains_in_float32():
 
 
 def test_the_arithmetic_line_says_what_the_process_computes_with():
-    from hpcyolo_trainer.run.train import arithmetic
+    from hpcyolo_trainer.run.setup import arithmetic
 
     torch.backends.cudnn.benchmark = False
     threads = torch.get_num_threads()

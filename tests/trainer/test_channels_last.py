@@ -16,7 +16,8 @@ from hpcyolo_trainer.eval.evaluate import ValBatches, validate
 from hpcyolo_trainer.optim.loss import DetectionLoss
 from hpcyolo_trainer.model.detector import build_model
 from hpcyolo_trainer.common.settings import TrainConfig
-from hpcyolo_trainer.run.train import layout, optimizer_step, place_model
+from hpcyolo_trainer.run.step import layout, optimizer_step
+from hpcyolo_trainer.run.setup import place_model
 
 FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
 CPU = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

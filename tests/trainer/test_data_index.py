@@ -664,7 +664,7 @@ def test_the_trainer_judges_the_index_by_the_stats_handed_over(tmp_path, shapes)
 
     from hpcyolo_trainer.parallel.dist import Dist
     from hpcyolo_trainer.common.settings import TrainConfig
-    from hpcyolo_trainer.run.train import load_data
+    from hpcyolo_trainer.run.inputs import load_data
 
     d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), data=str(shapes), batch=4, imgsz=64)

@@ -19,7 +19,7 @@ from PIL import Image
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo_trainer.run import checkpoint as ckpt
 from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
-from hpcyolo_trainer.run.train import SHAPES_ENV
+from hpcyolo_trainer.run.hooks import SHAPES_ENV
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 HANG_LIMIT = 300  # seconds for a whole launch, far below the process group's 600 s timeout

@@ -46,7 +46,7 @@ def test_every_setting_that_ultralytics_has_defaults_to_ultralytics_value():
 def test_the_loss_gains_scale_each_term():
     from hpcyolo_trainer.parallel.dist import Dist
     from hpcyolo_trainer.model.detector import build_model
-    from hpcyolo_trainer.run.train import detection_loss
+    from hpcyolo_trainer.tasks.detect.task import loss as detection_loss
 
     torch.manual_seed(0)
     model = build_model("yolov8n", 2)
@@ -54,15 +54,15 @@ def test_the_loss_gains_scale_each_term():
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.4, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.2]])
     d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     cfg = TrainConfig(run_dir="r", data="d")
-    _, base = detection_loss(model, 2, d, cfg)(feats, targets)
+    _, base = detection_loss(model, 2, d.world_size, cfg)(feats, targets)
     gained = TrainConfig(run_dir="r", data="d", box=2 * 7.5, cls=3 * 0.5, dfl=0.0)
-    _, items = detection_loss(model, 2, d, gained)(feats, targets)
+    _, items = detection_loss(model, 2, d.world_size, gained)(feats, targets)
     assert torch.allclose(items, base * torch.tensor([2.0, 3.0, 0.0]), rtol=1e-6)
 
 
 def test_warmup_starts_and_cosine_decay_come_from_the_settings():
     from hpcyolo_trainer.model.detector import build_model
-    from hpcyolo_trainer.run.train import build_optimization
+    from hpcyolo_trainer.run.setup import build_optimization
 
     model = build_model("yolov8n", 2)
     cfg = TrainConfig(run_dir="r", data="d", batch=16, nbs=16, epochs=10, warmup_bias_lr=0.05, warmup_momentum=0.6,
@@ -166,7 +166,7 @@ def test_fraction_trains_on_the_first_share_of_the_images_in_name_order():
 
 def test_freeze_keeps_those_layers_weights_bit_identical_on_two_ranks_and_trains_the_rest(tmp_path, shapes, capfd):
     from hpcyolo_trainer.run import checkpoint as ckpt
-    from hpcyolo_trainer.run.train import initial_model
+    from hpcyolo_trainer.run.setup import initial_model
     from hpcyolo_trainer.model.weights import read_weights
 
     run = tmp_path / "run"
@@ -192,7 +192,7 @@ def test_the_schedule_gives_the_learning_rates_ultralytics_logged():
     0.01, 800 images, batch 32 = nbs: 25 steps an epoch, 12 epochs, a
     warm-up of 3 epochs = 75 steps)."""
     from hpcyolo_trainer.model.detector import build_model
-    from hpcyolo_trainer.run.train import build_optimization
+    from hpcyolo_trainer.run.setup import build_optimization
 
     logged = {1: 0.0032, 2: 0.00599433, 3: 0.00823867, 4: 0.007525, 5: 0.0067, 8: 0.004225, 12: 0.000925}
     cfg = TrainConfig(run_dir="r", data="d", batch=32, nbs=32, epochs=12, optimizer="sgd", lr0=0.01)
@@ -271,7 +271,7 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
     assert saved["names"] == ["item"] and saved["model"]["head.cls.0.2.bias"].shape == (1,)
     # Training and validation labels alike are all of class 0; the data YAML's four classes were there.
     from hpcyolo_trainer.parallel.dist import Dist
-    from hpcyolo_trainer.run.train import load_data
+    from hpcyolo_trainer.run.inputs import load_data
 
     d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     for single, classes in ((False, {0, 1, 2, 3}), (True, {0})):
@@ -298,7 +298,7 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
 
     from hpcyolo_trainer.run import checkpoint as ckpt
     from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
-    from hpcyolo_trainer.run.train import STEP_SECONDS_ENV
+    from hpcyolo_trainer.run.stop import STEP_SECONDS_ENV
 
     from test_copy_paste import as_outlines
 
@@ -348,7 +348,7 @@ def test_classes_trains_and_validates_on_those_classes_boxes_only(tmp_path, shap
     from hpcyolo_trainer.parallel.dist import Dist
     from hpcyolo_trainer.common.errors import HpcyoloError
     from hpcyolo_trainer.data.sampler import EpochBatch
-    from hpcyolo_trainer.run.train import load_data
+    from hpcyolo_trainer.run.inputs import load_data
 
     d = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     full = load_data(TrainConfig(run_dir=str(tmp_path / "r"), data=str(shapes), batch=4, imgsz=160), d)

@@ -20,7 +20,8 @@ from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
 from hpcyolo_trainer.data.sampler import EvenShardSampler, RunBatches
 from hpcyolo_trainer.optim.schedule import Schedule
 from hpcyolo_trainer.common.settings import TrainConfig
-from hpcyolo_trainer.run.train import SHAPES_ENV, plan_epochs
+from hpcyolo_trainer.run.hooks import SHAPES_ENV
+from hpcyolo_trainer.run.stop import plan_epochs
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 LAUNCH = ("import json, sys; from hpcyolo.node.local import launch; "
@@ -116,7 +117,8 @@ def test_at_an_epochs_last_step_the_budget_keeps_room_for_that_epochs_end_too():
     """Mid-epoch, going on costs a step and the final end (1.5 x the
     longest end so far); after an epoch's last step it costs that epoch's
     end as well. 3.6 s budget, 0.3 s steps, 0.5 s ends, 2.2 s trained."""
-    from hpcyolo_trainer.run.train import Position, budget_spent
+    from hpcyolo_trainer.run.state import Position
+    from hpcyolo_trainer.run.stop import budget_spent
 
     cfg = TrainConfig(run_dir="-", data="-", time=0.001)
     pos = Position(run_seconds=2.2, end_seconds=0.5)

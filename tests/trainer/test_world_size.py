@@ -37,7 +37,7 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
     same weights on its share of two global batches."""
     from hpcyolo_trainer.parallel.dist import cleanup, setup
     from hpcyolo_trainer.common.rendezvous import JOB_ENV
-    from hpcyolo_trainer.run.train import loader_workers, say_ranks
+    from hpcyolo_trainer.run.setup import loader_workers, say_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})
@@ -56,8 +56,9 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     from hpcyolo_trainer.data.dataset import AugmentHyp, YoloDataset, collate, load_data_spec
     from hpcyolo_trainer.optim.ema import ModelEMA
     from hpcyolo_trainer.common.settings import TrainConfig
-    from hpcyolo_trainer.run.train import (build_optimization, data_parallel, detection_loss, forward_backward,
-                                             initial_model, optimizer_step, place_model)
+    from hpcyolo_trainer.run.setup import build_optimization, initial_model, place_model
+    from hpcyolo_trainer.run.step import data_parallel, forward_backward, optimizer_step
+    from hpcyolo_trainer.tasks.detect.task import loss as detection_loss
     from hpcyolo_trainer.model.weights import read_weights
 
     cfg = TrainConfig(run_dir="unused", data=str(FIXTURES / fixture / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS,
@@ -71,7 +72,7 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     net = data_parallel(model, d)
     optimizer, schedule, accumulate = build_optimization(cfg, model, len(dataset) // GLOBAL_BATCH)
     assert accumulate == 2
-    loss_fn = detection_loss(model, len(spec.names), d, cfg)
+    loss_fn = detection_loss(model, len(spec.names), d.world_size, cfg)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     net.train()
     for m in model.modules():
@@ -121,7 +122,7 @@ def steps(tmp_path_factory) -> dict:
 
 
 def test_loader_workers_are_capped_at_the_cpus_a_rank_may_count_on(steps):
-    from hpcyolo_trainer.run.train import cpu_share
+    from hpcyolo_trainer.run.setup import cpu_share
 
     mine = frozenset(os.sched_getaffinity(0))
     for world in (1, 2, 4):

@@ -1,7 +1,12 @@
-"""The detectors hpcyolo trains, by name: no torch here, so that the CLI and
+"""The tasks and detectors hpcyolo trains, by name: no torch here, so that the CLI and
 the job spec can check a name on a login node. Each family is one module of
 hpcyolo_trainer.model.families (its sizes, body, ultralytics layer map); adding a
 family is that module, and its name and published parameter counts here."""
+
+# The tasks hpcyolo trains, as ultralytics names them (train.task, --task): each
+# is a folder of hpcyolo_trainer.tasks; adding one is that folder and its name here.
+TASKS = ("detect",)
+DEFAULT_TASK = "detect"
 
 FAMILIES = ("yolov8", "yolo11", "yolo26")
 SCALES = ("n", "s", "m", "l", "x")  # every family's sizes (a test holds each family module to them)

@@ -64,10 +64,11 @@ def fitness(map50: float, map50_95: float) -> float:
     return 0.1 * map50 + 0.9 * map50_95
 
 
-def results_columns(losses: tuple[str, ...]) -> tuple[str, ...]:
-    """results.csv's header for a loss with these items: RESULTS_COLUMNS, or
-    YOLO26's, whose third is l1_loss as ultralytics names it."""
-    return ("epoch", *(f"train/{name}" for name in losses), *RESULTS_COLUMNS[4:])
+def results_columns(losses: tuple[str, ...], metrics: tuple[str, ...] = RESULTS_COLUMNS[4:8]) -> tuple[str, ...]:
+    """results.csv's header for a loss with these items and a task with these
+    metric columns: RESULTS_COLUMNS for detection, or YOLO26's, whose third
+    loss is l1_loss as ultralytics names it."""
+    return ("epoch", *(f"train/{name}" for name in losses), *metrics, "lr", *TIMING_COLUMNS)
 
 
 JOB_NEW_RUN = "run.name, or another job name"  # how a job spec names another run directory

@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 
 from .errors import HpcyoloError, shown
 from .record import make_record, record
-from .registry import ALIASES, CHOICES, FAMILIES, MODELS, SCALES, check_imgsz
+from .registry import ALIASES, CHOICES, DEFAULT_TASK, FAMILIES, MODELS, SCALES, TASKS, check_imgsz
 
 REQUIRED = dataclasses.MISSING  # a setting without a default: the command line must give it
 
@@ -217,6 +217,8 @@ SETTINGS: tuple[Setting, ...] = (
       "the images and classes the weights learnt; the results would mix two datasets (compared as the dataset: a "
       "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML.",
       compare=_dataset),
+    S("task", DEFAULT_TASK, Literal[TASKS], f"The task, as ultralytics names it: {', '.join(TASKS)}.", True,
+      "its model's head, labels and checkpoints are the task's", key="train.task", flag="--task"),
     S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
       "empty: n, or the architecture of train.weights.", True, "the checkpoints hold this architecture's weights",
       key="train.model", flag="--model", compare=_model,

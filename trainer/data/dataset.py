@@ -49,12 +49,32 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from .augment import (PAD_VALUE, AugmentHyp, apply_hsv, box_areas, centred_pad, copy_paste, copy_paste_flip, cut_mix,
-                      flip_lr, flip_ud, hsv_gains, letterbox, letterbox_pad, letterbox_to, mix, mosaic_affine,
-                      random_affine, rect_batches, resized_shapes, to_normalised, to_pixel_boxes)
 from ..common.datayaml import IMG_EXTS, DataSpec, label_path, load_data_spec, texts
-from .filescan import cpus, per_file
 from ..common.fsutil import fsync_dir
+from .augment import (
+    PAD_VALUE,
+    AugmentHyp,
+    apply_hsv,
+    box_areas,
+    centred_pad,
+    copy_paste,
+    copy_paste_flip,
+    cut_mix,
+    flip_lr,
+    flip_ud,
+    hsv_gains,
+    letterbox,
+    letterbox_pad,
+    letterbox_to,
+    mix,
+    mosaic_affine,
+    random_affine,
+    rect_batches,
+    resized_shapes,
+    to_normalised,
+    to_pixel_boxes,
+)
+from .filescan import cpus, per_file
 from .sampler import STREAM
 
 # The data YAML and label paths live in hpcyolo_trainer.common.datayaml (no torch: the CLI

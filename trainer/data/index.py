@@ -62,11 +62,11 @@ from typing import Callable
 
 import numpy as np
 
-from .dataset import Checked, Kept, check_each, cut_problems
 from ..common.datayaml import ImagePaths, label_path, texts
-from .filescan import stats
 from ..common.fsutil import write_atomic
 from ..common.stagedcopy import read_marker
+from .dataset import Checked, Kept, check_each, cut_problems
+from .filescan import stats
 
 WAIT_S = 300.0  # building: the longest a new run waits for another's index of its dataset
 FORMAT = 2  # bump when the arrays or what check_one finds change (2: names as one text, counts int32)

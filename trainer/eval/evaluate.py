@@ -32,16 +32,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..common.datayaml import check_labels
+from ..common.errors import HpcyoloError
 from ..data import index as dataindex
 from ..data.augment import PAD_VALUE, letterbox_to, rect_batches
-from ..model.boxes import xywh2xyxy
 from ..data.dataset import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
-from ..common.datayaml import check_labels
-from ..parallel.dist import Dist, gather_objects
-from ..common.errors import HpcyoloError
-from .metrics import ConfusionMatrix, DetStats, curves
+from ..model.boxes import xywh2xyxy
 from ..model.detector import check_end2end, detections
 from ..model.weights import build_from, read_weights
+from ..parallel.dist import Dist, gather_objects
+from .metrics import ConfusionMatrix, DetStats, curves
 
 
 def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]:

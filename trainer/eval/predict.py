@@ -13,14 +13,14 @@ import cv2
 import numpy as np
 import torch
 
-from ..data.augment import PAD_VALUE
-from ..data.dataset import IMG_EXTS, decode_resized, probe_image
 from ..common.errors import HpcyoloError
 from ..common.fsutil import write_atomic
-from ..model.detector import check_end2end, detections
-from ..report.plots import draw_detections, save_image
 from ..common.registry import MAX_STRIDE as STRIDE
+from ..data.augment import PAD_VALUE
+from ..data.dataset import IMG_EXTS, decode_resized, probe_image
+from ..model.detector import check_end2end, detections
 from ..model.weights import build_from, read_weights
+from ..report.plots import draw_detections, save_image
 
 DEFAULT_IMGSZ = 640  # where the weights do not say their training size
 

@@ -15,8 +15,8 @@ import math
 import torch
 from torch import nn
 
-from . import families
 from ..common import registry
+from . import families
 from .blocks import branch, dw_branch, scale_depth, scale_width
 from .boxes import dist2bbox, make_anchors, non_max_suppression
 

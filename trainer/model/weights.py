@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from . import families, safe_pickle
 from ..common import registry
 from ..common.errors import HpcyoloError, shown
-from .detector import REG_MAX, DetectionModel, build_model, resolve_model
 from ..common.registry import MAX_STRIDE
 from ..common.rundir import WEIGHTS
+from . import families, safe_pickle
+from .detector import REG_MAX, DetectionModel, build_model, resolve_model
 
 _NOT_WEIGHTS = f"not hpcyolo weights such as RUN/{WEIGHTS}/best.pt, nor an ultralytics checkpoint"
 _ULTRALYTICS_NAME = re.compile(f"({'|'.join(registry.FAMILIES)})([{''.join(registry.SCALES)}])?")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import forksafe
 from ..common.devices import device_for
 from ..common.rendezvous import init_process_group
+from . import forksafe
 
 
 @dataclass(frozen=True)

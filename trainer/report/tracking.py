@@ -24,9 +24,9 @@ import secrets
 import time
 from pathlib import Path
 
-from .background import Background
 from ..common.errors import HpcyoloError
 from ..common.fsutil import write_atomic
+from .background import Background
 
 STATE = "tracking.json"  # in the run directory
 LOCAL = "local"  # train.mlflow's value for the store in the run directory

@@ -5,9 +5,9 @@ and its published parameter counts."""
 
 from __future__ import annotations
 
+from hpcyolo_trainer.common import registry
 from torch import nn
 
-from hpcyolo_trainer.common import registry
 from ..blocks import C2PSA, SPPF, Backbone, Conv, Neck, Scaler, c3k2
 
 # Scale -> (depth multiple, width multiple, max channels), as published.

@@ -5,9 +5,9 @@ parameter counts."""
 
 from __future__ import annotations
 
+from hpcyolo_trainer.common import registry
 from torch import nn
 
-from hpcyolo_trainer.common import registry
 from ..blocks import SPPF, Backbone, C2f, Conv, Neck, Scaler
 
 # Scale -> (depth multiple, width multiple, max channels), as published.

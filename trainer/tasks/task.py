@@ -1,0 +1,54 @@
+"""The `Task` record every task fills in, and `load` by name."""
+
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..common.registry import TASKS
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task's parts, each a function the run calls (the detect task's
+    are in tasks/detect/__init__.py, with their arguments)."""
+
+    name: str  # ultralytics' word, as train.task and --task take it
+    # data/: the training set (label files read, augmented with their labels) and the validation batches
+    train_set: Callable[..., Any]
+    val_batches: Callable[..., Any]
+    # model/: the architecture `arch` with this task's head for `nc` classes, and the classes a
+    # checkpoint's state dict holds (a resumed run's must equal the data's)
+    build_model: Callable[[str, int], Any]
+    saved_classes: Callable[[dict], int | None]
+    # optim/: the loss of a model's head for cfg's gains, scaled for the world size
+    loss: Callable[..., Any]
+    # eval/: one validation (every rank; the metrics dict on rank 0), the figures results.csv
+    # records of it ((metrics key, column) pairs), the fitness best.pt and patience follow,
+    # the epoch line's figures, the per-class table a run ends with
+    validate: Callable[..., dict | None]
+    metrics: tuple[tuple[str, str], ...]
+    fitness: Callable[[dict], float]
+    describe: Callable[[dict], str]
+    per_class: Callable[[dict, list, list[str]], str]
+    # report/: a training batch as loaded (train_batchN.jpg), a validation batch's predictions
+    # (val_pred_N.jpg), the plots of the last validation, the drawer of val_batchN_*.jpg
+    draw_train_batch: Callable[..., None]
+    draw_predictions: Callable[..., int]
+    val_plots: Callable[..., Any]
+    batch_drawer: Callable[..., Any]
+
+    @property
+    def not_validated(self) -> dict:
+        """The figures of an epoch with no validation (val off, or no
+        validation images), as ultralytics writes them: zeros."""
+        return {key: 0.0 for key, _ in self.metrics}
+
+
+def load(name: str) -> Task:
+    """The task named `name` (one of common/registry.py's TASKS)."""
+    if name not in TASKS:
+        raise ValueError(f"no task {name!r}; hpcyolo trains {', '.join(TASKS)}")
+    return importlib.import_module(f"{__package__}.{name}.task").TASK
