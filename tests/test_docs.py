@@ -1,5 +1,8 @@
 """The documentation against the code: docs/architecture.md names every
-module and every HPCYOLO_* variable the code reads, and only those."""
+module (each in its folder's row of the table of folders, with the imports
+that folder may make) and every HPCYOLO_* variable the code reads, and only
+those; the README stays short, and every relative link of the README and of
+docs/*.md points to a file (and heading) that exists."""
 
 from __future__ import annotations
 
@@ -33,3 +36,98 @@ def test_the_architecture_doc_names_every_module_and_only_those():
     files -= {"cli/__main__.py"}
     assert sorted(files - named) == [], "modules the doc does not name"
     assert sorted(named - files) == [], "modules the doc names that do not exist"
+
+
+# == the folder table ===========================================================
+
+def _folder_rows() -> dict[str, list[str]]:
+    """{folder: [what lives there, may import, its modules]} of docs/architecture.md's
+    table of folders."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    lines = doc[doc.index("| folder | what lives there | may import | its modules |"):].splitlines()
+    table = lines[:next(i for i, line in enumerate(lines) if not line.startswith("|"))]
+    rows = {}
+    for row in table[2:]:
+        folder, *cells = (cell.strip() for cell in row.strip().strip("|").split(" | "))
+        rows[folder.strip("`")] = cells
+    return rows
+
+
+def test_the_folder_table_names_each_module_in_its_folders_row():
+    """Each module is named in the row of its folder (`hpcyolo/` for the
+    package's own top-level modules, `trainer/model/` for model/families/)."""
+    rows = _folder_rows()
+    misplaced = []
+    for folder in PACKAGES.values():
+        for path in folder.rglob("*.py"):
+            if path.stem == "__init__" or "__pycache__" in path.parts or path.name == "__main__.py":
+                continue
+            rel = path.relative_to(folder)
+            row = f"{folder.name}/" + (f"{rel.parts[0]}/" if len(rel.parts) > 1 else "")
+            if row not in rows or f"`{rel.as_posix()}`" not in rows[row][2]:
+                misplaced.append(f"{rel.as_posix()} (row {row})")
+    assert not misplaced, misplaced
+
+
+def test_the_folder_table_says_what_each_trainer_folder_may_import():
+    """The 'may import' column of each trainer/ folder names exactly the folders
+    test_architecture's FOLDER_IMPORTS allows it."""
+    from test_architecture import FOLDER_IMPORTS
+
+    rows = _folder_rows()
+    said = {row.split("/")[1]: set(re.findall(r"`([a-z]+)/`", cells[1])) for row, cells in rows.items()
+            if row.startswith("trainer/")}
+    assert said == FOLDER_IMPORTS
+
+
+# == the README and the pages ===================================================
+
+README_MAX_LINES = 160
+
+
+def test_the_readme_stays_short():
+    """The README is a page a newcomer walks; the rest lives in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def _pages() -> list:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _relative_links(text: str) -> list[str]:
+    """The targets of markdown links `[text](target)` that are not URLs or
+    anchors alone, without their #anchor."""
+    targets = re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text)
+    return [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+def test_the_link_finder_finds_relative_links():
+    text = "see [a](docs/a.md#x), [b](https://x.org/b.md), [c](#here) and [d](../README.md)"
+    assert _relative_links(text) == ["docs/a.md", "../README.md"]
+
+
+def test_every_relative_link_points_to_a_file():
+    broken = [f"{page.relative_to(ROOT)}: {target}" for page in _pages() for target in _relative_links(page.read_text())
+              if not (page.parent / target).exists()]
+    assert not broken, broken
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation but
+    hyphens and underscores dropped, spaces to hyphens."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, flags=re.MULTILINE)}
+
+
+def test_every_anchor_of_a_relative_link_is_a_heading():
+    broken = []
+    for page in _pages():
+        for target in re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            if "#" not in target or re.match(r"[a-z]+:", target):
+                continue
+            path, anchor = target.split("#", 1)
+            linked = page.parent / path if path else page
+            if linked.exists() and anchor not in _anchors(linked.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

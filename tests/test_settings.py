@@ -227,22 +227,24 @@ def test_a_job_at_the_defaults_says_only_the_run_level_options(tmp_path):
     assert _clicked(plan, tmp_path / "run") == TrainConfig(run_dir=str(tmp_path / "run"), data=plan.data).to_dict()
 
 
-# == the README's tables =======================================================
+# == the tables of docs/configuration.md ========================================
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
-def test_the_readme_holds_the_settings_table():
+def test_the_configuration_page_holds_the_settings_table():
     from hpcyolo_trainer.common.settings import markdown
 
-    assert markdown() in README.read_text(), \
-        "README.md's table of the trainer's settings is stale: paste `python -m hpcyolo_trainer.common.settings` over it"
+    assert markdown() in CONFIGURATION.read_text(), \
+        "docs/configuration.md's table of the trainer's settings is stale: " \
+        "paste `python -m hpcyolo_trainer.common.settings` over it"
 
 
-def _readme_keys(heading: str) -> dict[str, list[str]]:
-    """{section: keys} of a README key table: the backticked words of a row
-    outside parentheses (inside them: a key's values or notes)."""
-    text = README.read_text()
+def _page_keys(heading: str) -> dict[str, list[str]]:
+    """{section: keys} of a key table of docs/configuration.md: the backticked
+    words of a row outside parentheses (inside them: a key's values, notes or
+    links)."""
+    text = CONFIGURATION.read_text()
     after = text[text.index(heading):]
     lines = after[after.index("| section | keys |"):].splitlines()
     table = lines[:next(i for i, line in enumerate(lines) if not line.startswith("|"))]
@@ -269,7 +271,7 @@ def _schema_keys(root: type) -> dict[str, list[str]]:
     return out
 
 
-@pytest.mark.parametrize("heading, root", [("### Site config keys", config.SiteConfig),
-                                           ("### Job spec keys", config.JobSpec)])
-def test_the_readme_key_tables_list_every_key(heading, root):
-    assert _readme_keys(heading) == _schema_keys(root)
+@pytest.mark.parametrize("heading, root", [("## Site config keys", config.SiteConfig),
+                                           ("## Job spec keys", config.JobSpec)])
+def test_the_configuration_page_key_tables_list_every_key(heading, root):
+    assert _page_keys(heading) == _schema_keys(root)

@@ -93,7 +93,7 @@ def build(cls: type, raw: Any, file: str, prefix: str = "") -> Any:
             close = _suggest(cls, key)
             # A long section (train has ultralytics' settings) is listed where it is documented, not in the line.
             listed = f"; known keys: {', '.join(fields)}" if len(fields) <= 20 else \
-                f"; {len(fields)} keys here, listed in the README's key tables" + \
+                f"; {len(fields)} keys here, listed in docs/configuration.md's key tables" + \
                 (" and, as options, by hpcyolo train --help" if prefix == "train" else "")
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else listed
             raise ConfigError(file, _join(prefix, key), f"unknown key{hint}")

@@ -10,7 +10,8 @@ From this table come:
 - the options of `hpcyolo train` (hpcyolo.cli), and the batch script's
   `hpcyolo train` command line (hpcyolo.login.plan: every setting of the job spec);
 - the same-run rule (rundir.py): whether another value makes another run;
-- the README's table of settings (tests/test_settings.py compares them).
+- the table of settings in docs/configuration.md (tests/test_settings.py
+  compares them).
 
 Adding a setting is one row here plus its use in the trainer. No torch and
 nothing of hpcyolo here: the CLI reads this table before it imports torch.
@@ -439,8 +440,8 @@ TrainConfig = make_record(
 
 
 def markdown() -> str:
-    """The README's table of the settings (tests/test_settings.py keeps the
-    README's copy equal to this)."""
+    """The table of the settings in docs/configuration.md (tests/test_settings.py
+    keeps that copy equal to this)."""
     rows = ["| setting | `hpcyolo train` | job spec | default | another value | what it does |",
             "|---|---|---|---|---|---|"]
     for s in SETTINGS:
