@@ -32,7 +32,7 @@ def test_files_get_the_umask_mode_not_mkstemps_0600(tmp_path):
     script = (
         "import os, sys; os.umask(0o027)\n"
         "from pathlib import Path; import torch\n"
-        "from hpcyolo_trainer import checkpoint as ckpt\n"
+        "from hpcyolo_trainer.run import checkpoint as ckpt\n"
         "ckpt.save_checkpoint({'global_step': 1}, Path(sys.argv[1]), keep=1)\n"
     )
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True)
@@ -61,7 +61,7 @@ def test_incomplete_marker_is_skipped(tmp_path):
 WRITER = """
 import sys, torch
 from pathlib import Path
-from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer.run import checkpoint as ckpt
 folder = Path(sys.argv[1])
 ckpt.save_checkpoint({"global_step": 1, "w": torch.zeros(10)}, folder, keep=5)
 print("first", flush=True)
@@ -147,7 +147,7 @@ def test_writer_reports_a_failed_write(tmp_path):
 ASYNC_WRITER = """
 import sys, torch
 from pathlib import Path
-from hpcyolo_trainer import checkpoint as ckpt
+from hpcyolo_trainer.run import checkpoint as ckpt
 folder = Path(sys.argv[1])
 writer = ckpt.Writer()
 writer.save({"global_step": 1, "w": torch.zeros(10)}, folder, keep=5)

@@ -554,7 +554,7 @@ import functools, sys
 from pathlib import Path
 from torch.utils.data import DataLoader
 from hpcyolo_trainer.data.dataset import YoloDataset, collate
-from hpcyolo_trainer.run.train import ignore_signals, stop_workers
+from hpcyolo_trainer.run.inputs import ignore_signals, stop_workers
 ds = YoloDataset([Path(p) for p in {[str(r) for r in rects]!r}] * 8, 64, augment=True, names_count=12)
 loader = DataLoader(ds, batch_size=2, num_workers=2, collate_fn=collate,
                     worker_init_fn=functools.partial(ignore_signals, ("USR1", "TERM")))

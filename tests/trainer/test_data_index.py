@@ -534,7 +534,7 @@ import torch, torch.distributed as dist
 from hpcyolo_trainer.common.datayaml import load_data_spec
 from hpcyolo_trainer.parallel.dist import Dist
 from hpcyolo_trainer.common.errors import HpcyoloError
-from hpcyolo_trainer.run.train import indexed
+from hpcyolo_trainer.run.inputs import indexed
 data, run, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -16,7 +16,7 @@ import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1)
 from hpcyolo_trainer.parallel.dist import Dist
 from hpcyolo_trainer.model.detector import build_model
-from hpcyolo_trainer.run.train import data_parallel
+from hpcyolo_trainer.run.step import data_parallel
 from torch.nn.parallel import DistributedDataParallel as DDP
 torch.manual_seed(0)
 model = build_model("yolov8n", 2)
@@ -55,7 +55,8 @@ def test_torchs_own_ddp_imports_dynamo_the_cost_the_stand_in_saves():
 END = r"""
 import os, sys, torch, torch.distributed as dist
 from hpcyolo_trainer.parallel.dist import has_left, setup
-from hpcyolo_trainer.run.train import data_parallel, finish
+from hpcyolo_trainer.run.step import data_parallel
+from hpcyolo_trainer.run.stop import finish
 d = setup(60)
 def train():  # as train.main: DDP a local, the group left (finish) before it returns
     net = data_parallel(torch.nn.Linear(4, 4), d)

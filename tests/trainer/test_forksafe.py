@@ -16,7 +16,7 @@ from hpcyolo_trainer.parallel import forksafe
 # while it is held. The child exits at once; the parent gives it 5 s.
 SCENARIO = r'''
 import ctypes, json, os, signal, sys, threading, time
-from hpcyolo_trainer import forksafe
+from hpcyolo_trainer.parallel import forksafe
 installed = forksafe.install() if sys.argv[1] == "on" else False
 libc = ctypes.CDLL(None)
 sem = forksafe.lock_address()

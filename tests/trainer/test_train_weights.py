@@ -90,7 +90,7 @@ def test_two_ranks_fine_tune_ultralytics_weights_to_other_classes(tmp_path, shap
 
 FRESH_INIT = """
 import hashlib, sys, torch
-from hpcyolo_trainer.run.train import initial_model
+from hpcyolo_trainer.run.setup import initial_model
 from hpcyolo_trainer.model.weights import read_weights
 rank, seed = int(sys.argv[1]), int(sys.argv[2])
 torch.manual_seed(seed + rank)  # as the trainer seeds each rank's data RNG: different per rank
