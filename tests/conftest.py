@@ -165,3 +165,62 @@ def uninterrupted(tmp_path_factory, shapes, testbed):
     left = leftovers(scratch)
     shutil.rmtree(scratch, ignore_errors=True)
     return tmp, job_id, info, left
+
+
+# == Training runs that several test files read ==============================
+
+# Runs inside `unshare -n`: loopback up (the ranks' rendezvous), then the two
+# jobs of a run, the first stopped by the preemption drill; "JOB 2" between
+# their outputs.
+_TWO_JOBS = """
+import fcntl, json, os, socket, struct, sys
+from hpcyolo.node.local import launch
+
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]  # SIOCGIFFLAGS
+fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))  # SIOCSIFFLAGS: IFF_UP
+interfaces = [name for _, name in socket.if_nameindex()]
+argv, drill, step = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+env = {k: v for k, v in os.environ.items() if k != drill} | {"OMP_NUM_THREADS": "1"}
+codes = [launch(argv, 2, env={**env, drill: step})]
+print("JOB 2", flush=True)
+codes.append(launch(argv, 2, env=env))
+print("RESULT", json.dumps({"interfaces": interfaces, "codes": codes}), flush=True)
+"""
+
+
+@pytest.fixture(scope="session")
+def requeued_tracked_run(tmp_path_factory):
+    """One two-rank run preempted mid-epoch and resumed, with MLflow and W&B
+    on (offline), in a network namespace of its own whose one interface is
+    loopback. Shared by tests/trainer/test_tensorboard.py (the event files,
+    results.csv and plots of such a run) and tests/trainer/test_tracking.py
+    (the tracking records across the requeue): each used to train this run
+    for itself, and neither check depends on what the other adds.
+
+    48 shapes images, global batch 4 over 2 ranks: 12 batches an epoch, one
+    optimizer step each; the preemption drill stops job 1 after step 17
+    (epoch 2, batch 5) and job 2 resumes it to the end of epoch 3.
+
+    Returns a namespace: run (the run directory), result ({"interfaces",
+    "codes"} as the namespace saw them), stdout (both jobs), job1 and job2
+    (each job's own output), stderr."""
+    import json
+    import types
+
+    from hpcyolo.login.shapes import make_shapes
+    from hpcyolo_trainer.common.preemption import DRILL_ENV
+
+    tmp = tmp_path_factory.mktemp("requeued-tracked")
+    data = make_shapes(tmp / "shapes", n_train=48, n_val=4, imgsz=64, classes=3, seed=0)
+    run = tmp / "run"
+    argv = [str(VENV_BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), "--model", "n",
+            "--epochs", "3", "--batch", "4", "--nbs", "4", "--imgsz", "64", "--workers", "2", "--seed", "3",
+            "--close-mosaic", "1", "--save-every", "4", "--mlflow", "local", "--wandb", "shapes-sweep"]
+    r = subprocess.run(["unshare", "-n", sys.executable, "-c", _TWO_JOBS, json.dumps(argv), DRILL_ENV, "17"],
+                       capture_output=True, text=True, timeout=900)
+    lines = r.stdout.splitlines(keepends=True)
+    result = next((json.loads(line[7:]) for line in lines if line.startswith("RESULT ")), None)
+    split = next((k for k, line in enumerate(lines) if line == "JOB 2\n"), len(lines))
+    return types.SimpleNamespace(run=run, result=result, stdout=r.stdout, stderr=r.stderr,
+                                 job1="".join(lines[:split]), job2="".join(lines[split + 1:]))

@@ -133,28 +133,6 @@ def test_patience_stops_all_ranks_where_ultralytics_rule_says_and_save_period_ke
     assert "stopping early" in again and len((run / "results.csv").read_text().splitlines()) == len(rows) + 1
 
 
-def test_val_off_validates_only_the_last_epoch_as_ultralytics_val_false(tmp_path, shapes):
-    """--no-val (ultralytics' val=False): epochs 1 and 2 are not validated
-    (zeros in results.csv, as ultralytics writes them, and said so in the
-    epoch's line), the last one is; patience 1 does not stop the run; best.pt
-    is the last epoch's. The fixture's weights score well above zero on
-    these images, so a zero row is one that was not validated."""
-    import subprocess
-
-    run = tmp_path / "run"
-    r = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch",
-                        "4", "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--no-val",
-                        "--patience", "1", "--close-mosaic", "0", "--lr0", "0.0005"], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [line.split(",") for line in (run / "results.csv").read_text().splitlines()[1:]]
-    assert [[float(x) for x in row[4:8]] == [0.0] * 4 for row in rows] == [True, True, False]
-    assert float(rows[2][6]) > 0.3  # mAP50 of the validated last epoch
-    assert r.stdout.count("not validated (val off)") == 2 and "stopping early" not in r.stdout
-    assert "arithmetic: fp32, NCHW, cudnn.benchmark off, deterministic off, 1 torch threads" in r.stdout
-    assert (run / "weights" / "best.pt").read_bytes() == (run / "weights" / "last.pt").read_bytes()
-
-
 def test_fraction_trains_on_the_first_share_of_the_images_in_name_order():
     from hpcyolo_trainer.common.datayaml import training_files
 
@@ -241,17 +219,46 @@ def test_the_warm_up_ramps_the_accumulated_batches_as_ultralytics_loop_does(batc
         assert max(b - a for a, b in zip(ours, ours[1:])) == round(nbs / batch)  # and nbs / batch after it
 
 
-def test_a_run_steps_the_optimizer_where_ultralytics_would(tmp_path, shapes):
+@pytest.fixture(scope="module")
+def val_off_run(tmp_path_factory, shapes):
+    """One single-process run for two tests: --no-val (ultralytics'
+    val=False) with patience 1, for the val-off test, in batches of 2 with
+    nbs 8 and a checkpoint every step, for the test of where the optimizer
+    steps. Neither test's check depends on the other's settings (validation
+    does not move the optimizer's steps; the batch split does not decide
+    which epochs are validated); each used to train a run of its own.
+    lr0 0.0005: the fixture's weights keep scoring well above zero."""
+    import subprocess
+
+    run = tmp_path_factory.mktemp("val-off") / "run"
+    r = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch",
+                        "2", "--nbs", "8", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--no-val",
+                        "--patience", "1", "--close-mosaic", "0", "--lr0", "0.0005", "--save-every", "1"],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run, r
+
+
+def test_val_off_validates_only_the_last_epoch_as_ultralytics_val_false(val_off_run):
+    """--no-val (ultralytics' val=False): epochs 1 and 2 are not validated
+    (zeros in results.csv, as ultralytics writes them, and said so in the
+    epoch's line), the last one is; patience 1 does not stop the run; best.pt
+    is the last epoch's. The fixture's weights score well above zero on
+    these images, so a zero row is one that was not validated."""
+    run, r = val_off_run
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line.split(",") for line in (run / "results.csv").read_text().splitlines()[1:]]
+    assert [[float(x) for x in row[4:8]] == [0.0] * 4 for row in rows] == [True, True, False]
+    assert float(rows[2][6]) > 0.3  # mAP50 of the validated last epoch
+    assert r.stdout.count("not validated (val off)") == 2 and "stopping early" not in r.stdout
+    assert "arithmetic: fp32, NCHW, cudnn.benchmark off, deterministic off, 1 torch threads" in r.stdout
+    assert (run / "weights" / "best.pt").read_bytes() == (run / "weights" / "last.pt").read_bytes()
+
+
+def test_a_run_steps_the_optimizer_where_ultralytics_would(val_off_run):
     """8 images in batches of 2, nbs 8, 3 epochs: the warm-up (2 epochs, 8
     batches) ramps from 1 to 4 batches a step; the run's step count, in its
     checkpoints' names, is ultralytics' (with each epoch's last step)."""
-    import subprocess
-
-    run = tmp_path / "run"
-    r = subprocess.run([HPCYOLO, "train", "--run-dir", str(run), "--data", str(shapes), "--epochs", "3", "--batch",
-                        "2", "--nbs", "8", "--imgsz", "160", "--weights", str(V8), "--workers", "0", "--save-every",
-                        "1", "--close-mosaic", "0"], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run, r = val_off_run
     assert r.returncode == 0, r.stderr
     steps = sorted(int(p.stem.split("-")[1]) for p in (run / "checkpoints").glob("ckpt-*.pt"))
     expected = ultralytics_steps(4, 3, 2, 8, 3.0)

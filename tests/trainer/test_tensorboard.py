@@ -7,8 +7,6 @@ by ultralytics' names, each shown in TensorBoard too."""
 from __future__ import annotations
 
 import csv
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -16,12 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hpcyolo.login.shapes import make_shapes
-from hpcyolo.node.local import launch
 from hpcyolo_trainer.report import tboard
-from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
-
-HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+from hpcyolo_trainer.common.preemption import EXIT_CODE
 
 
 def accumulator(folder: Path):
@@ -50,28 +44,17 @@ def test_the_record_checksum_and_what_tensorboard_reads_back(tmp_path):
     assert ea.Images("plots/plot") == []  # the image at step 7 went with it
 
 
-def train(run: Path, data: Path, extra_env=None) -> int:
-    argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(data), "--model", "n", "--epochs", "3",
-            "--batch", "4", "--nbs", "4", "--imgsz", "64", "--workers", "2", "--seed", "3", "--close-mosaic", "1",
-            "--save-every", "4"]
-    env = {k: v for k, v in os.environ.items() if k != DRILL_ENV}
-    env.update(extra_env or {}, OMP_NUM_THREADS="1")
-    return launch(argv, 2, env=env)
-
-
 PLOTS = ("results.png", "labels.jpg", "train_batch0.jpg", "train_batch1.jpg", "train_batch2.jpg",
          "confusion_matrix.png", "confusion_matrix_normalized.png", "BoxPR_curve.png", "BoxF1_curve.png",
          "BoxP_curve.png", "BoxR_curve.png", "val_batch0_labels.jpg", "val_batch0_pred.jpg")
 
 
-def test_a_preempted_and_resumed_run_shows_results_csv_each_epoch_once(tmp_path, capfd):
-    data = make_shapes(tmp_path / "shapes", n_train=48, n_val=4, imgsz=64, classes=3, seed=0)
-    run = tmp_path / "run"
-    # 12 batches an epoch, one optimizer step each: stopped after step 17 (epoch 2, batch 5), resumed.
-    assert train(run, data, {DRILL_ENV: "17"}) == EXIT_CODE
-    capfd.readouterr()
-    assert train(run, data) == 0
-    out = capfd.readouterr().out
+def test_a_preempted_and_resumed_run_shows_results_csv_each_epoch_once(requeued_tracked_run):
+    # The run (tests/conftest.py, shared with test_tracking.py): 12 batches an epoch, one
+    # optimizer step each; stopped after step 17 (epoch 2, batch 5), resumed.
+    trained, run = requeued_tracked_run, requeued_tracked_run.run
+    assert trained.result is not None and trained.result["codes"] == [EXIT_CODE, 0], trained.stderr[-3000:]
+    out = trained.job2
     assert out.count("           class  images instances       P       R   mAP50 mAP50-95") == 1  # at the end
     files = sorted((run / tboard.FOLDER).iterdir())
     assert len(files) == 2 and all(f.name.startswith("events.out.tfevents.") for f in files)

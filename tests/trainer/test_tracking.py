@@ -12,32 +12,11 @@ import glob
 import json
 import os
 import struct
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from hpcyolo.login.shapes import make_shapes
-from hpcyolo_trainer.common.preemption import DRILL_ENV, EXIT_CODE
-
-HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
-
-# Runs inside `unshare -n`: loopback up (the rendezvous), then the two jobs.
-JOBS = textwrap.dedent("""
-    import fcntl, json, os, socket, struct, sys
-    from hpcyolo.node.local import launch
-
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]  # SIOCGIFFLAGS
-    fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))  # SIOCSIFFLAGS: IFF_UP
-    interfaces = [name for _, name in socket.if_nameindex()]
-    argv, drill = json.loads(sys.argv[1]), sys.argv[2]
-    env = {k: v for k, v in os.environ.items() if k != drill} | {"OMP_NUM_THREADS": "1"}
-    codes = [launch(argv, 2, env={**env, drill: "7"}), launch(argv, 2, env=env)]
-    print("RESULT", json.dumps({"interfaces": interfaces, "codes": codes}))
-""")
+from hpcyolo_trainer.common.preemption import EXIT_CODE
 
 
 def wandb_history(path: str) -> list[dict]:
@@ -79,18 +58,13 @@ def test_a_tracker_not_installed_is_one_line_before_anything_runs(monkeypatch):
         tracking.check_installed({"wandb": "proj"})
 
 
-def test_mlflow_and_wandb_offline_continue_one_run_across_a_requeue(tmp_path):
+def test_mlflow_and_wandb_offline_continue_one_run_across_a_requeue(requeued_tracked_run):
     import mlflow  # noqa: F401 - the extras the test needs
 
-    data = make_shapes(tmp_path / "shapes", n_train=24, n_val=4, imgsz=64, classes=3, seed=0)
-    run = tmp_path / "run"
-    argv = [HPCYOLO, "train", "--run-dir", str(run), "--data", str(data), "--model", "n", "--epochs", "3",
-            "--batch", "4", "--nbs", "4", "--imgsz", "64", "--workers", "1", "--close-mosaic", "1",
-            "--mlflow", "local", "--wandb", "shapes-sweep"]
-    r = subprocess.run(["unshare", "-n", sys.executable, "-c", JOBS, json.dumps(argv), DRILL_ENV],
-                       capture_output=True, text=True, timeout=900)
-    result = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert result == {"interfaces": ["lo"], "codes": [EXIT_CODE, 0]}, r.stderr[-3000:]
+    # The run (tests/conftest.py, shared with test_tensorboard.py): two ranks, --mlflow local
+    # --wandb shapes-sweep, 3 epochs, stopped by the preemption drill in epoch 2 and resumed.
+    r, run = requeued_tracked_run, requeued_tracked_run.run
+    assert r.result == {"interfaces": ["lo"], "codes": [EXIT_CODE, 0]}, r.stderr[-3000:]
     rows = list(csv.DictReader((run / "results.csv").open()))
     assert len(rows) == 3
     state = json.loads((run / "tracking.json").read_text())
