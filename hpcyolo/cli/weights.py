@@ -35,9 +35,12 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     Example:
         hpcyolo predict RUN/weights/best.pt photos/ --out predictions --format json
     """
-    from hpcyolo_trainer.eval.predict import predict as run_predict
+    from hpcyolo_trainer.eval.predict import image_files
+    from hpcyolo_trainer.tasks.task import for_weights
 
-    results = run_predict(weights, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
+    image_files(list(images))  # no image to predict: said before the weights are read
+    task, read = for_weights(weights)
+    results = task.predict(read, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
                           end2end=end2end, warn=lambda m: click.echo(m, err=True))
     total = sum(len(r["detections"]) for r in results)
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
@@ -84,12 +87,14 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     import json
     import math
 
-    from hpcyolo_trainer.eval.evaluate import evaluate, table
+    from hpcyolo_trainer.eval.evaluate import table
     from hpcyolo_trainer.parallel.dist import cleanup, setup
+    from hpcyolo_trainer.tasks.task import for_weights
 
     d = setup()
     try:
-        result = evaluate(d, weights, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,
+        task, read = for_weights(weights)
+        result = task.evaluate(d, read, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,
                           rect=rect, end2end=end2end, warn=lambda m: click.echo(m, err=True), workers=workers,
                           plots=None if plots is None else Path(plots))
     finally:
@@ -142,9 +147,10 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
     Example:
         hpcyolo export RUN/weights/best.pt --imgsz 640 --dynamic -o best.onnx
     """
-    from hpcyolo_trainer.eval.export import export_onnx
+    from hpcyolo_trainer.tasks.task import for_weights
 
-    r = export_onnx(weights, output, imgsz=imgsz, batch=batch, dynamic=dynamic, opset=opset, end2end=end2end)
+    task, read = for_weights(weights)
+    r = task.export(read, output, imgsz=imgsz, batch=batch, dynamic=dynamic, opset=opset, end2end=end2end)
     shape = "dynamic batch and size" if dynamic else f"input {r['batch']}x3x{r['imgsz']}x{r['imgsz']}"
     click.echo(f"wrote {r['path']} ({r['arch']}, {r['nc']} classes, {shape}, opset {opset}, "
                f"{r['bytes'] / 1e6:.1f} MB); onnxruntime matches torch within {r['parity']:.1e} (relative)", err=True)

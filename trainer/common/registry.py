@@ -7,6 +7,9 @@ family is that module, and its name and published parameter counts here."""
 # is a folder of hpcyolo_trainer.tasks; adding one is that folder and its name here.
 TASKS = ("detect",)
 DEFAULT_TASK = "detect"
+# The model class an ultralytics checkpoint pickles, by task: how a file says what it holds.
+ULTRALYTICS_MODELS = {"DetectionModel": "detect", "SegmentationModel": "segment", "ClassificationModel": "classify",
+                      "PoseModel": "pose", "OBBModel": "obb"}
 
 FAMILIES = ("yolov8", "yolo11", "yolo26")
 SCALES = ("n", "s", "m", "l", "x")  # every family's sizes (a test holds each family module to them)

@@ -39,7 +39,7 @@ from ..data.augment import PAD_VALUE, letterbox_to, rect_batches
 from ..data.dataset import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
 from ..model.boxes import xywh2xyxy
 from ..model.detector import check_end2end, detections
-from ..model.weights import build_from, read_weights
+from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist, gather_objects
 from .metrics import ConfusionMatrix, DetStats, curves
 
@@ -169,7 +169,7 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
 
 
 @torch.no_grad()
-def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
+def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
              conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
              warn=print, plots: Path | None = None, workers: int = 0) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
@@ -181,7 +181,8 @@ def evaluate(d: Dist, weights: str, data: str, *, imgsz: int | None = None, batc
     processes, at most the CPUs this process may use."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
-    w = read_weights(weights)
+    w = as_weights(weights)
+    weights = w.path
     spec = load_data_spec(data)
     if len(spec.names) != w.nc:
         raise HpcyoloError(f"{weights}: has {w.nc} classes, {data} names {len(spec.names)}")

@@ -21,7 +21,7 @@ import torch
 from ..common.errors import HpcyoloError
 from ..common.fsutil import write_atomic
 from ..model.detector import check_end2end
-from ..model.weights import build_from, read_weights
+from ..model.weights import Weights, as_weights, build_from
 
 OPSET = 17
 TOLERANCE = 1e-4  # max abs difference, relative to the output's max abs value
@@ -59,11 +59,12 @@ def run_onnx(data: bytes | str, images: np.ndarray) -> np.ndarray:
     return session.run(None, {"images": images})[0]
 
 
-def export_onnx(weights: str, output: str | None = None, *, imgsz: int | None = None, batch: int = 1,
+def export_onnx(weights: str | Weights, output: str | None = None, *, imgsz: int | None = None, batch: int = 1,
                 dynamic: bool = False, opset: int = OPSET, end2end: bool = False) -> dict:
     """Write the ONNX file; returns {path, imgsz, batch, dynamic, bytes, parity}."""
     onnx, _ = _need_onnx()
-    w = read_weights(weights)
+    w = as_weights(weights)
+    weights = w.path
     size = imgsz or w.imgsz or 640
     path = Path(output) if output else Path(weights).with_suffix(".onnx")
     if not path.parent.is_dir():

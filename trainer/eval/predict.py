@@ -19,16 +19,16 @@ from ..common.registry import MAX_STRIDE as STRIDE
 from ..data.augment import PAD_VALUE
 from ..data.dataset import IMG_EXTS, decode_resized, probe_image
 from ..model.detector import check_end2end, detections
-from ..model.weights import build_from, read_weights
+from ..model.weights import Weights, as_weights, build_from
 from ..report.plots import draw_detections, save_image
 
 DEFAULT_IMGSZ = 640  # where the weights do not say their training size
 
 
-def load_weights(path: str | Path, device: torch.device):
+def load_weights(path: str | Path | Weights, device: torch.device):
     """(model in eval mode, class names, training image size): hpcyolo's
-    weights or checkpoints, or an ultralytics checkpoint."""
-    weights = read_weights(path)
+    weights or checkpoints, or an ultralytics checkpoint (or those read already)."""
+    weights = as_weights(path)
     model = build_from(weights)
     return model.to(device).eval(), weights.names, weights.imgsz or DEFAULT_IMGSZ
 
@@ -92,7 +92,7 @@ def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, dev
     return det
 
 
-def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
+def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
             iou: float = 0.7, fmt: str = "txt", device: str = "cpu", end2end: bool = False,
             warn=print) -> list[dict]:
     """Predict every image of `inputs`; one that cannot be read is skipped
@@ -100,8 +100,9 @@ def predict(weights: str, inputs: list[str], out: str, *, imgsz: int | None = No
     Nothing is written when the inputs hold no image or the weights do not load."""
     files = image_files(inputs)
     dev = torch.device(device)
+    weights = as_weights(weights)
     model, names, train_size = load_weights(weights, dev)
-    check_end2end(model, end2end, weights)
+    check_end2end(model, end2end, weights.path)
     size = imgsz or train_size
     out_dir = Path(out)
     (out_dir / "labels").mkdir(parents=True, exist_ok=True)

@@ -47,10 +47,16 @@ class Weights:
     state: dict[str, torch.Tensor]
     origin: str  # "ultralytics yolov8n", "hpcyolo weights", "hpcyolo checkpoint"
     path: str
+    task: str = registry.DEFAULT_TASK  # what the model was trained for (registry.TASKS)
 
     @property
     def nc(self) -> int:
         return len(self.names)
+
+
+def as_weights(source: str | Path | Weights) -> Weights:
+    """`source` read (read_weights), where it is a path."""
+    return source if isinstance(source, Weights) else read_weights(source)
 
 
 def read_weights(path: str | Path) -> Weights:
@@ -71,13 +77,21 @@ def _ours(saved, path: str) -> Weights:
     """hpcyolo's weights/*.pt ({model, scale, names, imgsz}) or a checkpoint ({model, ema, config, ...})."""
     if isinstance(saved, dict) and isinstance(saved.get("model"), dict) and "scale" in saved and "names" in saved:
         return Weights(_canonical(saved["scale"], path), [str(n) for n in saved["names"]], int(saved["imgsz"]),
-                       saved["model"], "hpcyolo weights", path)
+                       saved["model"], "hpcyolo weights", path, _task(saved.get("task"), path))
     if isinstance(saved, dict) and isinstance(saved.get("ema"), dict) and isinstance(saved.get("config"), dict):
         config, state = saved["config"], saved["ema"]["module"]  # the EMA, as weights/*.pt holds
         nc = _head_classes(state, path)
         return Weights(_canonical(config.get("model") or "n", path), [str(i) for i in range(nc)],
-                       config.get("imgsz"), state, "hpcyolo checkpoint", path)
+                       config.get("imgsz"), state, "hpcyolo checkpoint", path, _task(config.get("task"), path))
     raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} (a torch file of something else)")
+
+
+def _task(name: object, path: str) -> str:
+    """The task a file of ours says it holds (files before train.task: detect)."""
+    name = registry.DEFAULT_TASK if name is None else name
+    if name not in registry.TASKS:
+        raise HpcyoloError(f"{path}: holds a {shown(name)} model; hpcyolo trains {', '.join(registry.TASKS)}")
+    return name
 
 
 def _canonical(name: str, path: str) -> str:
@@ -110,8 +124,11 @@ def _read_ultralytics(path: str) -> Weights:
     if not isinstance(model, safe_pickle.Inert) or not isinstance(model.state, dict):
         raise HpcyoloError(f"{path}: not an ultralytics checkpoint (no model or ema object)")
     info = model.state
-    if model.kind != "DetectionModel":
-        raise HpcyoloError(f"{path}: holds an ultralytics {model.kind}; only detection models (DetectionModel) load")
+    task = registry.ULTRALYTICS_MODELS.get(model.kind)
+    if task not in registry.TASKS:  # by its records: the model class its pickle names
+        holds = f"a {task} model" if task else "no model of a task hpcyolo knows"
+        raise HpcyoloError(f"{path}: holds an ultralytics {model.kind} ({holds}); hpcyolo trains "
+                           f"{', '.join(registry.TASKS)} models ({', '.join(k for k, t in registry.ULTRALYTICS_MODELS.items() if t in registry.TASKS)})")
     arch = _ultralytics_arch(info.get("yaml"), path)
     names = info.get("names")
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names or []]
@@ -120,7 +137,7 @@ def _read_ultralytics(path: str) -> Weights:
     check_records(model, arch, path)
     args = info.get("args") if isinstance(info.get("args"), dict) else ckpt.get("train_args") or {}
     imgsz = args.get("imgsz") if isinstance(args, dict) else None
-    return Weights(arch, names, _trained_size(imgsz), state, f"ultralytics {arch}", path)
+    return Weights(arch, names, _trained_size(imgsz), state, f"ultralytics {arch}", path, task)
 
 
 def _trained_size(imgsz) -> int | None:

@@ -67,4 +67,5 @@ def numbers(row: dict[str, str]) -> dict[str, float]:
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:
     """Inference weights: the EMA model and what is needed to rebuild it."""
-    ckpt.save({"model": model.state_dict(), "scale": model.arch, "names": list(names), "imgsz": cfg.imgsz}, path)
+    ckpt.save({"model": model.state_dict(), "scale": model.arch, "names": list(names), "imgsz": cfg.imgsz,
+               "task": cfg.task}, path)

@@ -39,12 +39,27 @@ class Task:
     draw_predictions: Callable[..., int]
     val_plots: Callable[..., Any]
     batch_drawer: Callable[..., Any]
+    # a trained model's commands: `hpcyolo val` (metrics of weights on a split), `hpcyolo predict`
+    # (the task's outputs per image), `hpcyolo export` (the task's ONNX output layout); each takes
+    # the weights as read (model/weights.py maps an ultralytics checkpoint by its records)
+    evaluate: Callable[..., dict | None]
+    predict: Callable[..., list]
+    export: Callable[..., dict]
 
     @property
     def not_validated(self) -> dict:
         """The figures of an epoch with no validation (val off, or no
         validation images), as ultralytics writes them: zeros."""
         return {key: 0.0 for key, _ in self.metrics}
+
+
+def for_weights(path: str):
+    """(the task of the weights in `path`, the weights as read): what a file
+    of ours or ultralytics' says it was trained for."""
+    from ..model.weights import read_weights
+
+    weights = read_weights(path)
+    return load(weights.task), weights
 
 
 def load(name: str) -> Task:

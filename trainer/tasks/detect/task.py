@@ -9,7 +9,9 @@ import numpy as np
 
 from ...common import rundir
 from ...data.dataset import AugmentHyp, YoloDataset
-from ...eval.evaluate import ValBatches, batch_drawer, report, table, validate
+from ...eval.evaluate import ValBatches, batch_drawer, evaluate, report, table, validate
+from ...eval.export import export_onnx
+from ...eval.predict import predict
 from ...model.detector import build_model
 from ...optim.loss import DetectionLoss, EndToEndLoss
 from ...report.plots import write_val_plots
@@ -108,4 +110,5 @@ TASK = Task(
     fitness=fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=write_val_plots,
     batch_drawer=batch_drawer,
+    evaluate=evaluate, predict=predict, export=export_onnx,
 )
