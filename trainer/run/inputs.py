@@ -123,21 +123,34 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
     so at once and the other ranks read it while rank 0 builds its datasets;
     its verdict on the data follows when it leaves the block. What stops
     rank 0 in the block stops the others with its words."""
-    if not d.is_main:
-        versions, error, current = _word_of_rank_0()
+    with (_index_on_rank_0(d, spec, nc, run, splits, stats) if d.is_main else _index_of_rank_0(d, spec, run)) \
+            as checked:
+        yield checked
+
+
+@contextmanager
+def _index_of_rank_0(d: Dist, spec: DataSpec, run: Path):
+    """`indexed` on a rank but 0: the index rank 0 wrote (or found current), then its verdict."""
+    versions, error, current = _word_of_rank_0()
+    if error:
+        raise HpcyoloError(error)
+    try:
+        checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version)
+                   for split, version in versions.items()}
+    except OSError as e:
+        raise HpcyoloError(f"rank {d.rank}: {e}") from None
+    yield checked
+    if current:  # told before rank 0 built its datasets: its verdict on the data
+        _, error, _ = _word_of_rank_0()
         if error:
             raise HpcyoloError(error)
-        try:
-            checked = {split: dataindex.read(rundir.index_file(run, split), spec.root, version)
-                       for split, version in versions.items()}
-        except OSError as e:
-            raise HpcyoloError(f"rank {d.rank}: {e}") from None
-        yield checked
-        if current:  # told before rank 0 built its datasets: its verdict on the data
-            _, error, _ = _word_of_rank_0()
-            if error:
-                raise HpcyoloError(error)
-        return
+
+
+@contextmanager
+def _index_on_rank_0(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[Path]],
+                     stats: dict | None):
+    """`indexed` on rank 0: each split's index brought up to date, written
+    once the block accepted the data, the other ranks told (its error too)."""
     built, versions = {}, {}
     try:
         for split, files in splits.items():
@@ -154,15 +167,7 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
             torch.distributed.broadcast_object_list([({split: b[3] for split, b in built.items()}, None, True)], 0)
         yield {split: results for split, (results, *_) in built.items()}
         for split, (_, index, _, version) in built.items():
-            if index is not None:
-                try:
-                    dataindex.write(rundir.index_file(run, split), index)
-                except OSError as e:
-                    raise HpcyoloError(f"cannot write the dataset index {rundir.index_file(run, split)}: "
-                                       f"{e.strerror or e}") from None
-                if index.origin is not None:
-                    print0(d, f"{split}: the dataset index from {index.origin} (a run or val before this one "
-                              "indexed these files; none changed since)")
+            _write_index(d, run, split, index)
             versions[split] = version
     except Exception as e:
         if d.distributed:  # the others wait for the index, or for the verdict: they stop too, with the same words
@@ -171,6 +176,20 @@ def indexed(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[str, list[
         raise
     if d.distributed:  # the index to read, or (told already) that the data is accepted
         torch.distributed.broadcast_object_list([(versions, None, False)], 0)
+
+
+def _write_index(d: Dist, run: Path, split: str, index) -> None:
+    """A split's index into the run directory, where it changed (None: current)."""
+    if index is None:
+        return
+    try:
+        dataindex.write(rundir.index_file(run, split), index)
+    except OSError as e:
+        raise HpcyoloError(f"cannot write the dataset index {rundir.index_file(run, split)}: "
+                           f"{e.strerror or e}") from None
+    if index.origin is not None:
+        print0(d, f"{split}: the dataset index from {index.origin} (a run or val before this one "
+                  "indexed these files; none changed since)")
 
 
 def _word_of_rank_0() -> tuple[dict[str, str], str | None, bool]:
