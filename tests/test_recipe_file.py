@@ -95,10 +95,10 @@ def test_hpcyolo_train_cfg_starts_the_recipes_run_and_says_what_it_took_kept_and
                        text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith(f"recipe {ARGS}: took model=yolo26n, ") and "optimizer=auto" in lines[0]
+    assert lines[0].startswith(f"recipe {ARGS}: took task=detect, model=yolo26n, ") and "optimizer=auto" in lines[0]
     assert lines[1] == ("recipe: the job's own value wins for epochs (1; the recipe says 15), batch (4; the recipe "
                         "says 32), imgsz (64; the recipe says 160), workers (0; the recipe says 1)")
-    assert lines[2].startswith("recipe: ignored, no meaning for training on a cluster: task, mode, data, save, "
+    assert lines[2].startswith("recipe: ignored, no meaning for training on a cluster: mode, data, save, "
                                "device, project, name,")
     assert "optimizer auto: adamw, lr0 0.00125, momentum 0.9" in r.stdout  # ultralytics' choice for this run
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -117,3 +117,12 @@ def test_the_job_specs_own_keys_win_even_at_the_default_and_the_plan_carries_the
     err = capsys.readouterr().err
     assert "hpcyolo: recipe: the job's own value wins for epochs (100; the recipe says 15)" in err
     assert "hpcyolo: recipe: ignored, no meaning for training on a cluster: project" in err
+
+
+def test_a_recipe_of_another_task_is_refused_in_one_line(tmp_path):
+    """args.yaml's task is taken as train.task: one of a task hpcyolo does
+    not train (yet) is refused naming the file and key, not trained as detection."""
+    recipe = tmp_path / "args.yaml"
+    recipe.write_text(ARGS.read_text().replace("task: detect", "task: segment"))
+    with pytest.raises(ConfigError, match=r"args.yaml: task: .*segment.*detect"):
+        read_recipe(recipe)

@@ -30,7 +30,7 @@ from .yamlfile import read_yaml
 # saves and shows, the device, validation/prediction/export settings, and the
 # other tasks' (segmentation, pose, OBB, classification, depth) settings.
 NOT_FOR_TRAINING = frozenset("""
-task mode data device project name exist_ok save save_dir verbose deterministic profile compile
+mode data device project name exist_ok save save_dir verbose deterministic profile compile
 resume split save_json conf iou max_det half dnn agnostic_nms source vid_stride stream_buffer visualize augment
 retina_masks embed show save_frames save_txt save_conf save_crop show_labels show_conf show_boxes line_width format
 optimize dynamic simplify opset workspace quantize int8 tracker cfg overlap_mask mask_ratio pose kobj rle angle dis

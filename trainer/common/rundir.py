@@ -51,9 +51,10 @@ PREEMPTED = ".preempted-"  # + JOB-RESTART: the trainer checkpointed for a reque
 # otherwise bit-identical; comparisons of runs leave them out.
 TIMING_COLUMNS = ("time", "speed/images_per_s", "speed/data_wait", "speed/gpu_mem_GiB")
 MAP50, MAP50_95 = "metrics/mAP50", "metrics/mAP50-95"  # fitness: 0.1 x the first + 0.9 x the second
+PRECISION, RECALL = "metrics/precision", "metrics/recall"
 
-RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision",
-                   "metrics/recall", MAP50, MAP50_95, "lr", *TIMING_COLUMNS)
+RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", PRECISION, RECALL, MAP50, MAP50_95,
+                   "lr", *TIMING_COLUMNS)
 # The plots a run directory ends with (ultralytics' names, and val_pred_N.jpg), as glob patterns.
 PLOT_FILES = (RESULTS_PLOT, "labels.jpg", "train_batch*.jpg", "val_batch*.jpg", "confusion_matrix*.png",
               "Box*_curve.png", "val_pred_*.jpg")

@@ -105,7 +105,7 @@ TASK = Task(
     build_model=build_model, saved_classes=saved_classes,
     loss=loss,
     validate=validate,
-    metrics=(("precision", "metrics/precision"), ("recall", "metrics/recall"), ("map50", rundir.MAP50),
+    metrics=(("precision", rundir.PRECISION), ("recall", rundir.RECALL), ("map50", rundir.MAP50),
              ("map50_95", rundir.MAP50_95)),
     fitness=fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=write_val_plots,
