@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,9 +24,8 @@ from ..common.datayaml import DataSpec, check_labels, training_files
 from ..common.errors import HpcyoloError
 from ..common.settings import TrainConfig
 from ..data import index as dataindex
-from ..data.dataset import YoloDataset, collate, keep_freed_memory, load_data_spec
+from ..data.dataset import collate, keep_freed_memory, load_data_spec
 from ..data.sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
-from ..eval.evaluate import ValBatches
 from ..parallel.dist import Dist, print0, warn0
 from ..tasks.task import Task
 from ..tasks.task import load as load_task
@@ -37,8 +37,8 @@ class Data:
     """The data of a run, as this rank sees it."""
     spec: DataSpec
     names: list[str]  # the classes trained: the data YAML's, or single_cls' one
-    train_set: YoloDataset
-    val_batches: ValBatches
+    train_set: Any  # the task's training set (tasks/: for detect, data/dataset.py's YoloDataset)
+    val_batches: Any  # the task's validation batches (for detect, eval/evaluate.py's ValBatches)
     sampler: EvenShardSampler | RectBatchSampler  # this rank's share of each epoch
     batches: int  # global batches per epoch
     batch_per_rank: int
@@ -200,7 +200,7 @@ def _word_of_rank_0() -> tuple[dict[str, str], str | None, bool]:
     return shared[0]
 
 
-def refuse_unlearnable(data: str, train_set: YoloDataset, nc: int) -> None:
+def refuse_unlearnable(data: str, train_set, nc: int) -> None:
     """Label files whose every line was dropped as malformed (class ids from
     1, or beyond `names`; coordinates in pixels) leave only background: an
     error, where ultralytics would warn and train a detector of nothing."""

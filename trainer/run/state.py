@@ -12,7 +12,6 @@ import torch
 from ..common import rundir
 from ..common.preemption import mark_preempted
 from ..optim.ema import ModelEMA
-from ..optim.loss import DetectionLoss, EndToEndLoss
 from ..optim.schedule import Schedule
 from ..parallel.dist import Dist, gather_objects, warn0
 from ..report.progress import Progress, Throughput
@@ -30,7 +29,7 @@ class Parts:
     amp: bool
     amp_dtype: torch.dtype
     scaler: torch.amp.GradScaler
-    loss_fn: DetectionLoss | EndToEndLoss
+    loss_fn: torch.nn.Module  # the task's loss: (predictions, targets) -> (loss, items); its item names in .names
     writer: ckpt.Writer
     net: torch.nn.Module | None = None  # the model under DDP, once placed
 
