@@ -6,15 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh || exit 1
-# Two workers (pytest-xdist; HPCYOLO_TEST_WORKERS=0 runs in this process):
-# the Slurm tests, on one of them (tests/conftest.py), mostly wait for their
-# jobs, and the other worker trains meanwhile.
-workers=${HPCYOLO_TEST_WORKERS:-2}
-if [ "$workers" = 0 ]; then
-    .venv/bin/python -m pytest -ra "$@"
-else
-    .venv/bin/python -m pytest -ra -n "$workers" --dist loadgroup "$@"
-fi
+.venv/bin/python -m pytest -ra "$@"
 status=$?
 # pytest exits 5 when it collected no tests: that is a failure here.
 if [ "$status" -eq 5 ]; then

@@ -34,22 +34,6 @@ atexit.register(shutil.rmtree, _CACHE, True)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-# Session fixtures whose tests must share one worker under pytest-xdist: the
-# Slurm testbed (one cluster on this machine: its daemons, ports and
-# /etc/hosts lines) and the training runs several test files read.
-ONE_WORKER = ("testbed", "requeued_tracked_run")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh: two workers, --dist loadgroup)
-    each test file runs on one worker, so that its module fixtures (a run
-    several of its tests read) are made once; the tests of a ONE_WORKER
-    fixture run together on one worker, whatever their file."""
-    for item in items:
-        shared = next((name for name in ONE_WORKER if name in item.fixturenames), None)
-        item.add_marker(pytest.mark.xdist_group(shared or item.nodeid.split("::")[0]))
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
