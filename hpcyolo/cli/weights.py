@@ -38,9 +38,9 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     from hpcyolo_trainer.eval.predict import image_files
     from hpcyolo_trainer.tasks.task import for_weights
 
-    image_files(list(images))  # no image to predict: said before the weights are read
+    files = [str(f) for f in image_files(list(images))]  # no image to predict: said before the weights are read
     task, read = for_weights(weights)
-    results = task.predict(read, list(images), out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
+    results = task.predict(read, files, out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
                           end2end=end2end, warn=lambda m: click.echo(m, err=True))
     total = sum(len(r["detections"]) for r in results)
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)

@@ -23,6 +23,7 @@ from ..common.heap import long_lived
 from ..common.ledger import Ledger
 from ..common.preemption import StopFlag
 from ..common.settings import TrainConfig
+from ..data.dataset import load_data_spec
 from ..data.filescan import Prescan
 from ..eval.evaluate import INTERRUPTED
 from ..parallel.dist import Dist, broadcast_module, gather_objects, print0, setup
@@ -70,7 +71,6 @@ class Run:
     clock: RunClock | None = None  # from the training loop's start
     time_up: bool = False  # the budget leaves no room for another step and the final validation
     speed: tuple | None = None  # the last trained epoch's throughput figures (not checkpointed)
-    stopped: int | None = None  # the exit code of a stop asked for during a validation
 
     def apply_plan(self) -> None:
         """The learning-rate schedule and the end-to-end loss's weights follow the planned epochs."""
@@ -127,8 +127,6 @@ def prepare(r: Run, settings: dict, prescan: Prescan | None) -> None:
 
     # Rank 0's listing and stats of the dataset, made while this process imported torch (`prescan`).
     scan = prescan.take(cfg.data, cfg.fraction) if prescan is not None and d.is_main else None
-    from ..data.dataset import load_data_spec
-
     spec = scan.spec if scan else load_data_spec(cfg.data, listed=d.is_main)  # the other ranks: from the index
     # This run's newest valid checkpoint, or the weights to start from (or neither): checked before the
     # dataset's index in the run directory is brought up to date, so that a start refused here writes nothing.
@@ -268,9 +266,9 @@ def end_epoch(r: Run) -> int | None:
     r.parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
     broadcast_module(d, r.parts.ema.module)  # (after the wait: the checkpoint's copy of the EMA is done)
     last = r.last_validation()
-    metrics, validated = validate_epoch(r, last)
-    if metrics is None:
-        return r.stopped
+    metrics, validated, stopped = validate_epoch(r, last)
+    if stopped is not None:
+        return stopped
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
     fitness, seconds = gather_objects(d, (r.task.fitness(metrics), r.clock.seconds(pos.global_step)))[0]
     improved = fitness > pos.best_fitness
@@ -292,10 +290,10 @@ def end_epoch(r: Run) -> int | None:
     return None
 
 
-def validate_epoch(r: Run, last: bool) -> tuple[dict | None, bool]:
-    """(the epoch's metrics, whether it was validated): the validation, where
-    cfg.val or the run's last; a stop asked for during it checkpoints and
-    ends the run (metrics None, r.stopped the exit code)."""
+def validate_epoch(r: Run, last: bool) -> tuple[dict | None, bool, int | None]:
+    """(the epoch's metrics, whether it was validated, None): the validation,
+    where cfg.val or the run's last; a stop asked for during it checkpoints
+    and ends the run (metrics None, and the exit code last)."""
     validated = r.cfg.val or last
     asked = validation_stop(r)
     metrics = r.task.not_validated
@@ -304,10 +302,10 @@ def validate_epoch(r: Run, last: bool) -> tuple[dict | None, bool]:
             metrics = epoch_metrics(r, plots=last and r.cfg.plots, interrupted=asked)
         if metrics is not INTERRUPTED:
             break
-        r.stopped = stop_if_asked(r, where=f"during epoch {r.pos.epoch + 1}'s validation")
-        if r.stopped is not None:
-            return None, validated
-    return metrics, validated
+        stopped = stop_if_asked(r, where=f"during epoch {r.pos.epoch + 1}'s validation")
+        if stopped is not None:
+            return None, validated, stopped
+    return metrics, validated, None
 
 
 def epoch_outputs(r: Run, train_loss, metrics: dict, validated: bool, improved: bool, last: bool,
