@@ -84,8 +84,13 @@ def plot_results(csv_path: str | os.PathLike, png_path: str | os.PathLike) -> No
     names = list(columns) or ["(no numeric columns)"]
     ncols = min(GRID_COLUMNS, len(names))
     nrows = math.ceil(len(names) / ncols)
-    fig = Figure(figsize=(3.2 * ncols, 2.6 * nrows), dpi=100, layout="constrained")
+    width, height = 3.2 * ncols, 2.6 * nrows
+    fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
+    # Fixed margins in inches (room for tick labels and titles): matplotlib's
+    # constrained layout measured every text box and took as long as the drawing.
+    fig.subplots_adjust(left=0.45 / width, right=1 - 0.15 / width, bottom=0.3 / height, top=1 - 0.3 / height,
+                        wspace=0.35, hspace=0.45)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, name in zip(axes, names):
         if name in columns:
