@@ -79,3 +79,11 @@ def test_one_flipped_record_is_refused(flip):
     with pytest.raises(HpcyoloError) as refused:
         check_records(model, "yolo11n", "model.pt")
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_every_task_has_the_map_of_its_head_in_an_ultralytics_checkpoint():
+    from hpcyolo_trainer.common import registry
+    from hpcyolo_trainer.model.heads import HEADS
+
+    assert sorted(HEADS) == sorted(registry.TASKS)
+    assert {registry.ULTRALYTICS_MODELS[k] for k in registry.ULTRALYTICS_MODELS} >= set(HEADS)

@@ -7,13 +7,17 @@ ultralytics' layer indices (`model.N.…`) to this package's module names:
 
 - `model.N` -> the module holding layer N of the published table (the family module's ULTRALYTICS_LAYERS);
 - ultralytics' Conv keeps `conv`/`bn` attributes, ours is a Sequential: `0`/`1`;
-- the Detect head's `cv2`/`cv3` are our `box`/`cls`; its DFL weights are the
-  fixed bins 0..15, which ours computes rather than stores.
+- the head's modules by its task's `HeadMap` (model/heads.py: detection's
+  `cv2`/`cv3` are our `box`/`cls`, its DFL weights the fixed bins 0..15,
+  which ours computes rather than stores).
 
 Every tensor must find its place with the same shape, or nothing is loaded;
 and every module's options that its tensors do not show (activations, SPPF's
-pooling, residual adds, attention heads, the head's regression) must be, by
+pooling, residual adds, attention heads, the head's options) must be, by
 the checkpoint's own records, what hpcyolo builds (check_records).
+
+How the head of an ultralytics file's task maps is that head's HeadMap
+(model/heads.py).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from ..common.errors import HpcyoloError, shown
 from ..common.registry import MAX_STRIDE
 from ..common.rundir import WEIGHTS
 from . import families, safe_pickle
-from .detector import REG_MAX, DetectionModel, build_model, resolve_model
+from .heads import HEADS, HeadMap
+from .detector import DetectionModel, build_model, resolve_model
 
 _NOT_WEIGHTS = f"not hpcyolo weights such as RUN/{WEIGHTS}/best.pt, nor an ultralytics checkpoint"
 _ULTRALYTICS_NAME = re.compile(f"({'|'.join(registry.FAMILIES)})([{''.join(registry.SCALES)}])?")
@@ -129,11 +134,12 @@ def _read_ultralytics(path: str) -> Weights:
         holds = f"a {task} model" if task else "no model of a task hpcyolo knows"
         raise HpcyoloError(f"{path}: holds an ultralytics {model.kind} ({holds}); hpcyolo trains "
                            f"{', '.join(registry.TASKS)} models ({', '.join(k for k, t in registry.ULTRALYTICS_MODELS.items() if t in registry.TASKS)})")
+    head = HEADS[task]
     arch = _ultralytics_arch(info.get("yaml"), path)
     names = info.get("names")
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names or []]
     tensors = dict(_module_tensors(model, ""))
-    state = _rename(tensors, arch, path)
+    state = _rename(tensors, arch, head, path)
     check_records(model, arch, path)
     args = info.get("args") if isinstance(info.get("args"), dict) else ckpt.get("train_args") or {}
     imgsz = args.get("imgsz") if isinstance(args, dict) else None
@@ -174,38 +180,34 @@ def _module_tensors(module: safe_pickle.Inert, prefix: str):
             yield from _module_tensors(child, f"{prefix}{name}.")
 
 
-def _rename(tensors: dict[str, torch.Tensor], arch: str, path: str) -> dict[str, torch.Tensor]:
+def _rename(tensors: dict[str, torch.Tensor], arch: str, head: HeadMap, path: str) -> dict[str, torch.Tensor]:
     """Ultralytics' names -> ours, checking each tensor against a model of `arch`."""
     layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
     ours: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
         parts = name.split(".")
-        target = _our_name(name, layers) if len(parts) >= 3 else None
+        target = _our_name(name, layers, head) if len(parts) >= 3 else None
         if target is None:
             raise HpcyoloError(f"{path}: tensor {name} has no place in {arch}")
-        if target == "head" and parts[2] == "dfl":
-            _check_dfl(value, name, path)
+        if target == "head" and parts[2] in head.computed:
+            head.computed[parts[2]](value, name, path)
             continue
         ours[target] = value
     return ours
 
 
-# The Detect head's branches: ultralytics' names -> ours.
-_HEAD_BRANCHES = {"cv2": "box", "cv3": "cls", "one2one_cv2": "one2one_box", "one2one_cv3": "one2one_cls"}
-
-
-def _our_name(name: str, layers: tuple) -> str | None:
+def _our_name(name: str, layers: tuple, head: HeadMap) -> str | None:
     """Our name of an ultralytics tensor or module (`model.N.…`); None where it has no place.
-    A DFL's name ends at its layer: `head`."""
+    A child of the head that hpcyolo computes (detection's DFL) ends at its layer: `head`."""
     parts = name.split(".")
     if len(parts) < 2 or parts[0] != "model" or not parts[1].isdigit() or int(parts[1]) >= len(layers) \
             or layers[int(parts[1])] is None:
         return None
     target, rest = layers[int(parts[1])], parts[2:]
     if target == "head" and rest:
-        if rest[0] == "dfl":
+        if rest[0] in head.computed:
             return target
-        rest = [_HEAD_BRANCHES.get(rest[0], rest[0]), *rest[1:]]
+        rest = [head.branches.get(rest[0], rest[0]), *rest[1:]]
     # Ultralytics' Conv names its layers conv, bn, act; ours is a Sequential.
     rest = [{"conv": "0", "bn": "1", "act": "2"}.get(p, p) for p in rest]
     return ".".join([target, *rest])
@@ -222,11 +224,12 @@ def _our_name(name: str, layers: tuple) -> str | None:
 def check_records(model: safe_pickle.Inert, arch: str, path: str) -> None:
     """Refuse, in one line naming the layer, a checkpoint whose modules
     compute something else than hpcyolo's `arch` with the same tensors."""
+    head = HEADS[registry.ULTRALYTICS_MODELS[model.kind]]
     layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
     with torch.device("meta"):  # the structure only: no memory, no initialisation cost
         ours = build_model(arch, 1)
     for name, module in _modules(model.state.get("_modules", {}).get("model"), "model"):
-        for what, theirs, mine in _options(module, name, ours, layers):
+        for what, theirs, mine in _options(module, name, ours, layers, head):
             if theirs != mine:
                 raise HpcyoloError(f"{path}: layer {name.split('.')[1]} ({module.kind} at {name}) has {what} "
                                    f"{shown(theirs)} where hpcyolo's {arch} has {shown(mine)}: a variant hpcyolo "
@@ -243,12 +246,12 @@ def _modules(module, name: str):
             yield from _modules(child, f"{name}.{child_name}")
 
 
-def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers: tuple):
+def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers: tuple, head: HeadMap):
     """(what, the record's value, ours) for each option of `module` that hpcyolo builds one way."""
     state, children = module.state, module.state.get("_modules") or {}
 
     def mine(suffix: str = ""):
-        target = _our_name(name + suffix, layers)
+        target = _our_name(name + suffix, layers, head)
         try:
             return ours.get_submodule(target) if target else None
         except AttributeError:
@@ -271,19 +274,12 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
         ref = mine()
         yield "attention heads", state.get("num_heads"), ref.heads
         yield "a key width", state.get("key_dim"), ref.key_dim
-    elif kind == "Detect":
-        yield "box regression bins (reg_max)", state.get("reg_max"), ours.reg_max
-        yield "an end-to-end head (end2end)", "one2one_cv2" in children, ours.end2end
+    elif kind == head.kind:
+        yield from head.records(state, ours)
     elif kind == "Upsample":
         yield "upsampling", (float(state.get("scale_factor") or 0), state.get("mode")), (2.0, "nearest")
     elif kind == "Concat":
         yield "a concatenation dimension", state.get("d"), 1
-
-
-def _check_dfl(value: torch.Tensor, name: str, path: str) -> None:
-    """The DFL's 1x1 conv holds the fixed bins 0..reg_max-1; ours computes them."""
-    if value.numel() != REG_MAX or not torch.equal(value.float().flatten(), torch.arange(REG_MAX).float()):
-        raise HpcyoloError(f"{path}: {name} is not the fixed DFL bins 0..{REG_MAX - 1}")
 
 
 # ---------------------------------------------------------------- onto a model
