@@ -131,3 +131,61 @@ def test_every_anchor_of_a_relative_link_is_a_heading():
             if linked.exists() and anchor not in _anchors(linked.read_text()):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+# == the commands the pages show ==================================================
+
+def shown_commands() -> list[tuple[str, str]]:
+    """(page, command) for every `hpcyolo ...` line in a fenced code block of
+    the README and of docs/*.md (a leading `$ ` dropped), and every inline
+    code span that starts with `hpcyolo `."""
+    shown = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        fenced = False
+        for line in page.read_text().splitlines():
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+                continue
+            text = line.strip().removeprefix("$ ")
+            if fenced and re.match(r"hpcyolo [a-z]", text):
+                shown.append((page.relative_to(ROOT).as_posix(), text))
+            elif not fenced:
+                shown += [(page.relative_to(ROOT).as_posix(), span) for span in re.findall(r"`(hpcyolo [a-z][^`]*)`", line)]
+    return shown
+
+
+def unknown_options(line: str) -> list[str]:
+    """What in one shown command the CLI would not take: a command that does
+    not exist, or an option its command does not have ([...] around optional
+    parts and `# comments` are the page's, a `|` ends the command)."""
+    import shlex
+
+    from hpcyolo.cli import main
+
+    words = shlex.split(line.split(" | ")[0], comments=True)[1:]
+    command = main
+    while words and hasattr(command, "commands") and not words[0].startswith("-"):
+        name = words.pop(0)
+        if name not in command.commands:
+            return [f"no command {name!r}"]
+        command = command.commands[name]
+    known = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)} | {"--help"}
+    options = (word.strip("[]").split("=")[0] for word in words)
+    return [opt for opt in options if opt.startswith("-") and opt not in known]
+
+
+def test_the_command_checker_finds_what_the_cli_would_refuse():
+    assert unknown_options("hpcyolo render SITE JOB [-o FILE]") == []
+    assert unknown_options("hpcyolo val W --data D.yaml --imgsz=64  # a comment --nope") == []
+    assert unknown_options("hpcyolo render SITE JOB --outfile X | sbatch --parsable") == ["--outfile"]
+    assert unknown_options("hpcyolo rendr SITE JOB") == ["no command 'rendr'"]
+
+
+def test_every_command_the_pages_show_names_a_command_and_options_that_exist():
+    """A page that shows a command the CLI no longer has, or an option
+    renamed since, fails here (the commands' own runs are in test_cli,
+    test_fresh_clone and the tests of each command)."""
+    shown = shown_commands()
+    assert len(shown) > 60
+    wrong = {f"{page}: {line}": bad for page, line in shown if (bad := unknown_options(line))}
+    assert wrong == {}
