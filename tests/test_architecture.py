@@ -16,6 +16,7 @@ followed.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -302,13 +303,15 @@ def test_hpcyolo_reads_only_common_outside_its_commands():
 
 # == every import resolves =======================================================
 
+@functools.lru_cache(maxsize=None)  # the sources do not change during the session; each is read once
 def defined_names(path: Path) -> set[str]:
     """The names a module defines at its top level (functions, classes,
     assignments, imports), and for a package its submodules."""
     tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
     names = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and id(node) in top:
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -341,10 +344,11 @@ def unresolved_imports(path: Path) -> list[str]:
             continue
         if source_of(module) is None:
             bad.append(f"{path.relative_to(ROOT)}:{line}: no module {module}")
+    at = dict(imported_names(path))
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.ImportFrom):
             continue
-        base = dict(imported_names_at(path)).get(node.lineno)
+        base = at.get(node.lineno)
         source = source_of(base) if base else None
         if source is None:
             continue
@@ -352,10 +356,6 @@ def unresolved_imports(path: Path) -> list[str]:
         bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {base} has no {a.name}"
                 for a in node.names if a.name != "*" and a.name not in names]
     return bad
-
-
-def imported_names_at(path: Path) -> list[tuple[int, str]]:
-    return [(line, name) for line, name in imported_names(path)]
 
 
 def test_every_import_resolves():
