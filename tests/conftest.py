@@ -34,6 +34,19 @@ atexit.register(shutil.rmtree, _CACHE, True)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+# scripts/test.sh runs two pytest lanes at once: `-m "slurm or beside_slurm"`
+# and the rest. The Slurm tier alone ends minutes before the rest: these
+# files (about 160 s alone, most of it a fuzzer's commands and ranks waited
+# for until a bound) run in its lane, so that both lanes end about together.
+BESIDE_SLURM = {"test_fuzz_inputs.py", "test_time_budget.py", "test_watchdog.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in BESIDE_SLURM:
+            item.add_marker(pytest.mark.beside_slurm)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
