@@ -189,3 +189,31 @@ def test_every_command_the_pages_show_names_a_command_and_options_that_exist():
     assert len(shown) > 60
     wrong = {f"{page}: {line}": bad for page, line in shown if (bad := unknown_options(line))}
     assert wrong == {}
+
+
+def test_every_shown_command_whose_files_are_in_the_repository_runs():
+    """The shown commands that name only files of this repository (validate
+    and render of a shipped site and example job) run as shown, from the
+    repository's root, and exit 0 (the README's first block runs in
+    test_fresh_clone; placeholders such as SITE and RUN are checked above)."""
+    import os
+    import shlex
+
+    from click.testing import CliRunner
+
+    from hpcyolo.cli import main
+
+    ran = []
+    for page, line in shown_commands():
+        words = shlex.split(line.split(" | ")[0], comments=True)[1:]
+        paths = [w for w in words[1:] if not w.startswith("-")]
+        if paths and all((ROOT / p).exists() for p in paths):
+            cwd = os.getcwd()
+            os.chdir(ROOT)
+            try:
+                result = CliRunner().invoke(main, words)
+            finally:
+                os.chdir(cwd)
+            assert result.exit_code == 0, f"{page}: {line}\n{result.output[-2000:]}"
+            ran.append(line)
+    assert len(ran) >= 4
