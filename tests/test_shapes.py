@@ -207,3 +207,99 @@ def test_cli_never_imports_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "IMPORTED []" in r.stderr
+
+
+# == --task segment and --task classify ===========================================
+
+def polygon_mask(points: np.ndarray, size: int, ss: int = 4) -> np.ndarray:
+    """The pixels (size, size) a polygon (k, 2, in pixels) covers, by area at ss x ss samples."""
+    from PIL import ImageDraw
+
+    canvas = Image.new("L", (size * ss, size * ss), 0)
+    ImageDraw.Draw(canvas).polygon([tuple(p) for p in points * ss - 0.5], fill=255)
+    return np.asarray(canvas.resize((size, size), Image.Resampling.BOX), dtype=np.float32) / 255 >= 0.5
+
+
+def test_each_shapes_polygon_covers_the_pixels_it_drew():
+    """One shape per image, with the noise off: the polygon written for it
+    covers the pixels of alpha >= 0.5 (recovered from the image) with IoU >=
+    0.9 at the default image size, a ring's hole left out, and bounds the
+    detection box within a pixel."""
+    S, ious = 160, {}  # the default size: the smallest shape is 19 px, a ring's band 4
+    for i in range(60):
+        rng = np.random.default_rng([11, i])
+        outlines: list = []
+        img, boxes = shapes.render_image(rng, S, 6, 1, outlines=outlines)
+        if not boxes:
+            continue
+        rng = np.random.default_rng([11, i])
+        bg = np.clip(shapes._background(rng, S) + 0.5, 0, 255).transpose(1, 2, 0)
+        noise_free = shapes._noise
+        try:
+            shapes._noise = lambda rng, size: np.zeros((3, size, size), np.float32)
+            img, _ = shapes.render_image(np.random.default_rng([11, i]), S, 6, 1)
+        finally:
+            shapes._noise = noise_free
+        img = img.astype(np.float32)
+        colours, counts = np.unique(img.reshape(-1, 3), axis=0, return_counts=True)
+        d = colours[counts.argmax()] - bg.astype(np.float32)
+        alpha = ((img - bg) * d).sum(-1) / np.maximum((d * d).sum(-1), 1e-6)
+        (cls, *box), = boxes
+        drawn, covered = alpha >= 0.5, polygon_mask(outlines[0], S)
+        ious.setdefault(shapes.SHAPES[cls], []).append((drawn & covered).sum() / (drawn | covered).sum())
+        lo, hi = outlines[0].min(0), outlines[0].max(0)
+        assert np.allclose([*lo, *hi], box, atol=1.0), (i, cls, box, lo, hi)
+        assert outlines[0].min() >= 0 and outlines[0].max() <= S
+    assert sorted(ious) == sorted(shapes.SHAPES)  # every kind seen, the ring's hole among them
+    assert min(min(v) for v in ious.values()) >= 0.9, {k: round(min(v), 3) for k, v in ious.items()}
+
+
+def test_a_segment_set_is_the_detect_sets_images_with_polygons_whose_boxes_are_its_boxes(dataset, tmp_path):
+    seg = shapes.make_shapes(tmp_path / "seg", **SMALL, task="segment").parent
+    det, got = files(dataset), files(seg)
+    images = [name for name in det if name.startswith("images/")]
+    assert images and all(got[name] == det[name] for name in images)  # the same draws
+    assert "--task segment" in (seg / "data.yaml").read_text()
+    assert yaml.safe_load((seg / "data.yaml").read_text())["names"] == yaml.safe_load((dataset / "data.yaml").read_text())["names"]
+    lines = 0
+    for name in (n for n in det if n.startswith("labels/")):
+        for box_line, polygon_line in zip(det[name].decode().splitlines(), got[name].decode().splitlines(), strict=True):
+            c, *xywh = box_line.split()
+            pc, *xy = polygon_line.split()
+            points = np.asarray(xy, dtype=float).reshape(-1, 2)
+            assert pc == c and len(points) >= 3 and points.min() >= 0 and points.max() <= 1
+            cx, cy, w, h = map(float, xywh)
+            lo, hi = points.min(0), points.max(0)
+            assert np.allclose([*lo, *hi], [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], atol=1.01 / SMALL["imgsz"])
+            lines += 1
+    assert lines > SMALL["n_train"]
+
+
+def test_a_classify_set_is_one_shape_per_image_in_balanced_class_folders(tmp_path):
+    dest = tmp_path / "cls"
+    assert shapes.make_shapes(dest, n_train=12, n_val=6, imgsz=64, classes=3, seed=2, task="classify") == dest
+    assert sorted(p.name for p in dest.iterdir()) == ["train", "val"]  # no labels, no data.yaml
+    for split, n in (("train", 12), ("val", 6)):
+        folders = {p.name: sorted(q.name for q in p.iterdir()) for p in (dest / split).iterdir()}
+        assert sorted(folders) == sorted(shapes.SHAPES[:3])
+        assert [len(v) for v in folders.values()] == [n // 3] * 3
+        for name, images in folders.items():
+            for image in images:  # each image's one shape is its folder's class
+                rng = np.random.default_rng([2, ("train", "val").index(split), int(Path(image).stem)])
+                rng.integers(1, 5)  # the object count drawn first, as for the other tasks
+                _, boxes = shapes.render_image(rng, 64, 3, 1, only=shapes.SHAPES.index(name))
+                assert [b[0] for b in boxes] == [shapes.SHAPES.index(name)]
+    assert files(dest) == files(shapes.make_shapes(tmp_path / "again", n_train=12, n_val=6, imgsz=64, classes=3,
+                                                   seed=2, task="classify"))
+
+
+def test_the_cli_writes_each_task_and_refuses_another(tmp_path):
+    r = hpcyolo("make-dataset", "shapes", tmp_path / "seg", "--task", "segment", "--train", "4", "--val", "2")
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "seg" / "data.yaml"), r.stderr
+    r = hpcyolo("make-dataset", "shapes", tmp_path / "cls", "--task", "classify", "--train", "4", "--val", "4")
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "cls"), r.stderr
+    r = hpcyolo("make-dataset", "shapes", tmp_path / "pose", "--task", "pose")
+    assert r.returncode == 2 and "--task" in r.stderr and not (tmp_path / "pose").exists()
+    with pytest.raises(HpcyoloError, match="task must be one of detect, segment, classify"):
+        shapes.make_shapes(tmp_path / "x", task="pose")
+    assert not (tmp_path / "x").exists()

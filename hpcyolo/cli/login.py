@@ -85,7 +85,7 @@ def run_(site: str, job: str, resume: bool) -> None:
     sys.exit(run_local(_load_plan(site, job), resume=resume))
 
 
-@main.command(name="make-dataset", short_help="Write a small synthetic detection dataset.")
+@main.command(name="make-dataset", short_help="Write a small synthetic dataset (detect, segment or classify).")
 @click.argument("kind", type=click.Choice(["shapes"]))
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--train", "n_train", default=800, show_default=True, type=click.IntRange(min=1),
@@ -98,9 +98,14 @@ def run_(site: str, job: str, resume: bool) -> None:
               help="Random seed: the same seed writes the same files.")
 @click.option("--max-objects", default=4, show_default=True, type=click.IntRange(1, 50), help="Objects per image, "
               "at most (5% of images have none).")
+# login/shapes.py's TASKS (not imported here: it loads numpy and Pillow)
+@click.option("--task", default="detect", show_default=True, type=click.Choice(["detect", "segment", "classify"]),
+              help="The labels, as ultralytics reads them for the task: boxes; polygons (the shapes' silhouettes); "
+                   "or one shape per image in DIR/{train,val}/CLASS/ folders.")
 def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int, classes: int, seed: int,
-                 max_objects: int) -> None:
-    """Write a synthetic detection dataset into DIR, in ultralytics layout.
+                 max_objects: int, task: str) -> None:
+    """Write a synthetic dataset into DIR, in ultralytics layout, for
+    detection (boxes), segmentation (polygons) or classification (class folders).
 
     KIND `shapes`: coloured shapes on noisy backgrounds, the class given by the
     silhouette alone. Small and learnable: a YOLO n trained from scratch on a
@@ -110,9 +115,11 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
     \b
     Example:
         hpcyolo make-dataset shapes /scratch/$USER/shapes
+        hpcyolo make-dataset shapes --task segment /scratch/$USER/shapes-seg
 
     DIR must not exist or be empty; it appears complete or not at all.
-    Prints the path of its data.yaml on stdout.
+    Prints the path of its data.yaml on stdout (for classify: DIR, the
+    dataset as ultralytics takes it).
     """
     import time
     from pathlib import Path
@@ -121,7 +128,7 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
 
     start = time.monotonic()
     data_yaml = make_shapes(Path(directory), n_train=n_train, n_val=n_val, imgsz=imgsz, classes=classes, seed=seed,
-                            max_objects=max_objects)
+                            max_objects=max_objects, task=task)
     click.echo(f"wrote {n_train} train + {n_val} val images ({imgsz} px, {classes} classes) "
                f"in {time.monotonic() - start:.1f} s", err=True)
     click.echo(str(data_yaml))

@@ -1,10 +1,21 @@
-"""A synthetic detection dataset of coloured shapes, in ultralytics layout.
+"""A synthetic dataset of coloured shapes, in ultralytics layout, for
+detection, instance segmentation or classification.
 
 `make_shapes(dest)` (and `hpcyolo make-dataset shapes DIR`) writes::
 
     DIR/images/{train,val}/NNNNNN.jpg
     DIR/labels/{train,val}/NNNNNN.txt    one `class cx cy w h` line per object, normalised
     DIR/data.yaml                        path: ., train: images/train, val: images/val, names
+
+`task="segment"` (`--task segment`) writes the same images with one
+`class x1 y1 x2 y2 ... xn yn` line per object instead: the shape's
+silhouette as a polygon (normalised, clipped to the image; a ring's hole
+joined to its outline by a zero-width cut, as ultralytics writes a mask with
+a hole), the polygon ultralytics reads segments from. `task="classify"`
+writes one shape per image into ultralytics' classification layout, the
+classes balanced, no labels and no data.yaml (the folder is the dataset)::
+
+    DIR/{train,val}/CLASS/NNNNNN.jpg
 
 It exists so that a training run can be checked end to end in minutes, on a
 CPU, with a meaningful number at the end: a YOLO "n" model trained from
@@ -75,6 +86,8 @@ from PIL import Image, ImageDraw
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring")
 SPLITS = ("train", "val")
+TASKS = ("detect", "segment", "classify")  # what make_shapes writes labels for
+ROUND_POINTS = 32                 # polygon points of a circle's (and a ring's each) outline
 
 MIN_SIZE, MAX_SIZE = 0.12, 0.50   # object side, fraction of the image side
 MAX_IOU = 0.3                     # between boxes of one image
@@ -112,6 +125,49 @@ def _polygon(kind: str, rotation: float) -> np.ndarray:
     p = np.asarray(pts, dtype=np.float64)
     c, s = math.cos(rotation), math.sin(rotation)
     return p @ np.array([[c, s], [-s, c]])
+
+
+def outline(kind: str, w: int, h: int, rotation: float = 0.0) -> np.ndarray:
+    """The polygon (k, 2), in pixels of the w x h patch (a pixel i spans
+    [i, i + 1]), that shape_alpha fills: its vertices, or ROUND_POINTS points
+    of an ellipse; a ring's outer ellipse, then its inner one backwards,
+    joined by a zero-width cut."""
+    ss = SUPERSAMPLE
+    W, H = w * ss, h * ss
+    if kind in ("circle", "ring"):
+        angles = np.linspace(0, 2 * np.pi, ROUND_POINTS, endpoint=False)
+        unit = np.stack([np.cos(angles), np.sin(angles)], 1)
+        rx, ry = (W - 1) / 2, (H - 1) / 2
+        points = (rx, ry) + unit * (rx, ry)
+        if kind == "ring":
+            width = max(ss, round(0.24 * min(W, H)))
+            inner = (rx, ry) + unit * (rx - width, ry - width)
+            points = np.concatenate([points, points[:1], inner[:1], inner[::-1]])
+    else:
+        p = _polygon(kind, rotation)
+        lo, hi = p.min(0), p.max(0)
+        points = (p - lo) / (hi - lo) * [W - 1, H - 1]
+    return (points + 0.5) / ss
+
+
+def clip_to_square(points: np.ndarray, size: float) -> np.ndarray:
+    """The part of the polygon `points` (k, 2) inside [0, size] x [0, size]
+    (Sutherland-Hodgman, one edge of the square at a time)."""
+    for axis, bound, keep in ((0, 0.0, np.greater_equal), (0, size, np.less_equal),
+                              (1, 0.0, np.greater_equal), (1, size, np.less_equal)):
+        out = []
+        for k in range(len(points)):
+            a, b = points[k - 1], points[k]
+            a_in, b_in = keep(a[axis], bound), keep(b[axis], bound)
+            if a_in != b_in:  # the edge crosses the bound: where it does
+                t = (bound - a[axis]) / (b[axis] - a[axis])
+                cut = a + t * (b - a)
+                cut[axis] = bound  # on it exactly, not a rounding error outside
+                out.append(cut)
+            if b_in:
+                out.append(b)
+        points = np.asarray(out, dtype=np.float64).reshape(-1, 2)
+    return points
 
 
 def shape_alpha(kind: str, w: int, h: int, rotation: float = 0.0) -> np.ndarray:
@@ -212,11 +268,14 @@ def _box_iou(a, b) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: int):
+def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: int, *, only: int | None = None,
+                 outlines: list | None = None):
     """One image: (uint8 array (imgsz, imgsz, 3), [(class, x0, y0, x1, y1)] in pixels).
 
     Boxes are tight around the alpha >= 0.5 pixels of each shape, clipped to
-    the image, with x1/y1 exclusive (pixel edges).
+    the image, with x1/y1 exclusive (pixel edges). `only`: every object of
+    that class (the same random draws as without it). `outlines`: a list
+    that gets each object's polygon (k, 2), in image pixels, clipped to it.
     """
     S = imgsz
     img = _background(rng, S)
@@ -226,6 +285,7 @@ def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: 
     boxes: list[tuple[int, float, float, float, float]] = []
     for _ in range(n_objects):
         cls = int(rng.integers(classes))
+        cls = cls if only is None else only
         kind = SHAPES[cls]
         for _try in range(PLACEMENT_TRIES):
             side = S * math.exp(rng.uniform(math.log(MIN_SIZE), math.log(MAX_SIZE)))
@@ -270,6 +330,8 @@ def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: 
             areas.append(int(on.sum()))
             colors.append(color)
             boxes.append((cls, *map(float, box)))
+            if outlines is not None:
+                outlines.append(clip_to_square(outline(kind, w, h, rot) + (x, y), S))
             break
     img += _noise(rng, S) * np.float32(rng.uniform(4, 10))
     np.clip(img + 0.5, 0, 255, out=img)
@@ -285,6 +347,11 @@ def _label_text(boxes, imgsz: int) -> str:
     return "".join(lines)
 
 
+def _polygon_text(boxes, outlines, imgsz: int) -> str:
+    return "".join(f"{cls} " + " ".join(f"{v:.6f}" for v in (points / imgsz).ravel()) + "\n"
+                   for (cls, *_), points in zip(boxes, outlines))
+
+
 def _encode_jpeg(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="JPEG", quality=JPEG_QUALITY, subsampling=0)
@@ -293,21 +360,29 @@ def _encode_jpeg(arr: np.ndarray) -> bytes:
 
 # --------------------------------------------------------------------------- splits
 
-def _background_indices(seed: int, split: int, n: int) -> set[int]:
+def _background_indices(seed: int, split: int, n: int, task: str = "detect") -> set[int]:
+    if task == "classify":  # an image of no class has no place in a class folder
+        return set()
     rng = np.random.default_rng([seed, split, 0xB6])
     k = round(BACKGROUND_FRACTION * n)
     return set(rng.choice(n, size=k, replace=False).tolist()) if k else set()
 
 
 def _write_one(job) -> None:
-    root, split, index, seed, imgsz, classes, max_objects, empty = job
+    root, split, index, seed, imgsz, classes, max_objects, empty, task = job
     rng = np.random.default_rng([seed, split, index])
     n_objects = 0 if empty else int(rng.integers(1, max_objects + 1))
-    arr, boxes = render_image(rng, imgsz, classes, n_objects)
-    name = SPLITS[split]
-    stem = f"{index:06d}"
+    name, stem = SPLITS[split], f"{index:06d}"
+    if task == "classify":  # one shape, the classes in turn
+        arr, boxes = render_image(rng, imgsz, classes, 1, only=index % classes)
+        cls = boxes[0][0] if boxes else index % classes
+        Path(root, name, SHAPES[cls], stem + ".jpg").write_bytes(_encode_jpeg(arr))
+        return
+    outlines = [] if task == "segment" else None
+    arr, boxes = render_image(rng, imgsz, classes, n_objects, outlines=outlines)
     Path(root, "images", name, stem + ".jpg").write_bytes(_encode_jpeg(arr))
-    Path(root, "labels", name, stem + ".txt").write_text(_label_text(boxes, imgsz))
+    text = _label_text(boxes, imgsz) if outlines is None else _polygon_text(boxes, outlines, imgsz)
+    Path(root, "labels", name, stem + ".txt").write_text(text)
 
 
 def _workers(total: int) -> int:
@@ -344,12 +419,16 @@ def _partial_folder(dest: Path) -> Path:
 
 
 def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int = 160, classes: int = 4,
-                seed: int = 0, max_objects: int = 4, progress: bool | None = None) -> Path:
-    """Write the shapes dataset into `dest` (which must not exist, or be an
-    empty directory) and return the path of its data.yaml.
+                seed: int = 0, max_objects: int = 4, progress: bool | None = None, task: str = "detect") -> Path:
+    """Write the shapes dataset for `task` (TASKS) into `dest` (which must not
+    exist, or be an empty directory) and return the path of its data.yaml
+    (for classify, of the folder: ultralytics takes a classification dataset
+    as its folder).
 
     `progress`: report on stderr; None means only for large sets.
     """
+    if task not in TASKS:
+        raise HpcyoloError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
     _check("n_train", n_train, 1)
     _check("n_val", n_val, 1)
     _check("imgsz", imgsz, 32, 4096)
@@ -361,13 +440,14 @@ def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int 
     partial = _partial_folder(dest)
     try:
         os.chmod(partial, 0o755)
-        for sub in ("images", "labels"):
-            for name in SPLITS:
-                (partial / sub / name).mkdir(parents=True)
+        folders = [(name, shape) for name in SPLITS for shape in SHAPES[:classes]] if task == "classify" else \
+            [(sub, name) for sub in ("images", "labels") for name in SPLITS]
+        for folder in folders:
+            (partial / Path(*folder)).mkdir(parents=True)
         jobs = []
         for split, n in enumerate((n_train, n_val)):
-            empty = _background_indices(seed, split, n)
-            jobs += [(str(partial), split, i, seed, imgsz, classes, max_objects, i in empty) for i in range(n)]
+            empty = _background_indices(seed, split, n, task)
+            jobs += [(str(partial), split, i, seed, imgsz, classes, max_objects, i in empty, task) for i in range(n)]
         total = len(jobs)
         report = progress if progress is not None else total >= PROGRESS_THRESHOLD
         step = max(1, total // 10)
@@ -393,9 +473,10 @@ def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int 
                 for done, _ in enumerate(pool.imap_unordered(_write_one, jobs, chunksize=chunk), 1):
                     tick(done)
         names = "\n".join(f"  {i}: {SHAPES[i]}" for i in range(classes))
-        (partial / "data.yaml").write_text(
-            f"# Synthetic shapes: hpcyolo make-dataset shapes (seed {seed}, imgsz {imgsz})\n"
-            f"path: .\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
+        if task != "classify":
+            (partial / "data.yaml").write_text(
+                f"# Synthetic shapes: hpcyolo make-dataset shapes{'' if task == 'detect' else ' --task ' + task} "
+                f"(seed {seed}, imgsz {imgsz})\npath: .\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
         _check_dest(dest)
         try:
             os.rename(partial, dest)  # replaces an empty directory, fails on a non-empty one
@@ -412,7 +493,7 @@ def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int 
         fsync_dir(dest.parent)
     except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
         pass
-    return dest / "data.yaml"
+    return dest if task == "classify" else dest / "data.yaml"
 
 
 def _check_dest(dest: Path) -> None:
