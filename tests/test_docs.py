@@ -191,25 +191,32 @@ def test_every_command_the_pages_show_names_a_command_and_options_that_exist():
     assert wrong == {}
 
 
-def test_every_shown_command_whose_files_are_in_the_repository_runs():
+def test_every_shown_command_whose_files_are_in_the_repository_runs(tmp_path):
     """The shown commands that name only files of this repository (validate
-    and render of a shipped site and example job) run as shown, from the
-    repository's root, and exit 0 (the README's first block runs in
-    test_fresh_clone; placeholders such as SITE and RUN are checked above)."""
+    and render of a shipped site and example job) run as shown and exit 0,
+    in a copy of site_configs/ and examples/ beside the small shapes set the
+    pages make first (`hpcyolo make-dataset shapes data/shapes`; a fresh
+    clone has no data/). The README's first block runs in test_fresh_clone;
+    placeholders such as SITE and RUN are checked above."""
     import os
     import shlex
+    import shutil
 
     from click.testing import CliRunner
 
     from hpcyolo.cli import main
+    from hpcyolo.login.shapes import make_shapes
 
+    for folder in ("site_configs", "examples"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    make_shapes(tmp_path / "data" / "shapes", n_train=4, n_val=2, imgsz=64)
     ran = []
     for page, line in shown_commands():
         words = shlex.split(line.split(" | ")[0], comments=True)[1:]
         paths = [w for w in words[1:] if not w.startswith("-")]
         if paths and all((ROOT / p).exists() for p in paths):
             cwd = os.getcwd()
-            os.chdir(ROOT)
+            os.chdir(tmp_path)
             try:
                 result = CliRunner().invoke(main, words)
             finally:
