@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in BESIDE_SLURM:
             item.add_marker(pytest.mark.beside_slurm)
+
+
+def _busy_cpu_seconds() -> float:
+    """The machine's CPU time spent busy since boot, all cores (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """HPCYOLO_TEST_CPU=FILE: one line per test appended to FILE, its wall
+    seconds and the CPU seconds the whole machine was busy meanwhile (its
+    Slurm jobs' and subprocesses' included): where CI's CPU goes. Read it
+    from a one-lane run (HPCYOLO_TEST_LANES=1), where nothing else runs."""
+    out = os.environ.get("HPCYOLO_TEST_CPU")
+    if not out:
+        yield
+        return
+    wall, cpu = time.monotonic(), _busy_cpu_seconds()
+    yield
+    with open(out, "a") as f:
+        f.write(f"{time.monotonic() - wall:8.2f} {_busy_cpu_seconds() - cpu:8.2f} {item.nodeid}\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
