@@ -82,6 +82,7 @@ from pathlib import Path
 
 import numpy as np
 from hpcyolo_trainer.common.errors import HpcyoloError
+from hpcyolo_trainer.common.polygon import clip_polygon
 from PIL import Image, ImageDraw
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring")
@@ -148,26 +149,6 @@ def outline(kind: str, w: int, h: int, rotation: float = 0.0) -> np.ndarray:
         lo, hi = p.min(0), p.max(0)
         points = (p - lo) / (hi - lo) * [W - 1, H - 1]
     return (points + 0.5) / ss
-
-
-def clip_to_square(points: np.ndarray, size: float) -> np.ndarray:
-    """The part of the polygon `points` (k, 2) inside [0, size] x [0, size]
-    (Sutherland-Hodgman, one edge of the square at a time)."""
-    for axis, bound, keep in ((0, 0.0, np.greater_equal), (0, size, np.less_equal),
-                              (1, 0.0, np.greater_equal), (1, size, np.less_equal)):
-        out = []
-        for k in range(len(points)):
-            a, b = points[k - 1], points[k]
-            a_in, b_in = keep(a[axis], bound), keep(b[axis], bound)
-            if a_in != b_in:  # the edge crosses the bound: where it does
-                t = (bound - a[axis]) / (b[axis] - a[axis])
-                cut = a + t * (b - a)
-                cut[axis] = bound  # on it exactly, not a rounding error outside
-                out.append(cut)
-            if b_in:
-                out.append(b)
-        points = np.asarray(out, dtype=np.float64).reshape(-1, 2)
-    return points
 
 
 def shape_alpha(kind: str, w: int, h: int, rotation: float = 0.0) -> np.ndarray:
@@ -331,7 +312,7 @@ def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: 
             colors.append(color)
             boxes.append((cls, *map(float, box)))
             if outlines is not None:
-                outlines.append(clip_to_square(outline(kind, w, h, rot) + (x, y), S))
+                outlines.append(np.clip(clip_polygon(outline(kind, w, h, rot) + (x, y), 0, 0, S, S), 0, S))
             break
     img += _noise(rng, S) * np.float32(rng.uniform(4, 10))
     np.clip(img + 0.5, 0, 255, out=img)

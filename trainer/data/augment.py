@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 import cv2
 import numpy as np
 
+from ..common.polygon import clip_polygon
 from ..common.registry import MAX_STRIDE
 
 PAD_VALUE = 114  # grey fill for letterbox borders, mosaic gaps and affine borders
@@ -184,24 +185,6 @@ def to_normalised(boxes: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 
 def box_areas(boxes: np.ndarray) -> np.ndarray:
     return (boxes[:, 3] - boxes[:, 1]) * (boxes[:, 4] - boxes[:, 2])
-
-
-def clip_polygon(points: np.ndarray, x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
-    """The part of the polygon `points` (k, 2) inside the rectangle x0..x1,
-    y0..y1 (Sutherland-Hodgman): (m, 2), empty where none is inside."""
-    p = points.astype(np.float64)
-    for axis, bound, sign in ((0, x0, 1), (0, x1, -1), (1, y0, 1), (1, y1, -1)):
-        f = sign * (p[:, axis] - bound)
-        if (f >= 0).all():
-            continue
-        q, g = np.roll(p, -1, axis=0), np.roll(f, -1)
-        inside, crossing = f >= 0, (f >= 0) != (g >= 0)
-        t = np.divide(f, f - g, out=np.zeros_like(f), where=crossing)[:, None]
-        both = np.stack([p, p + t * (q - p)], axis=1)  # each vertex, then where its edge crosses
-        p = both[np.stack([inside, crossing], axis=1)]
-        if not len(p):
-            break
-    return p
 
 
 def outline_boxes(boxes: np.ndarray, outlines: list[np.ndarray], rect: tuple[float, float, float, float]) -> np.ndarray:
