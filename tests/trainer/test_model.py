@@ -43,8 +43,8 @@ def test_a_family_module_has_what_a_family_needs(family):
     """What model.py and weights.py read of a family module: the registry's
     sizes, a body, the head's variant and ultralytics' layer map."""
     spec = families.load(family)
-    assert tuple(spec.SCALES) == tuple(spec.PUBLISHED_PARAMETERS) == registry.SCALES
-    assert callable(spec.body) and isinstance(spec.DEPTHWISE_CLS, bool) and isinstance(spec.END2END, bool)
+    assert tuple(spec.SCALES) == tuple(spec.PUBLISHED_PARAMETERS) == tuple(spec.CLASSIFY_SCALES) == registry.SCALES
+    assert callable(spec.body) and callable(spec.classify_body) and isinstance(spec.DEPTHWISE_CLS, bool) and isinstance(spec.END2END, bool)
     assert spec.REG_MAX in (1, 16)
     assert spec.ULTRALYTICS_LAYERS[-1] == "head"
 

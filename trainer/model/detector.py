@@ -88,6 +88,8 @@ def dfl_expectation(box_logits: torch.Tensor, reg_max: int) -> torch.Tensor:
 class DetectionModel(nn.Module):
     """A detector of any family: forward gives raw maps, decode turns them into boxes."""
 
+    task = "detect"
+
     def __init__(self, nc: int, scale: str = "n"):
         super().__init__()
         family, size = resolve_model(scale)
@@ -99,18 +101,24 @@ class DetectionModel(nn.Module):
         self.family, self.arch = family, family + size
         self.no = 4 * self.reg_max + nc  # channels of each output map
 
-        def w(c):
-            return scale_width(c, width, max_channels)
-
         def d(n):
             return scale_depth(n, depth)
 
-        self.backbone, self.neck = spec.body(w, d, size)
-        self.head = Detect(nc, self.neck.out_channels, self.reg_max, STRIDES, depthwise_cls=spec.DEPTHWISE_CLS,
-                           one2one=spec.END2END)
+        self.width = (width, max_channels)
+        self.backbone, self.neck = spec.body(self.w, d, size)
+        self.head = self.make_head(spec, nc)
         # Non-persistent: an architectural constant, not checkpoint state; a buffer
         # so that it follows the model across .to(device).
         self.register_buffer("stride", torch.tensor(STRIDES, dtype=torch.float32), persistent=False)
+
+    def w(self, channels: int) -> int:
+        """A published channel count at this model's size."""
+        return scale_width(channels, *self.width)
+
+    def make_head(self, spec, nc: int) -> Detect:
+        """The head on the neck's levels (a task's model with more outputs overrides it)."""
+        return Detect(nc, self.neck.out_channels, self.reg_max, STRIDES, depthwise_cls=spec.DEPTHWISE_CLS,
+                      one2one=spec.END2END)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The head's raw maps, what the loss trains on; an end2end model's

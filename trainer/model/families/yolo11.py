@@ -44,3 +44,16 @@ def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:
                 Conv(w(512), w(512), 3, 2), c3k2(w(512) + w(1024), w(1024), d(2), True),
                 (w(256), w(512), w(1024)))
     return backbone, neck
+
+
+CLASSIFY_SCALES = SCALES  # yolo11-cls.yaml's sizes are the detector's
+
+
+def classify_body(w: Scaler, d: Scaler, scale: str) -> list[nn.Module]:
+    """yolo11-cls.yaml's layers 0-9: the detector's backbone with C2PSA
+    straight after the last C3k2 (no SPPF)."""
+    big = scale in "mlx"
+    return [Conv(3, w(64), 3, 2), Conv(w(64), w(128), 3, 2), c3k2(w(128), w(256), d(2), big, e=0.25),
+            Conv(w(256), w(256), 3, 2), c3k2(w(256), w(512), d(2), big, e=0.25),
+            Conv(w(512), w(512), 3, 2), c3k2(w(512), w(512), d(2), True),
+            Conv(w(512), w(1024), 3, 2), c3k2(w(1024), w(1024), d(2), True), C2PSA(w(1024), d(2))]

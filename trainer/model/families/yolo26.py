@@ -43,3 +43,9 @@ def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:
                 Conv(w(512), w(512), 3, 2), c3k2(w(512) + w(1024), w(1024), d(1), True, attn=True),
                 (w(256), w(512), w(1024)))
     return backbone, neck
+
+
+# yolo26-cls.yaml is yolo11-cls.yaml's table, layer for layer (SPPF's YOLO26
+# variant and the neck's attention are the detector's only).
+CLASSIFY_SCALES = yolo11.CLASSIFY_SCALES
+classify_body = yolo11.classify_body

@@ -42,3 +42,16 @@ def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:
                 Conv(w(512), w(512), 3, 2), C2f(w(512) + w(1024), w(1024), d(3)),
                 (w(256), w(512), w(1024)))
     return backbone, neck
+
+
+# yolov8-cls.yaml: its own sizes (m, l and x wider than the detector's, all up to 1024 channels).
+CLASSIFY_SCALES = {"n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 1024),
+                   "l": (1.00, 1.00, 1024), "x": (1.00, 1.25, 1024)}
+
+
+def classify_body(w: Scaler, d: Scaler, scale: str) -> list[nn.Module]:
+    """yolov8-cls.yaml's layers 0-8: the detector's backbone without SPPF."""
+    return [Conv(3, w(64), 3, 2), Conv(w(64), w(128), 3, 2), C2f(w(128), w(128), d(3), shortcut=True),
+            Conv(w(128), w(256), 3, 2), C2f(w(256), w(256), d(6), True),
+            Conv(w(256), w(512), 3, 2), C2f(w(512), w(512), d(6), True),
+            Conv(w(512), w(1024), 3, 2), C2f(w(1024), w(1024), d(3), True)]

@@ -1,0 +1,71 @@
+"""The segmentation and classification models of every family and size,
+against the parameter counts ultralytics itself gives for its YAMLs
+(tests/reference/ultralytics/parameters.json, written by
+benchmarks/ultralytics_reference.py in the benchmark venv), and their outputs'
+shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import REPO
+
+from hpcyolo_trainer.common import registry
+from hpcyolo_trainer.model import families
+from hpcyolo_trainer.model.classify import ClassificationModel
+from hpcyolo_trainer.model.detector import DetectionModel, count_parameters
+from hpcyolo_trainer.model.segment import MASKS, SegmentationModel
+
+REFERENCE = json.loads((REPO / "tests" / "reference" / "ultralytics" / "parameters.json").read_text())
+MODEL_OF = {"detect": DetectionModel, "segment": SegmentationModel, "classify": ClassificationModel}
+
+
+def test_the_reference_covers_every_model_of_every_task_built_here():
+    assert REFERENCE["ultralytics"].startswith("8.4.")
+    for task in MODEL_OF:
+        assert sorted(REFERENCE["tasks"][task]["models"]) == sorted(registry.MODELS)
+
+
+@pytest.mark.parametrize("task", sorted(MODEL_OF))
+def test_parameter_counts_equal_ultralytics(task):
+    """At ultralytics' default classes; its DFL holds 16 frozen weights that
+    hpcyolo computes instead (the families with reg_max 16)."""
+    reference = REFERENCE["tasks"][task]
+    wrong = []
+    for name in registry.MODELS:
+        with torch.device("meta"):  # the structure only: counted, never initialised
+            model = MODEL_OF[task](reference["classes"], name)
+        dfl = families.load(name[:-1]).REG_MAX if task != "classify" else 0
+        ours, theirs = count_parameters(model), reference["models"][name]
+        if ours + (dfl if dfl > 1 else 0) != theirs:
+            wrong.append(f"{name}: {ours:,} (ultralytics {theirs:,})")
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
+def test_segmentation_outputs(name, one_thread):
+    """Coefficients per anchor on every level, prototypes at a quarter of the
+    input; YOLO26's semantic logits at an eighth, one per class."""
+    torch.manual_seed(0)
+    model = SegmentationModel(3, name).eval()
+    x = torch.rand(2, 3, 64, 96)
+    feats = model.neck(model.backbone(x))
+    coefficients = model.head.coefficients(feats)
+    assert [tuple(c.shape) for c in coefficients] == [(2, MASKS, 8, 12), (2, MASKS, 4, 6), (2, MASKS, 2, 3)]
+    assert tuple(model.head.prototypes(feats).shape) == (2, MASKS, 16, 24)
+    if model.end2end:
+        assert tuple(model.head.proto.semantic(feats).shape) == (2, 3, 8, 12)
+        assert [c.shape for c in model.head.coefficients(feats, one2one=True)] == [c.shape for c in coefficients]
+    assert tuple(model.predict(x).shape) == (2, 4 + 3, 8 * 12 + 4 * 6 + 2 * 3)  # the detector's, unchanged
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
+def test_classification_outputs(name, one_thread):
+    torch.manual_seed(0)
+    model = ClassificationModel(5, name).eval()
+    x = torch.rand(2, 3, 64, 64)
+    logits = model(x)
+    assert tuple(logits.shape) == (2, 5)
+    assert torch.allclose(model.predict(x), logits.softmax(1)) and torch.allclose(model.predict(x).sum(1), torch.ones(2))

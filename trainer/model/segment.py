@@ -1,0 +1,102 @@
+"""The instance-segmentation model of each family (ultralytics' `*-seg`): the
+detector (backbone, neck, box and class branches) plus, per level, a branch
+of mask coefficients and a prototype net on the finest level; an instance's
+mask is its coefficients times the prototypes.
+
+Written from ultralytics' published descriptions (yolov8-seg.yaml,
+yolo11-seg.yaml, yolo26-seg.yaml, the Segment and Proto heads): 32 masks
+from 256 prototype channels at 1/4 of the input; the coefficient branches
+are two 3x3 Convs of max(channels/4, 32) and a 1x1 to the 32 coefficients.
+YOLO26's prototype net first adds the coarser levels onto the finest (a 1x1
+Conv and nearest upsampling each) and, while training, predicts a semantic
+map of the classes from that sum (an extra loss; inference drops it)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .blocks import Conv, branch
+from .detector import STRIDES, Detect, DetectionModel
+
+MASKS = 32  # mask coefficients per anchor (ultralytics' nm)
+PROTO_CHANNELS = 256  # the prototype net's width (ultralytics' npr)
+
+
+class Proto(nn.Module):
+    """Prototypes at twice the finest level's resolution: Conv 3x3, a learnt
+    2x upsampling (transposed conv), Conv 3x3, Conv 1x1 to `masks` maps."""
+
+    def __init__(self, c_in: int, hidden: int = PROTO_CHANNELS, masks: int = MASKS):
+        super().__init__()
+        self.cv1 = Conv(c_in, hidden, 3)
+        self.upsample = nn.ConvTranspose2d(hidden, hidden, 2, 2, 0, bias=True)
+        self.cv2 = Conv(hidden, hidden, 3)
+        self.cv3 = Conv(hidden, masks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cv3(self.cv2(self.upsample(self.cv1(x))))
+
+
+class Proto26(Proto):
+    """YOLO26's prototypes: every level brought to the finest (1x1 Conv,
+    nearest upsampling) and added, a 3x3 Conv, then Proto's layers; the sum
+    also gives, while training, a semantic map of `nc` classes."""
+
+    def __init__(self, channels: tuple[int, ...], nc: int, hidden: int = PROTO_CHANNELS, masks: int = MASKS):
+        super().__init__(hidden, hidden, masks)
+        self.feat_refine = nn.ModuleList(Conv(c, channels[0], 1) for c in channels[1:])
+        self.feat_fuse = Conv(channels[0], hidden, 3)
+        self.semseg = branch(channels[0], hidden, nc)
+
+    def fused(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        out = feats[0]
+        for i, refine in enumerate(self.feat_refine):
+            out = out + F.interpolate(refine(feats[i + 1]), scale_factor=2 ** (i + 1), mode="nearest")
+        return out
+
+    def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        return super().forward(self.feat_fuse(self.fused(feats)))
+
+    def semantic(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        """[B, nc, H/8, W/8] class logits of every pixel of the finest level (a training loss only)."""
+        return self.semseg(self.fused(feats))
+
+
+class SegmentHead(Detect):
+    """Detect's branches, a mask-coefficient branch per level (`mask`, with
+    its one-to-one copy on an end2end head) and the prototype net."""
+
+    def __init__(self, nc: int, channels: tuple[int, ...], reg_max: int, proto_channels: int,
+                 strides: tuple[int, ...] = STRIDES, depthwise_cls: bool = False, one2one: bool = False,
+                 proto26: bool = False):
+        super().__init__(nc, channels, reg_max, strides, depthwise_cls=depthwise_cls, one2one=one2one)
+        hidden = max(channels[0] // 4, MASKS)
+        self.mask = nn.ModuleList(branch(c, hidden, MASKS) for c in channels)
+        self.proto = Proto26(channels, nc, proto_channels) if proto26 else Proto(channels[0], proto_channels)
+        if one2one:
+            self.one2one_mask = copy.deepcopy(self.mask)
+
+    def coefficients(self, feats: list[torch.Tensor], one2one: bool = False) -> list[torch.Tensor]:
+        """Per level [B, 32, H, W]: each anchor's mask coefficients."""
+        return [m(x) for x, m in zip(feats, self.one2one_mask if one2one else self.mask)]
+
+    def prototypes(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        """[B, 32, H/4, W/4]: the masks every instance's coefficients mix."""
+        return self.proto(feats if isinstance(self.proto, Proto26) else feats[0])
+
+
+class SegmentationModel(DetectionModel):
+    """A detector whose every box comes with mask coefficients, and the
+    prototypes they mix. forward gives (the detector's maps, coefficient maps,
+    prototypes), plus YOLO26's one-to-one maps and semantic logits."""
+
+    task = "segment"
+
+    def make_head(self, spec, nc: int) -> SegmentHead:
+        """The prototype net's 256 channels are scaled as the body's (n: 64)."""
+        return SegmentHead(nc, self.neck.out_channels, self.reg_max, self.w(PROTO_CHANNELS), STRIDES,
+                           depthwise_cls=spec.DEPTHWISE_CLS, one2one=spec.END2END, proto26=spec.END2END)
