@@ -4,49 +4,64 @@
 #
 #   bash scripts/test.sh [pytest arguments]
 #
-# Two lanes run at once: the Slurm testbed's tier (`-m slurm`: its jobs
-# spend most of their time waiting on Slurm, for a time limit, a signal, a
-# requeue's hold or the scheduler), with a few files that even out the two
-# lanes' time (tests/conftest.py's BESIDE_SLURM), beside every other test.
-# The Slurm lane's output follows the other's; each ends with its own
+# Three lanes run at once (tests/conftest.py marks each test with its lane):
+# the Slurm testbed's tier (`-m slurm`: its jobs spend most of their time
+# waiting on Slurm, for a time limit, a signal, a requeue's hold or the
+# scheduler), the trainer's tests (`-m trainer`: multi-rank runs, CPU-bound),
+# and the rest. Two lanes leave the CPUs idle whenever both wait; a third fills
+# those gaps. Each lane's output follows the one before it and ends with its own
 # summary. HPCYOLO_TEST_LANES=1 runs them one after the other instead.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh || exit 1
 
-# pytest exits 5 when it collected no tests: one lane may collect none (a
-# path given that holds only Slurm tests, or none), not both.
-lane() {
-    .venv/bin/python -m pytest -ra -p no:cacheprovider --basetemp="$tmp/$1" -m "$2" "${@:3}"
-}
-slurm_tests="slurm or beside_slurm"
-rest_tests="not slurm and not beside_slurm"
+names=(rest trainer slurm)
+marks=("not slurm and not trainer" "not slurm and trainer" "slurm")
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hpcyolo-test-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-if [ "${HPCYOLO_TEST_LANES:-2}" = 1 ]; then
-    lane rest "$rest_tests" "$@"
-    rest=$?
-    lane slurm "$slurm_tests" "$@"
-    slurm=$?
+lane() {  # lane INDEX [pytest arguments]
+    .venv/bin/python -m pytest -ra -p no:cacheprovider --basetemp="$tmp/${names[$1]}" -m "${marks[$1]}" "${@:2}"
+}
+codes=()
+if [ "${HPCYOLO_TEST_LANES:-3}" = 1 ]; then
+    for i in "${!names[@]}"; do
+        lane "$i" "$@"
+        codes+=($?)
+    done
 else
-    lane slurm "$slurm_tests" "$@" >"$tmp/slurm.log" 2>&1 &
-    pid=$!
-    lane rest "$rest_tests" "$@"
-    rest=$?
-    wait "$pid"
-    slurm=$?
-    echo
-    echo "== the Slurm lane (-m \"$slurm_tests\"), run beside the lane above =="
-    cat "$tmp/slurm.log"
+    pids=()
+    for i in 1 2; do
+        lane "$i" "$@" >"$tmp/${names[$i]}.log" 2>&1 &
+        pids+=($!)
+    done
+    lane 0 "$@"
+    codes+=($?)
+    for i in 1 2; do
+        wait "${pids[$((i - 1))]}"
+        codes+=($?)
+        echo
+        echo "== the ${names[$i]} lane (-m \"${marks[$i]}\"), run beside the lanes above =="
+        cat "$tmp/${names[$i]}.log"
+    done
 fi
-echo "test: lanes exited ${rest} (-m \"$rest_tests\") and ${slurm} (-m \"$slurm_tests\")"
-if [ "$rest" -eq 5 ] && [ "$slurm" -eq 5 ]; then
+summary=""
+for i in "${!names[@]}"; do
+    summary+=" ${names[$i]} ${codes[$i]};"
+done
+echo "test: lanes exited:${summary%;}"
+# pytest exits 5 when it collected no tests: a lane may collect none (a path
+# given that holds only Slurm tests, say), not every lane.
+collected=0
+for code in "${codes[@]}"; do
+    if [ "$code" -ne 5 ]; then
+        collected=1
+    fi
+    if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then
+        exit "$code"
+    fi
+done
+if [ "$collected" = 0 ]; then
     echo "test: no tests were collected" >&2
     exit 1
 fi
-for status in "$rest" "$slurm"; do
-    if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
-        exit "$status"
-    fi
-done
 exit 0

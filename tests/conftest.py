@@ -35,19 +35,19 @@ atexit.register(shutil.rmtree, _CACHE, True)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-# scripts/test.sh runs two pytest lanes at once: `-m "slurm or beside_slurm"`
-# and the rest. The Slurm tier alone ends minutes before the rest: these
-# files (about 210 s run alone: a fuzzer's commands, ranks waited for until a
-# bound, two short training runs) run in its lane, so that both lanes end
-# about together (in a fresh clone's CI: 21 and 23 minutes with the first three).
-BESIDE_SLURM = {"test_fuzz_inputs.py", "test_time_budget.py", "test_watchdog.py", "test_train_coco8.py",
-                "test_one_validation.py"}
+# scripts/test.sh runs three pytest lanes at once: `-m slurm` (the testbed's
+# tier), `-m trainer` and the rest. The trainer lane is tests/trainer/ but for
+# these files, which wait on bounds more than they compute (a watchdog's, a time
+# budget's) or balance the lanes: they run in the rest's lane, so that the two
+# CPU-bound lanes end about together.
+REST_LANE = {"test_time_budget.py", "test_watchdog.py", "test_train_coco8.py", "test_one_validation.py"}
 
 
 def pytest_collection_modifyitems(config, items):
+    trainer = REPO / "tests" / "trainer"
     for item in items:
-        if item.path.name in BESIDE_SLURM:
-            item.add_marker(pytest.mark.beside_slurm)
+        if item.path.parent == trainer and item.path.name not in REST_LANE:
+            item.add_marker(pytest.mark.trainer)
 
 
 def _busy_cpu_seconds() -> float:

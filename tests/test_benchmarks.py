@@ -37,7 +37,7 @@ SMOKES = [
     ("bench_finetune.py", ["--epochs", "1", "--train", "16"], "mAP50-95 gained by starting from"),
     ("bench_logging.py", ["--runs", "1", "--epochs", "2", "--train", "32"], "per-epoch time on / off"),
     ("bench_health.py", ["--runs", "1", "--epochs", "1", "--train", "64", "--every", "1"], "on / off"),
-    ("bench_mosaic_partners.py", ["--sets", "1", "--seeds", "1", "--epochs", "2", "--train", "32"],
+    ("bench_mosaic_partners.py", ["--sets", "1", "--seeds", "1", "--epochs", "1", "--train", "16"],
      "seed spread"),
     ("bench_cpu.py", ["--pairs", "1", "--epochs", "1", "--train", "16", *UL_VENV], "medians of 1: wall"),
     ("bench_ultralytics_train.py", ["--skip-ultralytics", "--epochs", "1", "--train", "16", "--seeds", "1",
