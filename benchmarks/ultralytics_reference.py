@@ -4,10 +4,24 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py parameters
 
+    /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py forward
+
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
 of the model ultralytics builds from its YAML for training, at its default
-classes (80; 1000 for classification), with the ultralytics version."""
+classes (80; 1000 for classification), with the ultralytics version.
+
+`forward` writes tests/reference/ultralytics/forward/MODEL-TASK.pt (torch
+tensors only) for the n size of each family, segmentation and
+classification, at 3 classes: the model ultralytics builds, every tensor of
+its state dict set by `fill` (a value from the tensor's name alone, so that
+a test can rebuild the same weights under hpcyolo's names without a
+checkpoint in the repository; the DFL's fixed bins kept), evaluated on a
+fixed input (`torch.rand(2, 3, 64, 96)`, seed 0; its sum stored): the
+neck's outputs, the head's raw maps per
+level (box, class and mask-coefficient branches, their one-to-one copies),
+the prototypes, YOLO26's semantic map, and the classifier's logits; with the
+state dict's names and shapes in order."""
 
 from __future__ import annotations
 
@@ -44,9 +58,92 @@ def parameters() -> dict:
     return counts
 
 
+FORWARD_MODELS = ("yolov8n", "yolo11n", "yolo26n")
+FORWARD_CLASSES = 3
+FORWARD_INPUT = (2, 3, 64, 96)
+
+
+def fill(name: str, shape: tuple[int, ...]):
+    """The value a reference model's tensor `name` of `shape` is set to: from
+    a generator seeded by the name's CRC32, scaled as a trained network's
+    (weights of unit gain for their fan-in, BatchNorm scales and variances
+    around 1, biases and means near 0). None: left as the model has it."""
+    import zlib
+
+    import torch
+
+    if name.endswith("num_batches_tracked") or ".dfl." in name:
+        return None
+    u = torch.rand(shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())), dtype=torch.float64)
+    if len(shape) > 1:
+        fan_in = 1
+        for n in shape[1:]:
+            fan_in *= n
+        return ((2 * u - 1) * (3 / fan_in) ** 0.5).float()
+    if name.endswith("running_var") or name.endswith(".weight"):
+        return (0.5 + u).float()
+    return ((u - 0.5) * 0.2).float()
+
+
+def forward() -> None:
+    import torch
+    from ultralytics.nn import tasks
+
+    out = OUT / "forward"
+    out.mkdir(parents=True, exist_ok=True)
+    x = torch.rand(FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
+    for model_name in FORWARD_MODELS:
+        for task in ("segment", "classify"):
+            cls, suffix, _ = TASKS[task]
+            with contextlib.redirect_stdout(io.StringIO()):
+                model = getattr(tasks, cls)(f"{model_name}{suffix}.yaml", nc=FORWARD_CLASSES, verbose=False)
+            state = model.state_dict()
+            with torch.no_grad():
+                for name, value in state.items():
+                    filled = fill(name, tuple(value.shape))
+                    if filled is not None:
+                        value.copy_(filled)
+            model.eval()
+            # The input is not stored (its sum is): torch.rand with seed 0 gives it again.
+            saved = {"names": list(state), "shapes": [list(v.shape) for v in state.values()],
+                     "input_sum": float(x.double().sum())}
+            with torch.no_grad():
+                if task == "classify":
+                    saved["logits"] = model(x)[1]  # eval: (softmax, logits)
+                else:
+                    saved.update(head_maps(model, x))
+            torch.save(saved, out / f"{model_name}-{task}.pt")
+            print(f"{model_name}-{task}: {', '.join(k for k in saved if k not in ('names', 'shapes'))}",
+                  file=sys.stderr)
+
+
+def head_maps(model, x) -> dict:
+    """The segmentation head's raw maps, from its own modules on the inputs it is given."""
+    import torch
+
+    head, seen = model.model[-1], {}
+    hook = head.register_forward_hook(lambda module, args, output: seen.setdefault("feats", args[0]))
+    model(x)
+    hook.remove()
+    feats = seen["feats"]
+    maps = {"feats": list(feats)}
+    branches = {"box": "cv2", "cls": "cv3", "mask": "cv4"}
+    if getattr(head, "one2one_cv2", None) is not None:
+        branches.update({"one2one_box": "one2one_cv2", "one2one_cls": "one2one_cv3", "one2one_mask": "one2one_cv4"})
+    for ours, theirs in branches.items():
+        maps[ours] = [getattr(head, theirs)[i](f) for i, f in enumerate(feats)]
+    if type(head.proto).__name__ == "Proto26":
+        head.proto.training = True  # its own flag only (its layers stay in eval): prototypes and semantic map
+        maps["proto"], maps["semantic"] = head.proto(feats)
+        head.proto.training = False
+    else:
+        maps["proto"] = head.proto(feats[0])
+    return maps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters"])
+    parser.add_argument("what", choices=["parameters", "forward"])
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -54,6 +151,9 @@ def main() -> None:
         path = OUT / "parameters.json"
         path.write_text(json.dumps(parameters(), indent=1) + "\n")
         print(f"wrote {path}")
+    elif args.what == "forward":
+        forward()
+        print(f"wrote {OUT / 'forward'}")
 
 
 if __name__ == "__main__":

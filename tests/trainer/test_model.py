@@ -44,7 +44,8 @@ def test_a_family_module_has_what_a_family_needs(family):
     sizes, a body, the head's variant and ultralytics' layer map."""
     spec = families.load(family)
     assert tuple(spec.SCALES) == tuple(spec.PUBLISHED_PARAMETERS) == tuple(spec.CLASSIFY_SCALES) == registry.SCALES
-    assert callable(spec.body) and callable(spec.classify_body) and isinstance(spec.DEPTHWISE_CLS, bool) and isinstance(spec.END2END, bool)
+    assert len(spec.classify_body(lambda c: c, lambda n: n, "n")) == spec.CLASSIFY_LAYERS
+    assert callable(spec.body) and isinstance(spec.DEPTHWISE_CLS, bool) and isinstance(spec.END2END, bool)
     assert spec.REG_MAX in (1, 16)
     assert spec.ULTRALYTICS_LAYERS[-1] == "head"
 

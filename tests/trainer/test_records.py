@@ -85,5 +85,5 @@ def test_every_task_has_the_map_of_its_head_in_an_ultralytics_checkpoint():
     from hpcyolo_trainer.common import registry
     from hpcyolo_trainer.model.heads import HEADS
 
-    assert sorted(HEADS) == sorted(registry.TASKS)
+    assert set(HEADS) >= set(registry.TASKS)  # every task trained, and the next ones' as they come
     assert {registry.ULTRALYTICS_MODELS[k] for k in registry.ULTRALYTICS_MODELS} >= set(HEADS)

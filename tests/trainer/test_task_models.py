@@ -69,3 +69,70 @@ def test_classification_outputs(name, one_thread):
     logits = model(x)
     assert tuple(logits.shape) == (2, 5)
     assert torch.allclose(model.predict(x), logits.softmax(1)) and torch.allclose(model.predict(x).sum(1), torch.ones(2))
+
+
+# == layer for layer: the same weights give ultralytics' outputs ================
+
+def reference_script():
+    """benchmarks/ultralytics_reference.py, for its `fill` (the reference weights by tensor name)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ultralytics_reference", REPO / "benchmarks" /
+                                                  "ultralytics_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FORWARD = REPO / "tests" / "reference" / "ultralytics" / "forward"
+
+
+@pytest.mark.parametrize("task", ["segment", "classify"])
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
+def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task, one_thread):
+    """Ultralytics' model of each family, its every tensor set from its name
+    (benchmarks/ultralytics_reference.py `fill`) and evaluated there; the same
+    tensors renamed by the task's HeadMap (model/heads.py, as a checkpoint of
+    that task is read) into hpcyolo's model: the neck's outputs, every branch's
+    raw maps, the prototypes and YOLO26's semantic map, or the classifier's
+    logits, equal within float32 rounding."""
+    from hpcyolo_trainer.model.heads import HEADS
+    from hpcyolo_trainer.model.weights import _rename
+
+    script = reference_script()
+    ref = torch.load(FORWARD / f"{name}-{task}.pt", weights_only=True)
+    x = torch.rand(script.FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
+    assert float(x.double().sum()) == ref["input_sum"]  # the input the reference was computed on
+    theirs = {}
+    for tensor, shape in zip(ref["names"], ref["shapes"]):
+        value = script.fill(tensor, tuple(shape))
+        if value is None:  # what ultralytics keeps: its DFL's fixed bins, BatchNorm's counters
+            value = torch.arange(shape[1], dtype=torch.float32).view(shape) if ".dfl." in tensor else \
+                torch.zeros(shape, dtype=torch.long)
+        theirs[tensor] = value
+    model = MODEL_OF[task](script.FORWARD_CLASSES, name).eval()
+    model.load_state_dict(_rename(theirs, name, HEADS[task], "reference"), strict=True)
+
+    def close(ours, reference, what):
+        scale = reference.abs().max().item()
+        assert ours.shape == reference.shape, what
+        assert (ours - reference).abs().max().item() <= 1e-4 * max(scale, 1.0), what
+
+    with torch.no_grad():
+        if task == "classify":
+            close(model(x), ref["logits"], "logits")
+            return
+        feats = model.neck(model.backbone(x))
+        for i, (ours, reference) in enumerate(zip(feats, ref["feats"])):
+            close(ours, reference, f"the neck's level {i}")
+        branches = {"box": model.head.box, "cls": model.head.cls, "mask": model.head.mask}
+        if model.end2end:
+            branches.update(one2one_box=model.head.one2one_box, one2one_cls=model.head.one2one_cls,
+                            one2one_mask=model.head.one2one_mask)
+        assert sorted(branches) == sorted(k for k in ref if k in ("box", "cls", "mask") or k.startswith("one2one"))
+        for key, modules in branches.items():
+            for i, (module, f) in enumerate(zip(modules, feats)):
+                close(module(f), ref[key][i], f"{key} level {i}")
+        close(model.head.prototypes(feats), ref["proto"], "prototypes")
+        if "semantic" in ref:
+            close(model.head.proto.semantic(feats), ref["semantic"], "semantic map")

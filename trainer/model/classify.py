@@ -51,6 +51,11 @@ class ClassificationModel(nn.Module):
         layers = spec.classify_body(lambda c: scale_width(c, width, max_channels), lambda n: scale_depth(n, depth), size)
         self.body = nn.Sequential(*layers)
         self.head = Classify(scale_width(1024, width, max_channels), nc, dropout)
+        # Ultralytics' classifiers keep torch's BatchNorm settings (eps 1e-5, momentum 0.1), not the
+        # detectors' (1e-3, 0.03): its ClassificationModel does not re-initialise them.
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eps, m.momentum = 1e-5, 0.1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))

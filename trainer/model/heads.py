@@ -1,12 +1,14 @@
-"""How each task's head sits in an ultralytics checkpoint: one `HeadMap` per
-head hpcyolo builds, in HEADS by task (common/registry.py's TASKS).
+"""How each task's model sits in an ultralytics checkpoint: one `HeadMap` per
+head hpcyolo builds, in HEADS by task (ultralytics' task names).
 
-model/weights.py maps an ultralytics checkpoint's backbone and neck by the
-family's ULTRALYTICS_LAYERS and its last layer, the head, by the HeadMap of
-the checkpoint's task: the head's module class, its child modules' names,
-the children whose tensors hpcyolo computes rather than loads (checked to
-hold what it computes), and the head's records that its tensors do not show.
-A task with a new head adds its HeadMap here."""
+model/weights.py maps an ultralytics checkpoint's layers by the HeadMap of
+the checkpoint's task: our module for each of ultralytics' layer indices
+(`layers`: a detector's and a segmenter's are the family's
+ULTRALYTICS_LAYERS, a classifier's its body in order, then the head), the
+head's module classes, its child modules' names, the children whose tensors
+hpcyolo computes rather than loads (checked to hold what it computes), and
+the head's records that its tensors do not show. A task with a new head
+adds its HeadMap here."""
 
 from __future__ import annotations
 
@@ -16,12 +18,24 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from ..common.errors import HpcyoloError
+from . import families
 from .detector import REG_MAX
+
+
+def detector_layers(family: str) -> tuple[str | None, ...]:
+    """Ultralytics' layer indices of a detector (and a segmenter) -> our modules: the family's table."""
+    return families.load(family).ULTRALYTICS_LAYERS
+
+
+def classifier_layers(family: str) -> tuple[str | None, ...]:
+    """A classifier's: its body's layers in order (ClassificationModel.body), then the head."""
+    return (*(f"body.{i}" for i in range(families.load(family).CLASSIFY_LAYERS)), "head")
 
 
 @dataclass(frozen=True)
 class HeadMap:
-    kind: str  # ultralytics' head class: "Detect"
+    kinds: tuple[str, ...]  # ultralytics' head classes: ("Detect",)
+    layers: Callable[[str], tuple[str | None, ...]] = detector_layers  # family -> our module per layer index
     branches: Mapping[str, str] = field(default_factory=dict)  # its children's names -> ours (others keep theirs)
     # children hpcyolo computes rather than stores -> the check of the stored tensor (value, name, path)
     computed: Mapping[str, Callable[[torch.Tensor, str, str], None]] = field(default_factory=dict)
@@ -43,8 +57,14 @@ def detect_records(state: dict, ours) -> list[tuple[str, object, object]]:
 
 
 # ultralytics' Detect: cv2/cv3 (and YOLO26's one2one_ copies) are our box/cls branches; its DFL is computed
-DETECT = HeadMap(kind="Detect",
-                 branches={"cv2": "box", "cv3": "cls", "one2one_cv2": "one2one_box", "one2one_cv3": "one2one_cls"},
-                 computed={"dfl": check_dfl}, records=detect_records)
+DETECT_BRANCHES = {"cv2": "box", "cv3": "cls", "one2one_cv2": "one2one_box", "one2one_cv3": "one2one_cls"}
+DETECT = HeadMap(kinds=("Detect",), branches=DETECT_BRANCHES, computed={"dfl": check_dfl}, records=detect_records)
+# Segment (Segment26 on YOLO26): Detect's, with cv4 (and one2one_cv4) our mask-coefficient branches;
+# its Proto (Proto26) keeps ultralytics' names
+SEGMENT = HeadMap(kinds=("Segment", "Segment26"),
+                  branches={**DETECT_BRANCHES, "cv4": "mask", "one2one_cv4": "one2one_mask"},
+                  computed={"dfl": check_dfl}, records=detect_records)
+# Classify: conv, pool, drop, linear under their own names (`conv` is a Conv module here, not a Conv's layer)
+CLASSIFY = HeadMap(kinds=("Classify",), layers=classifier_layers, branches={"conv": "conv"})
 
-HEADS = {"detect": DETECT}
+HEADS = {"detect": DETECT, "segment": SEGMENT, "classify": CLASSIFY}

@@ -34,7 +34,7 @@ from ..common import registry
 from ..common.errors import HpcyoloError, shown
 from ..common.registry import MAX_STRIDE
 from ..common.rundir import WEIGHTS
-from . import families, safe_pickle
+from . import safe_pickle
 from .heads import HEADS, HeadMap
 from .detector import DetectionModel, build_model, resolve_model
 
@@ -182,7 +182,7 @@ def _module_tensors(module: safe_pickle.Inert, prefix: str):
 
 def _rename(tensors: dict[str, torch.Tensor], arch: str, head: HeadMap, path: str) -> dict[str, torch.Tensor]:
     """Ultralytics' names -> ours, checking each tensor against a model of `arch`."""
-    layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
+    layers = head.layers(arch[:-1])
     ours: dict[str, torch.Tensor] = {}
     for name, value in tensors.items():
         parts = name.split(".")
@@ -204,13 +204,15 @@ def _our_name(name: str, layers: tuple, head: HeadMap) -> str | None:
             or layers[int(parts[1])] is None:
         return None
     target, rest = layers[int(parts[1])], parts[2:]
+    named = []  # a head's child the HeadMap names: that name, as it is
     if target == "head" and rest:
         if rest[0] in head.computed:
             return target
-        rest = [head.branches.get(rest[0], rest[0]), *rest[1:]]
+        if rest[0] in head.branches:
+            named, rest = [head.branches[rest[0]]], rest[1:]
     # Ultralytics' Conv names its layers conv, bn, act; ours is a Sequential.
     rest = [{"conv": "0", "bn": "1", "act": "2"}.get(p, p) for p in rest]
-    return ".".join([target, *rest])
+    return ".".join([target, *named, *rest])
 
 
 # == records, not shapes =======================================================
@@ -225,7 +227,7 @@ def check_records(model: safe_pickle.Inert, arch: str, path: str) -> None:
     """Refuse, in one line naming the layer, a checkpoint whose modules
     compute something else than hpcyolo's `arch` with the same tensors."""
     head = HEADS[registry.ULTRALYTICS_MODELS[model.kind]]
-    layers = families.load(arch[:-1]).ULTRALYTICS_LAYERS
+    layers = head.layers(arch[:-1])
     with torch.device("meta"):  # the structure only: no memory, no initialisation cost
         ours = build_model(arch, 1)
     for name, module in _modules(model.state.get("_modules", {}).get("model"), "model"):
@@ -274,7 +276,7 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
         ref = mine()
         yield "attention heads", state.get("num_heads"), ref.heads
         yield "a key width", state.get("key_dim"), ref.key_dim
-    elif kind == head.kind:
+    elif kind in head.kinds:
         yield from head.records(state, ours)
     elif kind == "Upsample":
         yield "upsampling", (float(state.get("scale_factor") or 0), state.get("mode")), (2.0, "nearest")

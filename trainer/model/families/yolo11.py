@@ -48,6 +48,8 @@ def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:
 
 CLASSIFY_SCALES = SCALES  # yolo11-cls.yaml's sizes are the detector's
 
+CLASSIFY_LAYERS = 10  # ultralytics' layer indices before the Classify head
+
 
 def classify_body(w: Scaler, d: Scaler, scale: str) -> list[nn.Module]:
     """yolo11-cls.yaml's layers 0-9: the detector's backbone with C2PSA

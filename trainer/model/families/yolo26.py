@@ -48,4 +48,5 @@ def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:
 # yolo26-cls.yaml is yolo11-cls.yaml's table, layer for layer (SPPF's YOLO26
 # variant and the neck's attention are the detector's only).
 CLASSIFY_SCALES = yolo11.CLASSIFY_SCALES
+CLASSIFY_LAYERS = yolo11.CLASSIFY_LAYERS
 classify_body = yolo11.classify_body

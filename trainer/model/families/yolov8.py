@@ -48,6 +48,8 @@ def body(w: Scaler, d: Scaler, scale: str) -> tuple[Backbone, Neck]:
 CLASSIFY_SCALES = {"n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 1024),
                    "l": (1.00, 1.00, 1024), "x": (1.00, 1.25, 1024)}
 
+CLASSIFY_LAYERS = 9  # ultralytics' layer indices before the Classify head
+
 
 def classify_body(w: Scaler, d: Scaler, scale: str) -> list[nn.Module]:
     """yolov8-cls.yaml's layers 0-8: the detector's backbone without SPPF."""
