@@ -21,7 +21,14 @@ fixed input (`torch.rand(2, 3, 64, 96)`, seed 0; its sum stored): the
 neck's outputs, the head's raw maps per
 level (box, class and mask-coefficient branches, their one-to-one copies),
 the prototypes, YOLO26's semantic map, and the classifier's logits; with the
-state dict's names and shapes in order."""
+state dict's names and shapes in order.
+
+`loss` writes tests/reference/ultralytics/loss.json: ultralytics'
+v8SegmentationLoss (its default gains) on the inputs `segment_loss_inputs`
+makes from a seed (random head outputs of a 3-class YOLOv8n-seg at 64 x 96
+px, a few objects with masks inside their boxes), with overlapping masks and
+with one mask per object, at the prototypes' resolution and at the input's
+(mask_ratio 1: the prototypes upsampled)."""
 
 from __future__ import annotations
 
@@ -141,15 +148,88 @@ def head_maps(model, x) -> dict:
     return maps
 
 
+LOSS_CASES = {"overlap": (True, 4), "per-object": (False, 4), "overlap-full-size": (True, 1)}
+LOSS_HW = (64, 96)
+LOSS_STRIDES = (8, 16, 32)
+
+
+def segment_loss_inputs(case: str) -> dict:
+    """Inputs of a segmentation loss, from torch's generator alone: the head's
+    outputs as ultralytics flattens them ([B, C, anchors]: box logits, class
+    logits, mask coefficients), the prototypes, and a batch of 5 objects on 2
+    images (normalised xywh boxes; masks, an ellipse inside each box, in the
+    case's layout at its mask ratio)."""
+    import torch
+
+    overlap, ratio = LOSS_CASES[case]
+    g = torch.Generator().manual_seed(7)
+    h, w = LOSS_HW
+    anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
+    batch_idx = torch.tensor([0, 0, 0, 1, 1])
+    cls = torch.tensor([0, 2, 1, 1, 0])
+    xywh = torch.tensor([[0.30, 0.40, 0.30, 0.50], [0.62, 0.55, 0.40, 0.60], [0.45, 0.45, 0.15, 0.20],
+                         [0.50, 0.50, 0.70, 0.80], [0.20, 0.25, 0.20, 0.30]])
+    mh, mw = h // ratio, w // ratio
+    ys, xs = torch.meshgrid(torch.arange(mh) + 0.5, torch.arange(mw) + 0.5, indexing="ij")
+    per_object = []
+    for cx, cy, bw, bh in xywh.tolist():
+        inside = ((xs / mw - cx) / (bw / 2)) ** 2 + ((ys / mh - cy) / (bh / 2)) ** 2 <= 1
+        per_object.append(inside)
+    per_object = torch.stack(per_object).float()
+    if overlap:  # the k-th object of an image is k + 1; larger objects first, smaller drawn over them
+        masks = torch.zeros(2, mh, mw)
+        for i in range(2):
+            objects = (batch_idx == i).nonzero().flatten().tolist()
+            for k in sorted(range(len(objects)), key=lambda k: -float(per_object[objects[k]].sum())):
+                masks[i][per_object[objects[k]] > 0] = k + 1
+    else:
+        masks = per_object
+    return {"boxes": torch.randn(2, 64, anchors, generator=g), "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+            "coefficients": torch.randn(2, 32, anchors, generator=g),
+            "proto": torch.randn(2, 32, h // 4, w // 4, generator=g), "batch_idx": batch_idx, "cls": cls,
+            "bboxes": xywh, "masks": masks, "overlap": overlap}
+
+
+def segment_loss() -> dict:
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import SegmentationModel
+    from ultralytics.utils.loss import v8SegmentationLoss
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        model = SegmentationModel("yolov8n-seg.yaml", nc=3, verbose=False)
+    out = {}
+    h, w = LOSS_HW
+    for case in LOSS_CASES:
+        x = segment_loss_inputs(case)
+        model.args = get_cfg(overrides={"overlap_mask": x["overlap"]})
+        criterion = v8SegmentationLoss(model)
+        feats = [torch.zeros(2, 67, h // s, w // s) for s in LOSS_STRIDES]
+        preds = {"boxes": x["boxes"], "scores": x["scores"], "feats": feats, "mask_coefficient": x["coefficients"],
+                 "proto": x["proto"]}
+        batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["bboxes"],
+                 "masks": x["masks"]}
+        total, items = criterion.loss(preds, batch)
+        out[case] = {"items": {k: float(v) for k, v in items.items()}, "total": float(total.sum()),
+                     "hyp": {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl")}}
+        print(f"{case}: {out[case]}", file=sys.stderr)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss"])
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
     if args.what == "parameters":
         path = OUT / "parameters.json"
         path.write_text(json.dumps(parameters(), indent=1) + "\n")
+        print(f"wrote {path}")
+    elif args.what == "loss":
+        path = OUT / "loss.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
+                                    "segment": segment_loss()}, indent=1) + "\n")
         print(f"wrote {path}")
     elif args.what == "forward":
         forward()

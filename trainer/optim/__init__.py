@@ -1,3 +1,4 @@
-"""What moves the weights: the loss (loss.py), the optimizers and the
-learning-rate schedule (schedule.py, musgd.py), the weights' moving average
-(ema.py). Imports common/ and model/."""
+"""What moves the weights: the losses (loss.py: detection; segment_loss.py:
+instance segmentation), the optimizers and the learning-rate schedule
+(schedule.py, musgd.py), the weights' moving average (ema.py). Imports
+common/ and model/."""

@@ -49,8 +49,12 @@ class TaskAlignedAssigner(nn.Module):
         self.topk, self.alpha, self.beta, self.eps = topk, alpha, beta, eps
         self.topk2, self.min_side, self.ciou = topk2 or topk, min_side, ciou
 
+    def forward(self, *args: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """assign()'s boxes, scores and foreground, without the gt index."""
+        return self.assign(*args)[:3]
+
     @torch.no_grad()
-    def forward(
+    def assign(
         self,
         pd_scores: Tensor,
         pd_bboxes: Tensor,
@@ -58,8 +62,9 @@ class TaskAlignedAssigner(nn.Module):
         gt_labels: Tensor,
         gt_bboxes: Tensor,
         mask_gt: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Assign anchors to gts -> (target_bboxes [B,A,4], target_scores [B,A,nc], fg_mask [B,A] bool).
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Assign anchors to gts -> (target_bboxes [B,A,4], target_scores [B,A,nc], fg_mask [B,A] bool,
+        gt_idx [B,A]: each anchor's gt among its image's, 0 for the background).
 
         pd_scores [B,A,nc] are probabilities; pd_bboxes [B,A,4], anc_points [A,2]
         and gt_bboxes [B,M,4] (xyxy) share one unit; gt_labels and mask_gt are [B,M,1].
@@ -75,11 +80,11 @@ class TaskAlignedAssigner(nn.Module):
             mask_pos = self._best_only(mask_pos, align)
         return self._targets(pd_scores, gt_labels, gt_bboxes, mask_pos, align, overlaps)
 
-    def _empty(self, pd_scores: Tensor, gt_bboxes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _empty(self, pd_scores: Tensor, gt_bboxes: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Targets for a batch without a single gt: everything is background."""
         b, a, _ = pd_scores.shape
         fg_mask = torch.zeros(b, a, dtype=torch.bool, device=pd_scores.device)
-        return gt_bboxes.new_zeros(b, a, 4), torch.zeros_like(pd_scores), fg_mask
+        return gt_bboxes.new_zeros(b, a, 4), torch.zeros_like(pd_scores), fg_mask, fg_mask.long()
 
     def _widened(self, gt_bboxes: Tensor) -> Tensor:
         """gt boxes whose sides shorter than min_side are widened to it about their centre (STAL)."""
@@ -136,8 +141,8 @@ class TaskAlignedAssigner(nn.Module):
 
     def _targets(
         self, pd_scores: Tensor, gt_labels: Tensor, gt_bboxes: Tensor, mask_pos: Tensor, align: Tensor, overlaps: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Boxes, TOOD-normalised class scores and the foreground mask from the final assignment."""
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Boxes, TOOD-normalised class scores, the foreground mask and the gt index from the final assignment."""
         fg_mask = mask_pos.any(1)  # [B,A]
         gt_idx = mask_pos.to(torch.uint8).argmax(1)  # [B,A]; 0 for background, masked below
         boxes = gt_bboxes.gather(1, gt_idx[..., None].expand(-1, -1, 4)) * fg_mask[..., None]
@@ -149,7 +154,7 @@ class TaskAlignedAssigner(nn.Module):
         max_align = align.amax(-1, keepdim=True)  # [B,M,1]
         max_iou = (overlaps * mask_pos).amax(-1, keepdim=True)
         norm = (align * max_iou / (max_align + self.eps)).amax(1)  # [B,A]
-        return boxes, scores * norm[..., None].to(scores.dtype), fg_mask
+        return boxes, scores * norm[..., None].to(scores.dtype), fg_mask, gt_idx.long()
 
 
 class DetectionLoss:
@@ -217,16 +222,23 @@ class DetectionLoss:
 
     def from_gts(self, feats: list[Tensor], gts: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """The loss and items of `feats` against targets made by gts()."""
+        parts, _ = self.detection(feats, gts)
+        return parts.sum() * (feats[0].shape[0] * self.world_size), parts.detach()
+
+    def detection(self, feats: list[Tensor], gts: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, tuple]:
+        """The three terms (box, cls, dfl; each times its gain) of `feats`
+        against targets made by gts(), and the assignment: (foreground [B,A],
+        each anchor's gt index [B,A], its gt box [B,A,4] xyxy in pixels)."""
         pred_dist, pred_logits = self._flatten(feats)
-        batch = pred_logits.shape[0]
         points, strides, whwh = self._anchors(feats, pred_dist.dtype)
         gt_labels, gt_bboxes, mask_gt = gts
         pred_bboxes = self._decode(points, pred_dist)  # xyxy, grid units
         # The assigner compares boxes in pixels, like the gts.
-        target_bboxes, target_scores, fg = self.assigner(
+        target_bboxes, target_scores, fg, gt_idx = self.assigner.assign(
             pred_logits.detach().sigmoid(), pred_bboxes.detach() * strides, points * strides,
             gt_labels, gt_bboxes, mask_gt,
         )
+        assigned = fg, gt_idx, target_bboxes
         # Normalise by the soft target mass, as in YOLOv8, so the loss scale
         # does not depend on how many anchors won: the global batch's mass
         # (see above), at least 1 for empty batches.
@@ -236,8 +248,7 @@ class DetectionLoss:
         box, dfl = self._box_losses(pred_dist, pred_bboxes, points, target_bboxes, target_scores, fg, score_sum,
                                     strides, whwh)
         box_gain, cls_gain, dfl_gain = self.gains
-        parts = torch.stack((box * box_gain, cls * cls_gain, dfl * dfl_gain))
-        return parts.sum() * (batch * self.world_size), parts.detach()
+        return torch.stack((box * box_gain, cls * cls_gain, dfl * dfl_gain)), assigned
 
     def _anchors(self, feats: list[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
         """(points [A,2], strides [A,1], the input's w, h, w, h [4]) for
