@@ -267,48 +267,57 @@ def test_f_array_task_and_the_next_plain_job_both_train(tmp_path, shapes, slurm_
     assert leftovers(scratch_root) == []
 
 
-def test_g_time_limit_checkpoints_requeues_and_resumes(tmp_path, shapes, slurm_env, scratch_root):
-    # --time=2 min with the signal 30 s before the end (Slurm may send it up
-    # to a minute earlier); LONG epochs take far longer. Once the requeued job
-    # has resumed, it is cancelled: what the run shows is the whole path.
-    site = site_file(tmp_path, scratch_root, grace=30, max_requeues=10)
-    job_id = submit(site, job_file(tmp_path, "train-g", shapes, epochs=LONG, time_limit="2"), slurm_env, tmp_path)
-    # Until the resumed run has finished an epoch: a cancel during its start-up (before the first step)
-    # is killed after KillWait and leaves its scratch to the next stage's sweep.
-    wait_for_log(tmp_path, "train-g", job_id, slurm_env,
-                 lambda log: f"/{LONG}: loss" in log.partition("resumed from ckpt-")[2], 600,
-                 "an epoch of the resumed start")
-    log = job_log(tmp_path, "train-g", job_id)
-    assert "stopping for preemption (SIGUSR2)" in log and "checkpointed (SIGUSR2); requeueing job" in log
-    assert int(slurm.show_job(job_id, env=slurm_env)["Restarts"]) >= 1
-    assert "restart 1" in (tmp_path / "runs" / "train-g" / "hpcyolo-run").read_text()
-    assert leftovers(scratch_root)  # kept for the requeue, which reuses it
-    slurm.cancel(job_id, env=slurm_env)
-    slurm.wait(job_id, timeout=120, env=slurm_env, poll=0.5)
-    time.sleep(2)
-    assert leftovers(scratch_root) == []
-
-
-def test_g2_time_limit_sigterm_without_a_signal_checkpoints_requeues_and_resumes_exactly(
-        uninterrupted, tmp_path, shapes, slurm_env, scratch_root):
-    """A site that sends no warning signal (preemption.grace: 0): the time
-    limit's SIGTERM reaches the tasks and the batch shell KillWait seconds
-    before SIGKILL. The ranks hold after step HOLD_STEP until it comes."""
+def test_g_time_limit_with_and_without_a_warning_signal_checkpoints_requeues_and_resumes_exactly(
+        uninterrupted, tmp_path, shapes, slurm_env):
+    """Two jobs with --time=2 min, side by side on the testbed's nodes (both
+    wait on the clock, idle: their ranks hold after step HOLD_STEP until they
+    are stopped). "term": a site that sends no warning signal (preemption.grace
+    0): the time limit's SIGTERM reaches the tasks and the batch shell KillWait
+    seconds before SIGKILL. "signal": the site's USR2 30 s before the end (Slurm
+    may send it up to a minute earlier), submitted once the first holds. Each
+    requeues, resumes and ends identical to the uninterrupted run, its scratch
+    cleaned."""
     a_tmp, _, a_info, _ = uninterrupted
     assert a_info["JobState"] == "COMPLETED"
-    site = site_file(tmp_path, scratch_root, env={HOLD_ENV: str(HOLD_STEP)}, grace=0, max_requeues=10)
-    job_id = submit(site, job_file(tmp_path, "train-g2", shapes, time_limit="2"), slurm_env, tmp_path)
-    script = (tmp_path / "runs" / "train-g2")
-    info = slurm.wait(job_id, timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
-    log = job_log(tmp_path, "train-g2", job_id)
-    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
-    assert "#SBATCH --signal" not in next(script.glob("sbatch-*.sh")).read_text()
-    assert "DUE TO TIME LIMIT" in log
-    assert "stopping for preemption (SIGTERM: the job reached its time limit) at epoch 2, batch 3" in log
-    assert "checkpointed (SIGTERM: the job reached its time limit); requeueing job" in log
-    assert f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
-    assert_identical(a_tmp / "runs" / "train-a", tmp_path / "runs" / "train-g2")
-    assert leftovers(scratch_root) == []
+    scratch = {name: Path("/dev/shm") / f"hpcyolo-test-{uuid.uuid4().hex[:8]}" for name in ("term", "signal")}
+    runs = {name: tmp_path / name for name in scratch}
+    try:
+        jobs = {}
+        for name, grace in (("term", 0), ("signal", 30)):
+            site = site_file(runs[name], scratch[name], env={HOLD_ENV: str(HOLD_STEP)}, grace=grace, max_requeues=10)
+            jobs[name] = submit(site, job_file(runs[name], f"train-g-{name}", shapes, time_limit="2"), slurm_env,
+                                runs[name])
+            if name == "term":  # the SIGTERM comes at the limit: the job must hold by then
+                wait_for_log(runs[name], "train-g-term", jobs[name], slurm_env,
+                             lambda log: f"holding after step {HOLD_STEP}" in log, 600, "the ranks to hold")
+
+        info = slurm.wait(jobs["term"], timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
+        log = job_log(runs["term"], "train-g-term", jobs["term"])
+        assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+        assert "#SBATCH --signal" not in next((runs["term"] / "runs" / "train-g-term").glob("sbatch-*.sh")).read_text()
+        assert "DUE TO TIME LIMIT" in log
+        assert "stopping for preemption (SIGTERM: the job reached its time limit) at epoch 2, batch 3" in log
+        assert "checkpointed (SIGTERM: the job reached its time limit); requeueing job" in log
+        assert f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
+
+        # A signal sent before the hold (a slow start) stops the first job earlier, and the resumed
+        # one then holds until its own signal: one restart or two, the same end.
+        info = slurm.wait(jobs["signal"], timeout=600, env=slurm_env,
+                          settled=lambda i: int(i.get("Restarts") or 0) >= 1)
+        log = job_log(runs["signal"], "train-g-signal", jobs["signal"])
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] in ("1", "2"), log[-3000:]
+        # Sent before the time limit, the site's signal (not the limit's SIGTERM) stops the ranks.
+        assert "stopping for preemption (SIGUSR2)" in log and "checkpointed (SIGUSR2); requeueing job" in log, \
+            log[-3000:]
+        assert "DUE TO TIME LIMIT" not in log and "resumed from ckpt-" in log
+        assert "restart 1" in (runs["signal"] / "runs" / "train-g-signal" / "hpcyolo-run").read_text()
+
+        for name, run in runs.items():
+            assert_identical(a_tmp / "runs" / "train-a", run / "runs" / f"train-g-{name}")
+            assert leftovers(scratch[name]) == [], name
+    finally:
+        for root in scratch.values():
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_g3_preempted_by_a_higher_priority_partition_requeues_and_resumes_exactly(
