@@ -28,7 +28,12 @@ v8SegmentationLoss (its default gains) on the inputs `segment_loss_inputs`
 makes from a seed (random head outputs of a 3-class YOLOv8n-seg at 64 x 96
 px, a few objects with masks inside their boxes), with overlapping masks and
 with one mask per object, at the prototypes' resolution and at the input's
-(mask_ratio 1: the prototypes upsampled)."""
+(mask_ratio 1: the prototypes upsampled).
+
+`masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
+polygons2masks_overlap (maps and order) and polygons2masks of the polygons
+`mask_polygons` makes from a seed (overlapping, nested, a sliver, one partly
+outside the image, one of zero area), at mask ratios 1 and 4."""
 
 from __future__ import annotations
 
@@ -216,9 +221,44 @@ def segment_loss() -> dict:
     return out
 
 
+MASK_HW = (64, 96)
+
+
+def mask_polygons() -> list:
+    """Polygons in pixels of a 64 x 96 image: random stars and blobs from a
+    seed, a large rectangle under them, a sliver, one partly outside, one of
+    zero area."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    polygons = [np.array([[5.5, 4.2], [90.3, 6.1], [88.7, 58.9], [3.1, 60.0]])]
+    for _ in range(6):
+        k = int(rng.integers(5, 14))
+        angles = np.sort(rng.uniform(0, 2 * np.pi, k))
+        radius = rng.uniform(3, 20) * rng.uniform(0.5, 1.0, k)
+        centre = rng.uniform([0, 0], [96, 64])
+        polygons.append(np.stack([centre[0] + radius * np.cos(angles), centre[1] + radius * np.sin(angles)], 1))
+    polygons += [np.array([[10.2, 30.0], [80.9, 31.0], [80.9, 31.6]]), np.array([[-10.0, -5.0], [20.0, -5.0], [20.0, 15.0]]),
+                 np.array([[40.0, 40.0], [40.0, 40.0], [40.0, 40.0]])]
+    return polygons
+
+
+def masks() -> dict:
+    import numpy as np
+    from ultralytics.data.utils import polygons2masks, polygons2masks_overlap
+
+    polygons = mask_polygons()
+    out = {}
+    for ratio in (1, 4):
+        overlap, order = polygons2masks_overlap(MASK_HW, polygons, downsample_ratio=ratio)
+        out[f"overlap_{ratio}"], out[f"order_{ratio}"] = overlap, order
+        out[f"instances_{ratio}"] = polygons2masks(MASK_HW, polygons, color=1, downsample_ratio=ratio)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks"])
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -231,6 +271,11 @@ def main() -> None:
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
                                     "segment": segment_loss()}, indent=1) + "\n")
         print(f"wrote {path}")
+    elif args.what == "masks":
+        import numpy as np
+
+        np.savez_compressed(OUT / "masks.npz", **masks())
+        print(f"wrote {OUT / 'masks.npz'}")
     elif args.what == "forward":
         forward()
         print(f"wrote {OUT / 'forward'}")
