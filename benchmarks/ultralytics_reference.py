@@ -33,7 +33,15 @@ with one mask per object, at the prototypes' resolution and at the input's
 `masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
 `mask_polygons` makes from a seed (overlapping, nested, a sliver, one partly
-outside the image, one of zero area), at mask ratios 1 and 4."""
+outside the image, one of zero area), at mask ratios 1 and 4.
+
+`metrics` writes tests/reference/ultralytics/metrics.json: what
+ultralytics' validator makes of the predictions `metric_inputs` draws from a
+seed (8 images of 64 x 96 px, 3 classes; per object a jittered copy, now
+and then a second, weaker one or one of the wrong class; false positives;
+masks filled by its polygon2mask): its match_predictions over box IoU and
+over mask IoU, ap_per_class, and the box and mask P, R, mAP50, mAP50-95 and
+fitness as its SegmentMetrics reports them."""
 
 from __future__ import annotations
 
@@ -256,9 +264,93 @@ def masks() -> dict:
     return {k: np.asarray(v) for k, v in out.items()}
 
 
+def metric_inputs() -> list[dict]:
+    """Per image: gt classes and polygons, predictions (polygons, conf, cls)
+    in descending confidence, as NMS hands them on (numpy only)."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    h, w = MASK_HW
+
+    def blob(centre, size):
+        k = int(rng.integers(5, 10))
+        angles = np.sort(rng.uniform(0, 2 * np.pi, k))
+        radius = size * rng.uniform(0.6, 1.0, k)
+        return np.stack([centre[0] + radius * np.cos(angles), centre[1] + radius * np.sin(angles)], 1)
+
+    images = []
+    for _ in range(8):
+        gts = [(int(rng.integers(0, 3)), blob(rng.uniform([10, 10], [w - 10, h - 10]), rng.uniform(4, 14)))
+               for _ in range(int(rng.integers(1, 5)))]
+        preds = []
+        for cls, poly in gts:
+            if rng.random() < 0.85:  # found, jittered
+                preds.append((poly + rng.normal(0, 1.5, poly.shape), rng.uniform(0.3, 1.0),
+                              cls if rng.random() < 0.9 else (cls + 1) % 3))
+            if rng.random() < 0.3:  # a second, weaker one on the same object
+                preds.append((poly + rng.normal(0, 3.0, poly.shape), rng.uniform(0.05, 0.5), cls))
+        for _ in range(int(rng.integers(0, 3))):  # false positives
+            preds.append((blob(rng.uniform([10, 10], [w - 10, h - 10]), rng.uniform(3, 10)), rng.uniform(0.01, 0.6),
+                          int(rng.integers(0, 3))))
+        preds.sort(key=lambda p: -p[1])
+        images.append({"gt_cls": [c for c, _ in gts], "gt_polygons": [p for _, p in gts],
+                       "pred_polygons": [p for p, _, _ in preds], "conf": [c for _, c, _ in preds],
+                       "pred_cls": [k for _, _, k in preds]})
+    return images
+
+
+def mask_and_box(polygon) -> tuple:
+    """A polygon's mask (ultralytics' polygon2mask at the image's size) and its mask's bounding box, xyxy."""
+    import numpy as np
+    from ultralytics.data.utils import polygon2mask
+
+    mask = polygon2mask(MASK_HW, [np.asarray(polygon).reshape(-1)], color=1, downsample_ratio=1)
+    ys, xs = np.nonzero(mask)
+    box = [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1] if len(xs) else [0, 0, 0, 0]
+    return mask, np.asarray(box, np.float32)
+
+
+def metrics() -> dict:
+    import numpy as np
+    import torch
+    from types import SimpleNamespace
+
+    from ultralytics.engine.validator import BaseValidator
+    from ultralytics.utils.metrics import ap_per_class, box_iou, mask_iou
+
+    validator = SimpleNamespace(iouv=torch.linspace(0.5, 0.95, 10))
+    tp, tp_m, conf, pred_cls, target_cls = [], [], [], [], []
+    for image in metric_inputs():
+        gt = [mask_and_box(p) for p in image["gt_polygons"]]
+        pr = [mask_and_box(p) for p in image["pred_polygons"]]
+        gt_cls, p_cls = torch.tensor(image["gt_cls"]), torch.tensor(image["pred_cls"])
+        n = len(pr)
+        if n and len(gt):
+            boxes_iou = box_iou(torch.tensor(np.stack([b for _, b in gt])), torch.tensor(np.stack([b for _, b in pr])))
+            masks_iou = mask_iou(torch.tensor(np.stack([m for m, _ in gt])).view(len(gt), -1).float(),
+                                 torch.tensor(np.stack([m for m, _ in pr])).view(n, -1).float())
+            tp.append(BaseValidator.match_predictions(validator, p_cls, gt_cls, boxes_iou).numpy())
+            tp_m.append(BaseValidator.match_predictions(validator, p_cls, gt_cls, masks_iou).numpy())
+        else:
+            tp.append(np.zeros((n, 10), bool))
+            tp_m.append(np.zeros((n, 10), bool))
+        conf += image["conf"]
+        pred_cls += image["pred_cls"]
+        target_cls += image["gt_cls"]
+    out = {}
+    for kind, t in (("box", tp), ("mask", tp_m)):
+        r = ap_per_class(np.concatenate(t), np.array(conf), np.array(pred_cls), np.array(target_cls))
+        p, rec, ap = r[2], r[3], r[5]
+        out[kind] = {"precision": float(p.mean()), "recall": float(rec.mean()), "map50": float(ap[:, 0].mean()),
+                     "map50_95": float(ap.mean()), "tp": np.concatenate(t).astype(int).tolist()}
+    # SegmentMetrics.fitness: each kind's fitness (its Metric weights [0, 0, 0, 1]: mAP50-95), summed
+    out["fitness"] = out["box"]["map50_95"] + out["mask"]["map50_95"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics"])
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -270,6 +362,10 @@ def main() -> None:
         path = OUT / "loss.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
                                     "segment": segment_loss()}, indent=1) + "\n")
+        print(f"wrote {path}")
+    elif args.what == "metrics":
+        path = OUT / "metrics.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, **metrics()}) + "\n")
         print(f"wrote {path}")
     elif args.what == "masks":
         import numpy as np

@@ -1,8 +1,8 @@
 """`hpcyolo compare`: runs side by side, a sweep's above all.
 
 One PNG with every run's mAP50-95, mAP50 and training-loss curves, and a
-table ranking the runs by their best fitness (ultralytics' 0.1 mAP50 + 0.9
-mAP50-95) with the settings that differ between them. Read from the runs'
+table ranking the runs by their best fitness (ultralytics 8.4's: mAP50-95)
+with the settings that differ between them. Read from the runs'
 results.csv and config.yaml; no torch.
 """
 

@@ -124,12 +124,14 @@ def test_ultralytics_matching_prefers_the_first_prediction():
     assert ultra[:, 0].tolist() == [True, False]  # per gt, the first prediction
 
 
-def test_ultralytics_ap_interpolates_to_recall_one():
+def test_ultralytics_ap_gives_no_credit_beyond_the_highest_recall():
     # One class, 2 ground truths, one prediction found one: recall 0.5 at precision 1.
     r = ap_per_class(np.array([[True]]), np.array([0.9]), np.array([0]), np.array([0, 0]), 1, "ultralytics")
     coco = ap_per_class(np.array([[True]]), np.array([0.9]), np.array([0]), np.array([0, 0]), 1)
-    # Envelope 1 up to recall 0.5, then linearly to 0 at recall 1: 0.5 + 0.25 (trapezoid, 101 points, exact on a straight line).
-    assert r["ap"][0, 0] == pytest.approx(0.75, abs=1e-9)
+    # Ultralytics 8.4: the envelope is 1 up to recall 0.5 and drops to 0 there (before 8.4 it fell
+    # linearly to recall 1: 0.75); at recall 0.5 itself it reads the drop's foot, so the trapezoid
+    # over the 101 points loses half a step: 0.495.
+    assert r["ap"][0, 0] == pytest.approx(0.495, abs=1e-9)
     assert coco["ap"][0, 0] == pytest.approx(51 / 101)  # COCO: recall points 0..0.5 count, the rest 0
     none = ap_per_class(np.zeros((0, 1), bool), np.zeros(0), np.zeros(0), np.array([0]), 1, "ultralytics")
     assert none["ap"][0, 0] == 0.0

@@ -20,13 +20,14 @@ Conventions (deliberate, so numbers can be checked by hand):
 
 `method="ultralytics"` (what `hpcyolo val` reports, to compare with
 ultralytics' `model.val()`) differs in two places, both as ultralytics does:
-- matching: each prediction keeps its highest-IoU ground truth, then each
-  ground truth keeps the first of its predictions in input order (after NMS:
-  the most confident), not the greedy walk by IoU;
-- AP: the precision envelope over (0, 1), the curve's points and (1, 0) is
-  linearly interpolated at the 101 recall points and integrated with the
-  trapezoid rule, so recall beyond the highest reached still counts, falling
-  linearly to precision 0 at recall 1.
+- matching: the predictions in input order (after NMS: the most confident
+  first), each taking the ground truth it overlaps most among those still
+  free, not the greedy walk by IoU;
+- AP: the precision envelope over (0, 1), the curve's points, a drop to 0 at
+  the highest recall reached and (1, 0) is linearly interpolated at the 101
+  recall points and integrated with the trapezoid rule;
+- precision and recall: at the confidence of ultralytics' 1000-point grid
+  where the mean F1 over classes, smoothed, is highest.
 """
 
 from __future__ import annotations
@@ -73,15 +74,32 @@ def match_predictions(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor, method: st
     descending IoU (ties: higher confidence first), same class only.
     """
     pred, gt_boxes = pred.detach(), gt_boxes.detach()  # metrics never need gradients
-    n, thresholds = pred.shape[0], IOU_THRESHOLDS.numpy()
-    correct = np.zeros((n, len(thresholds)), dtype=bool)
-    if n == 0 or gt_boxes.shape[0] == 0:
-        return torch.from_numpy(correct).to(pred.device)
-    same_cls = gt_cls.reshape(-1, 1).long() == pred[:, 5].long().reshape(1, -1)
+    if pred.shape[0] == 0 or gt_boxes.shape[0] == 0:
+        return torch.zeros(pred.shape[0], len(IOU_THRESHOLDS), dtype=torch.bool, device=pred.device)
     # eps=0: IoU 60/100 must come out as exactly float32(0.6), the threshold,
     # whatever the box scale (normalised boxes would feel an epsilon). Two
     # zero-area boxes give 0/0 = NaN, which fails every `>=`: no match.
-    iou = (box_iou(gt_boxes.float(), pred[:, :4].float(), eps=0.0) * same_cls).cpu().numpy()
+    return match_iou(box_iou(gt_boxes.float(), pred[:, :4].float(), eps=0.0), pred, gt_cls, method)
+
+
+def mask_iou(gt_masks: Tensor, pred_masks: Tensor, eps: float = 1e-7) -> Tensor:
+    """[m, n] IoU of binary masks gt [m, H, W] and pred [n, H, W] (as ultralytics'
+    mask_iou: overlap / (sum of areas - overlap + eps))."""
+    gt, pred = gt_masks.flatten(1).float(), pred_masks.flatten(1).float()
+    overlap = gt @ pred.T
+    return overlap / (gt.sum(1)[:, None] + pred.sum(1)[None] - overlap + eps)
+
+
+def match_iou(iou: Tensor, pred: Tensor, gt_cls: Tensor, method: str = "coco") -> Tensor:
+    """match_predictions for any overlap: iou [m, n] of the ground truths with
+    the predictions pred [n, 6] (its conf and cls columns read), gt_cls [m]
+    -> bool [n, 10]."""
+    n, thresholds = pred.shape[0], IOU_THRESHOLDS.numpy()
+    correct = np.zeros((n, len(thresholds)), dtype=bool)
+    if n == 0 or iou.shape[0] == 0:
+        return torch.from_numpy(correct).to(pred.device)
+    same_cls = gt_cls.reshape(-1, 1).long() == pred[:, 5].long().reshape(1, -1)
+    iou = (iou * same_cls).cpu().numpy()
     if method == "ultralytics":
         return torch.from_numpy(_match_ultralytics(iou, thresholds, n)).to(pred.device)
     conf = pred[:, 4].float().cpu().numpy()
@@ -95,17 +113,18 @@ def match_predictions(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor, method: st
 
 
 def _match_ultralytics(iou: np.ndarray, thresholds: np.ndarray, n: int) -> np.ndarray:
-    """Ultralytics' matching: per threshold, the (gt, pred) pairs by IoU
-    descending; per prediction the first pair (its best gt), then per gt the
-    first of those in prediction order. [n, T] bool."""
+    """Ultralytics 8.4's matching: the predictions in input order (after NMS:
+    the most confident first), each taking, per threshold, the ground truth
+    it overlaps most among those no earlier prediction took, if that overlap
+    reaches the threshold. [n, T] bool."""
     correct = np.zeros((n, len(thresholds)), dtype=bool)
-    for j, t in enumerate(thresholds):
-        pairs = np.stack(np.nonzero(iou >= t), axis=1)
-        if len(pairs) > 1:
-            pairs = pairs[iou[pairs[:, 0], pairs[:, 1]].argsort(kind="stable")[::-1]]
-            pairs = pairs[np.unique(pairs[:, 1], return_index=True)[1]]
-            pairs = pairs[np.unique(pairs[:, 0], return_index=True)[1]]
-        correct[pairs[:, 1], j] = True
+    taken = np.zeros((iou.shape[0], len(thresholds)), dtype=bool)
+    columns = np.arange(len(thresholds))
+    for j in np.flatnonzero((iou >= thresholds.min()).any(0)):
+        free = np.where(taken, 0, iou[:, j, None])  # [m, T]
+        best = free.argmax(0)
+        correct[j] = free[best, columns] >= thresholds
+        taken[best, columns] |= correct[j]
     return correct
 
 
@@ -134,9 +153,10 @@ def _interpolated_ap(tp_sorted: np.ndarray, n_gt: int) -> np.ndarray:
 
 
 def _trapezoid_ap(tp_sorted: np.ndarray, n_gt: int) -> np.ndarray:
-    """Ultralytics' AP per IoU threshold of one class: the envelope of the
-    curve extended by (0, 1) and (1, 0), interpolated at 101 recall points,
-    integrated by the trapezoid rule. tp_sorted [k,T] bool -> [T]."""
+    """Ultralytics 8.4's AP per IoU threshold of one class: the envelope of
+    the curve extended by (0, 1), a drop to precision 0 at the highest recall
+    reached and (1, 0), interpolated at 101 recall points, integrated by the
+    trapezoid rule. tp_sorted [k,T] bool -> [T]."""
     k, t = tp_sorted.shape
     if k == 0:  # no predictions of the class: 0, not the area under the (0, 1)-(1, 0) line
         return np.zeros(t)
@@ -145,12 +165,26 @@ def _trapezoid_ap(tp_sorted: np.ndarray, n_gt: int) -> np.ndarray:
     precision = tpc / np.arange(1, k + 1)[:, None]
     ap = np.empty(t)
     for j in range(t):
-        mrec = np.concatenate(([0.0], recall[:, j], [1.0]))
-        mpre = np.concatenate(([1.0], precision[:, j], [0.0]))
-        mpre = np.maximum.accumulate(mpre[::-1])[::-1]
+        mrec, mpre = _envelope(recall[:, j], precision[:, j])
         y = np.interp(RECALL_POINTS, mrec, mpre)
         ap[j] = float(((y[1:] + y[:-1]) / 2 * np.diff(RECALL_POINTS)).sum())
     return ap
+
+
+def _envelope(recall: np.ndarray, precision: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(recall, precision) points of ultralytics 8.4's precision envelope: the
+    curve from (0, 1), falling to 0 at its highest recall, then to (1, 0);
+    each precision the best at that or any higher recall."""
+    mrec = np.concatenate(([0.0], recall, [recall[-1] if len(recall) else 1.0], [1.0]))
+    mpre = np.concatenate(([1.0], precision, [0.0], [0.0]))
+    return mrec, np.maximum.accumulate(mpre[::-1])[::-1]
+
+
+def _smooth(y: np.ndarray, fraction: float) -> np.ndarray:
+    """A box filter `fraction` of y's length wide (odd), edges padded with the end values (ultralytics' smooth)."""
+    width = round(len(y) * fraction * 2) // 2 + 1
+    pad = np.ones(width // 2)
+    return np.convolve(np.concatenate((pad * y[0], y, pad * y[-1])), np.ones(width) / width, mode="valid")
 
 
 def _conf_candidates(conf: np.ndarray) -> np.ndarray:
@@ -222,8 +256,13 @@ def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_
         idx = order[bounds[c] : bounds[c + 1]]
         ap[c] = (_trapezoid_ap if method == "ultralytics" else _interpolated_ap)(tp[idx], n_gt[c])
         p_curves[c], r_curves[c] = _pr_at_thresholds(tp[idx, 0], conf[idx], n_gt[c], taus)
-    best = _best_f1_index(p_curves[present], r_curves[present])
     precision, recall = np.full(nc, np.nan), np.full(nc, np.nan)
+    if method == "ultralytics":  # its 1000-point confidence grid, the mean F1 smoothed
+        grid = curves({"tp": tp, "conf": conf, "pred_cls": pred_cls, "target_cls": target_cls}, nc)
+        best = int(_smooth(grid["f1"][present].mean(0), 0.1).argmax()) if present.any() else None
+        p_curves, r_curves, taus = grid["precision"], grid["recall"], CURVE_POINTS
+    else:
+        best = _best_f1_index(p_curves[present], r_curves[present])
     precision[present] = p_curves[present, best] if best is not None else 0.0
     recall[present] = r_curves[present, best] if best is not None else 0.0
     return {
@@ -263,7 +302,11 @@ class DetStats:
         """Add one image: pred [n,6] (x1,y1,x2,y2,conf,cls), gt_boxes [m,4] xyxy, gt_cls [m]."""
         pred = pred.detach().reshape(-1, 6)
         gt_boxes, gt_cls = gt_boxes.detach().reshape(-1, 4), gt_cls.detach().reshape(-1)
-        self._tp.append(match_predictions(pred, gt_boxes, gt_cls, self.method).cpu().numpy())
+        self.add(match_predictions(pred, gt_boxes, gt_cls, self.method), pred, gt_cls)
+
+    def add(self, tp: Tensor, pred: Tensor, gt_cls: Tensor) -> None:
+        """Add one image's matches tp [n,10] of its predictions pred [n,6] to its gt classes [m]."""
+        self._tp.append(tp.cpu().numpy())
         self._conf.append(pred[:, 4].float().cpu().numpy())
         self._pred_cls.append(pred[:, 5].long().cpu().numpy().astype(np.int32))
         self._target_cls.append(gt_cls.long().cpu().numpy().astype(np.int32))
@@ -306,6 +349,36 @@ class DetStats:
         }
 
 
+class SegStats:
+    """DetStats for boxes and, matched by mask IoU, for masks: one image at a
+    time, the same shard-friendly state per kind."""
+
+    def __init__(self, method: str = "coco") -> None:
+        self.boxes, self.masks = DetStats(method), DetStats(method)
+
+    @torch.no_grad()
+    def update(self, pred: Tensor, pred_masks: Tensor, gt_boxes: Tensor, gt_cls: Tensor, gt_masks: Tensor) -> None:
+        """Add one image: pred [n,6] with its masks [n,H,W], gts [m,4] xyxy, [m] classes and masks [m,H,W]."""
+        self.boxes.update(pred, gt_boxes, gt_cls)
+        pred, gt_cls = pred.detach().reshape(-1, 6), gt_cls.detach().reshape(-1)
+        self.masks.add(match_iou(mask_iou(gt_masks, pred_masks), pred, gt_cls, self.masks.method), pred, gt_cls)
+
+    def state(self) -> dict:
+        return {"boxes": self.boxes.state(), "masks": self.masks.state()}
+
+    @staticmethod
+    def merge(states: list[dict]) -> dict:
+        return {kind: DetStats.merge([s[kind] for s in states]) for kind in ("boxes", "masks")}
+
+    @staticmethod
+    def summary(state: dict, nc: int, method: str = "coco") -> dict:
+        """DetStats.summary of the boxes, and of the masks under keys ending
+        in `_mask` (precision_mask, recall_mask, map50_mask, map50_95_mask, ...)."""
+        boxes = DetStats.summary(state["boxes"], nc, method)
+        masks = DetStats.summary(state["masks"], nc, method)
+        return {**boxes, **{f"{k}_mask": v for k, v in masks.items()}}
+
+
 # --------------------------------------------------------------------------- what the plots show
 
 CURVE_POINTS = np.linspace(0, 1, 1000)  # ultralytics' grid for its curves (confidence, or recall)
@@ -335,9 +408,7 @@ def curves(state: dict, nc: int) -> dict:
         precision = tpc / np.arange(1, len(idx) + 1)
         r[c] = np.interp(-x, -conf[idx], recall, left=0)  # conf descends: interp wants x ascending
         p[c] = np.interp(-x, -conf[idx], precision, left=1)
-        mrec = np.concatenate(([0.0], recall, [1.0]))
-        mpre = np.maximum.accumulate(np.concatenate(([1.0], precision, [0.0]))[::-1])[::-1]
-        pr[c] = np.interp(x, mrec, mpre)
+        pr[c] = np.interp(x, *_envelope(recall, precision))
     return {"x": x, "precision": p, "recall": r, "f1": _f1(p, r), "pr": pr, "present": n_gt > 0}
 
 
