@@ -42,9 +42,8 @@ def test_box_and_mask_metrics_equal_ultralytics():
     assert state["boxes"]["tp"].astype(int).tolist() == REFERENCE["box"]["tp"]
     assert state["masks"]["tp"].astype(int).tolist() == REFERENCE["mask"]["tp"]
     summary = SegStats.summary(state, 3, method="ultralytics")
-    print({k: (summary[k], REFERENCE["box"][k], summary[f"{k}_mask"], REFERENCE["mask"][k])
-           for k in ("precision", "recall", "map50", "map50_95")})
     for key in ("map50", "map50_95", "precision", "recall"):
         assert summary[key] == pytest.approx(REFERENCE["box"][key], abs=1e-6), key
         assert summary[f"{key}_mask"] == pytest.approx(REFERENCE["mask"][key], abs=1e-6), key
+    assert SegStats.fitness(summary) == pytest.approx(REFERENCE["fitness"], abs=1e-9)
     assert summary["map50_95_mask"] < summary["map50_95"]  # the masks match less well: the two are told apart

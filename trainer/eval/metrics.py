@@ -378,6 +378,11 @@ class SegStats:
         masks = DetStats.summary(state["masks"], nc, method)
         return {**boxes, **{f"{k}_mask": v for k, v in masks.items()}}
 
+    @staticmethod
+    def fitness(summary: dict) -> float:
+        """Ultralytics 8.4's fitness of a segmentation: the boxes' mAP50-95 plus the masks'."""
+        return summary["map50_95"] + summary["map50_95_mask"]
+
 
 # --------------------------------------------------------------------------- what the plots show
 
