@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import families
 from .blocks import Conv, scale_depth, scale_width
-from .detector import resolve_model
+from .detector import model_family
 
 HIDDEN = 1280  # the head's width before the linear layer, whatever the backbone's
 
@@ -42,10 +41,7 @@ class ClassificationModel(nn.Module):
 
     def __init__(self, nc: int, scale: str = "n", dropout: float = 0.0):
         super().__init__()
-        family, size = resolve_model(scale)
-        if nc < 1:
-            raise ValueError(f"nc must be at least 1, got {nc}")
-        spec = families.load(family)
+        family, size, spec = model_family(scale, nc)
         depth, width, max_channels = spec.CLASSIFY_SCALES[size]
         self.nc, self.scale, self.family, self.arch = nc, scale, family, family + size
         layers = spec.classify_body(lambda c: scale_width(c, width, max_channels), lambda n: scale_depth(n, depth), size)

@@ -27,6 +27,15 @@ REG_MAX = 16
 MAX_DET = 300  # detections an end2end head keeps per image (ultralytics' max_det)
 
 
+def model_family(name: str, nc: int):
+    """(family, size, the family's module) of a model name for nc classes;
+    ValueError for an unknown name or fewer than one class."""
+    family, size = resolve_model(name)
+    if nc < 1:
+        raise ValueError(f"nc must be at least 1, got {nc}")
+    return family, size, families.load(family)
+
+
 def resolve_model(name: str) -> tuple[str, str]:
     """A model name (yolov8n ... yolo11x, or an alias n, s, m) -> (family, scale)."""
     full = ALIASES.get(name, name)
@@ -92,10 +101,7 @@ class DetectionModel(nn.Module):
 
     def __init__(self, nc: int, scale: str = "n"):
         super().__init__()
-        family, size = resolve_model(scale)
-        if nc < 1:
-            raise ValueError(f"nc must be at least 1, got {nc}")
-        spec = families.load(family)
+        family, size, spec = model_family(scale, nc)
         depth, width, max_channels = spec.SCALES[size]
         self.nc, self.reg_max, self.scale = nc, spec.REG_MAX, scale
         self.family, self.arch = family, family + size
