@@ -2,9 +2,9 @@
 compare with. Runs in the benchmark venv (benchmarks/ultralytics_venv.sh)
 and imports nothing of hpcyolo:
 
-    /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py parameters
+    /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-    /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py forward
+WHAT is parameters, forward, loss, masks, metrics or val, each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -41,7 +41,13 @@ seed (8 images of 64 x 96 px, 3 classes; per object a jittered copy, now
 and then a second, weaker one or one of the wrong class; false positives;
 masks filled by its polygon2mask): its match_predictions over box IoU and
 over mask IoU, ap_per_class, and the box and mask P, R, mAP50, mAP50-95 and
-fitness as its SegmentMetrics reports them."""
+fitness as its SegmentMetrics reports them.
+
+`val` writes tests/reference/ultralytics/val.json: ultralytics' `val` figures
+of each detection fixture (../shared/fixtures/ultralytics/*/model.pt) at
+imgsz 160, batch 16, on its images as `resized_set` enlarges them (landscape,
+portrait and square, so that every image is resized on loading and rounds
+differently on each axis), with NMS and, for YOLO26, NMS-free (nms=False)."""
 
 from __future__ import annotations
 
@@ -348,9 +354,55 @@ def metrics() -> dict:
     return out
 
 
+FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "ultralytics"
+VAL_FIXTURES = ("yolov8n-shapes", "yolo11n-shapes", "yolo26n-shapes")
+RESIZED = ((403, 301), (251, 397), (333, 333))  # (w, h) in turn: each image larger than 160 px, odd sides
+
+
+def resized_set(fixture: Path, dest: Path) -> Path:
+    """The fixture's images enlarged in turn to each of RESIZED (Pillow,
+    bilinear, JPEG quality 95), its labels as they are (normalised); the
+    data.yaml of the copy."""
+    from PIL import Image
+
+    for sub in ("images", "labels"):
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+    for k, image in enumerate(sorted((fixture / "images").iterdir())):
+        with Image.open(image) as im:
+            im.convert("RGB").resize(RESIZED[k % len(RESIZED)], Image.BILINEAR).save(
+                dest / "images" / f"{image.stem}.jpg", quality=95)
+        label = fixture / "labels" / f"{image.stem}.txt"
+        if label.is_file():
+            (dest / "labels" / label.name).write_bytes(label.read_bytes())
+    # `path` absolute: ultralytics reads a relative one against its datasets folder, not the file's
+    lines = [f"path: {dest}" if line.startswith("path:") else line
+             for line in (fixture / "data.yaml").read_text().splitlines()]
+    (dest / "data.yaml").write_text("\n".join(lines) + "\n")
+    return dest / "data.yaml"
+
+
+def val() -> dict:
+    from ultralytics import YOLO
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in VAL_FIXTURES:
+            data = resized_set(FIXTURES / name, Path(tmp) / name)
+            paths = {"nms": {}} if not name.startswith("yolo26") else {"nms": {}, "end2end": {"nms": False}}
+            for path, extra in paths.items():
+                with contextlib.redirect_stdout(io.StringIO()):
+                    metrics = YOLO(str(FIXTURES / name / "model.pt")).val(
+                        data=str(data), imgsz=160, batch=16, plots=False, verbose=False, project=tmp, name="val",
+                        exist_ok=True, **extra)
+                out[f"{name}/{path}"] = {"map50": float(metrics.box.map50), "map50_95": float(metrics.box.map),
+                                         "precision": float(metrics.box.mp), "recall": float(metrics.box.mr)}
+                print(name, path, out[f"{name}/{path}"], file=sys.stderr)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val"])
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -362,6 +414,10 @@ def main() -> None:
         path = OUT / "loss.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
                                     "segment": segment_loss()}, indent=1) + "\n")
+        print(f"wrote {path}")
+    elif args.what == "val":
+        path = OUT / "val.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, **val()}, indent=1) + "\n")
         print(f"wrote {path}")
     elif args.what == "metrics":
         path = OUT / "metrics.json"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED
+from conftest import REPO, SHARED
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
@@ -42,10 +42,10 @@ def test_val_matches_ultralytics_on_the_fixture(name):
     result = json.loads(r.stdout)
     print(f"{name}: mAP50 {result['map50']:.4f} (ultralytics {ref['val_mAP50']}), "
           f"mAP50-95 {result['map50_95']:.4f} (ultralytics {ref['val_mAP50_95']})")
-    # What the README promises: mAP50 to the fourth digit (the reference's
-    # own precision), mAP50-95 within 0.01.
+    # Both to the fourth digit, the reference's own precision (mAP50-95 was 0.007 to 0.008
+    # above ultralytics' while predictions were clipped to the image before matching).
     assert round(result["map50"], 4) == ref["val_mAP50"]
-    assert abs(result["map50_95"] - ref["val_mAP50_95"]) <= 0.01
+    assert round(result["map50_95"], 4) == ref["val_mAP50_95"]
     assert result["images"] == ref["val_images"] == 40
     assert [c["class"] for c in result["classes"]] == [ref["names"][str(i)] for i in range(ref["nc"])]
     assert sum(c["instances"] for c in result["classes"]) == result["instances"] > 0
@@ -153,3 +153,37 @@ def test_val_takes_hpcyolo_weights(tmp_path):
     a, b = json.loads(ours.stdout), json.loads(theirs.stdout)
     assert a["imgsz"] == b["imgsz"] == 160  # both files say their training size
     assert {k: v for k, v in a.items() if k != "weights"} == {k: v for k, v in b.items() if k != "weights"}
+
+
+# == images resized on loading, against ultralytics' own val ===================
+
+VAL_REFERENCE = REPO / "tests" / "reference" / "ultralytics" / "val.json"
+
+
+def resized_cases() -> list[tuple[str, str]]:
+    cases = json.loads(VAL_REFERENCE.read_text())
+    return [tuple(key.split("/")) for key in cases if key != "ultralytics"]
+
+
+@pytest.mark.parametrize("name, path", resized_cases())
+def test_val_on_resized_images_matches_ultralytics(name, path, tmp_path):
+    """Each fixture's images enlarged (benchmarks/ultralytics_reference.py
+    `resized_set`: 403 x 301, 251 x 397, 333 x 333 in turn), so that every one
+    is resized on loading; ultralytics' own `val` figures of the same files
+    (tests/reference/ultralytics/val.json, made by that script in the
+    benchmark venv), with NMS and, for YOLO26, NMS-free. Measured: within
+    0.0035 (mAP50) and 0.0022 (mAP50-95), yolo26n the farthest; held to
+    0.005 here, the issue's 0.002 not reached yet on resized images."""
+    from test_task_models import reference_script
+
+    script = reference_script()
+    ref = json.loads(VAL_REFERENCE.read_text())[f"{name}/{path}"]
+    data = script.resized_set(FIXTURES / name, tmp_path / name)
+    r = val(str(FIXTURES / name / "model.pt"), "--data", str(data), "--imgsz", "160", "--batch", "16", "--json",
+            *(["--end2end"] if path == "end2end" else []))
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    print(f"{name} {path}: mAP50 {result['map50']:.4f} (ultralytics {ref['map50']:.4f}), "
+          f"mAP50-95 {result['map50_95']:.4f} (ultralytics {ref['map50_95']:.4f})")
+    assert abs(result["map50"] - ref["map50"]) <= 0.005
+    assert abs(result["map50_95"] - ref["map50_95"]) <= 0.005

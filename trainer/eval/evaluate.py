@@ -13,8 +13,11 @@ Ultralytics' validation protocol, followed here so that the numbers compare:
 - images resized so their long side is imgsz (never padded up in scale);
 - NMS with conf 0.001, IoU 0.7, one box per class above conf per anchor
   (multi-label), at most 300 per image;
-- boxes mapped back to the original image and clipped to it; matching and
-  AP as `metrics.DetStats(method="ultralytics")`.
+- matched in the letterboxed input's pixels, as ultralytics 8.4 does: the
+  labels resized and padded as the image was (each axis by its own resize,
+  which rounds), the predictions as the model gave them, not clipped to the
+  image (a box running into the padding overlaps its object less); matching
+  and AP as `metrics.DetStats(method="ultralytics")`.
 
 Distributed: every rank computes the same batch layout over the whole split
 and validates every world_size-th batch; rank 0 gathers the per-batch states
@@ -80,7 +83,8 @@ class ValBatches(Dataset):
         return len(self.batches)
 
     def __getitem__(self, k: int):
-        """(uint8 [B, 3, H, W], per image (gain, (left, top), (h0, w0), labels [n, 5] normalised))."""
+        """(uint8 [B, 3, H, W], per image (gain, (left, top), (h0, w0), labels [n, 5] normalised,
+        (h, w) of the image on the canvas))."""
         indices, shape = self.batches[k]
         canvases, metas = [], []
         for i in indices:
@@ -93,7 +97,8 @@ class ValBatches(Dataset):
                 img = np.full((h, w, 3), PAD_VALUE, np.uint8)
             canvas, gain, offset = letterbox_to(img, shape)
             canvases.append(canvas)
-            metas.append((r * gain, offset, self.shapes[i], self.labels[i]))
+            on_canvas = (img.shape[0] * gain, img.shape[1] * gain)  # ultralytics scales labels by the float gain
+            metas.append((r * gain, offset, self.shapes[i], self.labels[i], on_canvas))
         x = torch.from_numpy(np.ascontiguousarray(np.stack(canvases).transpose(0, 3, 1, 2)))
         return x, metas
 
@@ -101,20 +106,26 @@ class ValBatches(Dataset):
 def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
                 end2end: bool = False, confusion: ConfusionMatrix | None = None):
     """(DetStats, predictions): one batch predicted and matched against its
-    labels in original image pixels (and counted in `confusion`, where
-    given); the predictions stay in canvas pixels."""
+    labels in canvas pixels (and counted in `confusion`, where given)."""
     stats = DetStats(method="ultralytics")
     preds = detections(model, x.to(device).float() / 255, conf=conf, iou=iou, end2end=end2end, multi_label=True)
-    for det, (gain, (left, top), (h0, w0), labels) in zip(preds, metas):
-        det = det.float().cpu().clone()
-        det[:, [0, 2]] = ((det[:, [0, 2]] - left) / gain).clamp(0, w0)
-        det[:, [1, 3]] = ((det[:, [1, 3]] - top) / gain).clamp(0, h0)
-        lab = torch.from_numpy(np.array(labels, dtype=np.float32)).reshape(-1, 5)  # the index's rows are read-only
-        gt = xywh2xyxy(lab[:, 1:5]) * torch.tensor([w0, h0, w0, h0], dtype=torch.float32)
+    for det, meta in zip(preds, metas):
+        det = det.float().cpu()
+        lab, gt = canvas_labels(meta)
         stats.update(det, gt, lab[:, 0])
         if confusion is not None:
             confusion.update(det, gt, lab[:, 0])
     return stats, preds
+
+
+def canvas_labels(meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """An image's labels [n, 5] (normalised) and their boxes [n, 4] xyxy in
+    its canvas's pixels: scaled to the image's size there, shifted by its
+    padding, as ultralytics' LetterBox moves them."""
+    _, (left, top), _, labels, (h, w) = meta
+    lab = torch.from_numpy(np.array(labels, dtype=np.float32)).reshape(-1, 5)  # the index's rows are read-only
+    return lab, xywh2xyxy(lab[:, 1:5]) * torch.tensor([w, h, w, h], dtype=torch.float32) + \
+        torch.tensor([left, top, left, top], dtype=torch.float32)
 
 
 def as_is(item):
@@ -262,10 +273,9 @@ def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None):
         if drawn >= batches:
             return
         labels = []
-        for gain, (left, top), (h0, w0), lb in metas:
-            lb = np.asarray(lb, np.float32).reshape(-1, 5)
-            xyxy = xywh2xyxy(torch.from_numpy(lb[:, 1:5])).numpy() * (w0, h0, w0, h0) * gain + (left, top, left, top)
-            labels.append((xyxy, lb[:, 0].astype(int), None))
+        for meta in metas:
+            lab, xyxy = canvas_labels(meta)
+            labels.append((xyxy.numpy(), lab[:, 0].numpy().astype(int), None))
         kept = [p[p[:, 4] > 0.25].float().cpu().numpy() for p in preds]
         x = imgs.numpy().copy()  # the loader's batch: drawn maybe later
         run(batch_grid, x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
