@@ -83,12 +83,12 @@ class ValBatches(Dataset):
         return len(self.batches)
 
     def __getitem__(self, k: int):
-        """(uint8 [B, 3, H, W], per image (gain, (left, top), (h0, w0), labels [n, 5] normalised,
+        """(uint8 [B, 3, H, W], per image ((left, top) padding, labels [n, 5] normalised,
         (h, w) of the image on the canvas))."""
         indices, shape = self.batches[k]
         canvases, metas = [], []
         for i in indices:
-            (h, w), r = resized(self.shapes[i], self.imgsz)
+            (h, w), _ = resized(self.shapes[i], self.imgsz)
             if self.cache is not None:
                 img = self.cache.get(i) if self.cache.ok(i) else None
             else:
@@ -98,7 +98,7 @@ class ValBatches(Dataset):
             canvas, gain, offset = letterbox_to(img, shape)
             canvases.append(canvas)
             on_canvas = (img.shape[0] * gain, img.shape[1] * gain)  # ultralytics scales labels by the float gain
-            metas.append((r * gain, offset, self.shapes[i], self.labels[i], on_canvas))
+            metas.append((offset, self.labels[i], on_canvas))
         x = torch.from_numpy(np.ascontiguousarray(np.stack(canvases).transpose(0, 3, 1, 2)))
         return x, metas
 
@@ -122,7 +122,7 @@ def canvas_labels(meta) -> tuple[torch.Tensor, torch.Tensor]:
     """An image's labels [n, 5] (normalised) and their boxes [n, 4] xyxy in
     its canvas's pixels: scaled to the image's size there, shifted by its
     padding, as ultralytics' LetterBox moves them."""
-    _, (left, top), _, labels, (h, w) = meta
+    (left, top), labels, (h, w) = meta
     lab = torch.from_numpy(np.array(labels, dtype=np.float32)).reshape(-1, 5)  # the index's rows are read-only
     return lab, xywh2xyxy(lab[:, 1:5]) * torch.tensor([w, h, w, h], dtype=torch.float32) + \
         torch.tensor([left, top, left, top], dtype=torch.float32)
