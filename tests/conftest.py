@@ -40,9 +40,11 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # (`trainer`, multi-rank runs, CPU-bound) and the rest (`rest`). A few files run
 # in another lane than their folder's, so that the lanes end about together (in
 # a fresh clone's CI at 235a534: rest 1298 s, trainer 1430 s, Slurm 1123 s with
-# test_val_rect.py still in the trainer lane and the four below in the rest).
+# test_val_rect.py still in the trainer lane and the four below in the rest; at
+# f44f30a rest 1105 s, trainer 1223 s, Slurm 1061 s, before test_world_size.py,
+# 78 CPU-seconds, went to the rest).
 LANE_OF = {"test_time_budget.py": "rest", "test_watchdog.py": "rest", "test_train_coco8.py": "rest",
-           "test_one_validation.py": "rest", "test_val_rect.py": "slurm"}
+           "test_one_validation.py": "rest", "test_world_size.py": "rest", "test_val_rect.py": "slurm"}
 LANES = ("rest", "trainer", "slurm")
 
 
