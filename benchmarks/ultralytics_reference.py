@@ -4,7 +4,7 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, metrics or val, each below.
+WHAT is parameters, forward, loss, masks, metrics, val or trained, each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -47,7 +47,17 @@ fitness as its SegmentMetrics reports them.
 of each detection fixture (../shared/fixtures/ultralytics/*/model.pt) at
 imgsz 160, batch 16, on its images as `resized_set` enlarges them (landscape,
 portrait and square, so that every image is resized on loading and rounds
-differently on each axis), with NMS and, for YOLO26, NMS-free (nms=False)."""
+differently on each axis), with NMS and, for YOLO26, NMS-free (nms=False).
+
+`trained DATA` trains, for each model of TRAINED, that model from its YAML
+(ultralytics' own initialisation) on DATA, a dataset `hpcyolo make-dataset
+shapes --task TASK` wrote (the command line is in TRAINED_DATA), with the
+settings of TRAINED_SETTINGS, and writes tests/reference/ultralytics/trained/
+MODEL/: model.pt (the best.pt it saved), val.json (its `val` figures on
+DATA's val split at imgsz 160, batch 16: boxes, and masks for a segmenter)
+and predict.json (its predictions at conf 0.3 on the first 4 val images:
+class, confidence, box xyxy and, for a segmenter, `Results.masks.xy`'s
+polygon, in image pixels)."""
 
 from __future__ import annotations
 
@@ -400,9 +410,58 @@ def val() -> dict:
     return out
 
 
+# The models `trained` trains, the dataset it trains them on and how.
+TRAINED = ("yolo11n-seg",)
+TRAINED_DATA = "hpcyolo make-dataset shapes DIR --task segment --train 240 --val 40 --seed 3"
+TRAINED_SETTINGS = dict(epochs=20, imgsz=160, batch=16, workers=0, seed=0, deterministic=True, plots=False,
+                        amp=False, val=True)
+
+
+def trained(data: Path) -> None:
+    from ultralytics import YOLO
+
+    # `path` absolute: ultralytics reads a relative one against its datasets folder, not the file's
+    yaml_file = Path(tempfile.mkdtemp()) / "data.yaml"
+    yaml_file.write_text("".join(f"path: {data}\n" if line.startswith("path:") else line
+                                 for line in (data / "data.yaml").read_text().splitlines(keepends=True)))
+    images = sorted((data / "images" / "val").iterdir())[:4]
+    for name in TRAINED:
+        dest = OUT / "trained" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            model = YOLO(f"{name}.yaml")
+            model.train(data=str(yaml_file), project=tmp, name="train", exist_ok=True, **TRAINED_SETTINGS)
+            best = Path(tmp) / "train" / "weights" / "best.pt"
+            (dest / "model.pt").write_bytes(best.read_bytes())
+            with contextlib.redirect_stdout(io.StringIO()):
+                metrics = YOLO(str(best)).val(data=str(yaml_file), imgsz=160, batch=16, plots=False, verbose=False,
+                                              project=tmp, name="val", exist_ok=True)
+            figures = {"box": {"map50": float(metrics.box.map50), "map50_95": float(metrics.box.map),
+                               "precision": float(metrics.box.mp), "recall": float(metrics.box.mr)}}
+            if hasattr(metrics, "seg"):
+                figures["mask"] = {"map50": float(metrics.seg.map50), "map50_95": float(metrics.seg.map),
+                                   "precision": float(metrics.seg.mp), "recall": float(metrics.seg.mr)}
+            predictions = []
+            for result in YOLO(str(best)).predict([str(i) for i in images], imgsz=160, conf=0.3, verbose=False):
+                objects = []
+                for k in range(len(result.boxes)):
+                    obj = {"class": int(result.boxes.cls[k]), "conf": float(result.boxes.conf[k]),
+                           "box": [float(v) for v in result.boxes.xyxy[k]]}
+                    if result.masks is not None:
+                        obj["polygon"] = [[float(x), float(y)] for x, y in result.masks.xy[k]]
+                    objects.append(obj)
+                predictions.append({"image": Path(result.path).name, "objects": objects})
+        about = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": TRAINED_DATA,
+                 "settings": TRAINED_SETTINGS}
+        (dest / "val.json").write_text(json.dumps({**about, **figures}, indent=1) + "\n")
+        (dest / "predict.json").write_text(json.dumps({**about, "predictions": predictions}) + "\n")
+        print(name, figures, file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained"])
+    parser.add_argument("data", nargs="?", help="trained: the dataset's folder (see TRAINED_DATA)")
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -428,6 +487,11 @@ def main() -> None:
 
         np.savez_compressed(OUT / "masks.npz", **masks())
         print(f"wrote {OUT / 'masks.npz'}")
+    elif args.what == "trained":
+        if not args.data:
+            parser.error(f"trained needs DATA, a folder written by: {TRAINED_DATA}")
+        trained(Path(args.data).resolve())
+        print(f"wrote {OUT / 'trained'}")
     elif args.what == "forward":
         forward()
         print(f"wrote {OUT / 'forward'}")

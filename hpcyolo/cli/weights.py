@@ -116,7 +116,10 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
         click.echo(json.dumps(clean(result)))
         return
     click.echo(f"{weights} on {data} ({split}, {result['imgsz']} px):")
-    click.echo(table(result))
+    if "masks" in result:  # a segmentation: its boxes' table, then its masks'
+        click.echo(f"boxes\n{table(result)}\nmasks\n{table(result['masks'])}")
+    else:
+        click.echo(table(result))
 
 
 @main.command(name="export", short_help="Write trained weights as an ONNX model.")

@@ -58,7 +58,14 @@ def test_segmentation_outputs(name, one_thread):
     if model.end2end:
         assert tuple(model.head.proto.semantic(feats).shape) == (2, 3, 8, 12)
         assert [c.shape for c in model.head.coefficients(feats, one2one=True)] == [c.shape for c in coefficients]
-    assert tuple(model.predict(x).shape) == (2, 4 + 3, 8 * 12 + 4 * 6 + 2 * 3)  # the detector's, unchanged
+    maps, coefficients_trained, prototypes = model(x)  # what the loss trains on
+    assert [m.shape for m in maps] == [m.shape for m in model.head(feats)]
+    assert all(torch.equal(a, b) for a, b in zip(coefficients_trained, coefficients))
+    if not model.end2end:  # the detector's decoded boxes and scores, then each anchor's coefficients
+        preds, proto = model.predict(x)
+        assert tuple(preds.shape) == (2, 4 + 3 + MASKS, 8 * 12 + 4 * 6 + 2 * 3)
+        assert torch.equal(preds[:, :7], model.decode(maps)) and torch.equal(proto, prototypes)
+        assert torch.equal(preds[:, 7:], torch.cat([c.flatten(2) for c in coefficients], 2))
 
 
 @pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])

@@ -33,7 +33,7 @@ NOT_FOR_TRAINING = frozenset("""
 mode data device project name exist_ok save save_dir verbose deterministic profile compile
 resume split save_json conf iou max_det half dnn agnostic_nms source vid_stride stream_buffer visualize augment
 retina_masks embed show save_frames save_txt save_conf save_crop show_labels show_conf show_boxes line_width format
-optimize dynamic simplify opset workspace quantize int8 tracker cfg overlap_mask mask_ratio pose kobj rle angle dis
+optimize dynamic simplify opset workspace quantize int8 tracker cfg pose kobj rle angle dis
 dlog dgrad dlam auto_augment erasing dropout cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.

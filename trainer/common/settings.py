@@ -272,6 +272,10 @@ SETTINGS: tuple[Setting, ...] = (
     U("cls", 0.5, float, "Gain of the classification (BCE) loss.", True, _LOSS, check_non_negative),
     U("dfl", 1.5, float, "Gain of the distribution focal loss (YOLO26: of its L1 box loss).", True, _LOSS,
       check_non_negative),
+    U("overlap_mask", True, bool, "Segmentation: an image's ground-truth masks as one map, each smaller instance "
+      "drawn over the larger ones; off: one mask per instance.", True, _LOSS),
+    U("mask_ratio", 4, int, "Segmentation: the ground-truth masks at 1/mask_ratio of the image's side (4: the "
+      "prototypes' resolution).", True, _LOSS, check_positive),
     S("nbs", 64, int, "Nominal batch: gradients accumulate until about this many images per step.", True,
       "gradient accumulation, and the scale of the weight decay", check_positive, key="train.nbs", flag="--nbs"),
     S("clip_norm", 10.0, float, "Gradients are clipped to this norm (0: not clipped).", True, "the size of every step",

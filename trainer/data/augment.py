@@ -332,7 +332,7 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
         first += len(bxs)
     moved = clip_boxes(np.concatenate(moved), size, size)
     keep = keep_boxes(moved, areas, gain)
-    return out, moved[keep], None if outlines is None else [o for o, k in zip(warped, keep) if k]
+    return out, moved[keep], None if outlines is None else in_boxes(warped, moved, keep)
 
 
 # -- random affine ----------------------------------------------------------
@@ -409,7 +409,14 @@ def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: n
         moved = outline_boxes(moved, outlines, (0, 0, size, size))
     moved = clip_boxes(moved, size, size)
     keep = keep_boxes(moved, areas_before, gain)
-    return out, moved[keep], None if outlines is None else [o for o, k in zip(outlines, keep) if k]
+    return out, moved[keep], None if outlines is None else in_boxes(outlines, moved, keep)
+
+
+def in_boxes(outlines: list[np.ndarray], boxes: np.ndarray, keep: np.ndarray) -> list[np.ndarray]:
+    """The kept outlines, each clamped to its box (cls, x1, y1, x2, y2), as
+    ultralytics clamps its segments after the warp: a mask drawn from one
+    then stays inside its box."""
+    return [o.clip(b[1:3], b[3:5]) for o, b, k in zip(outlines, boxes, keep) if k]
 
 
 # -- colour and flip --------------------------------------------------------
@@ -451,7 +458,17 @@ def cut_mix(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], 
     one that covers none of a's boxes gets b's pixels there, with b's boxes
     that show at least `min_visible` of themselves in it, clipped to it. `a`
     unchanged where no rectangle is free or none of b's boxes shows."""
+    return cut_mix_patch(a, b, rng, tries, min_visible)[:2]
+
+
+def cut_mix_patch(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], rng: np.random.Generator,
+                  tries: int = 3, min_visible: float = 0.1
+                  ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int, int] | None, np.ndarray]:
+    """cut_mix's (image, boxes), the rectangle pasted (x1, y1, x2, y2; None
+    where nothing was) and the indices of b's boxes pasted, in order (for
+    their outlines to follow)."""
     img, boxes = a
+    nothing = (img, boxes, None, np.zeros(0, np.int64))
     h, w = img.shape[:2]
     free = []
     for _ in range(tries):
@@ -461,17 +478,17 @@ def cut_mix(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], 
         if not _covered(boxes, rect).any():
             free.append(rect)
     if not free:
-        return a
+        return nothing
     x1, y1, x2, y2 = free[rng.integers(len(free))]
-    shown = _covered(b[1], (x1, y1, x2, y2)) / np.maximum(box_areas(b[1]), 1e-6) >= min_visible
-    if not shown.any():
-        return a
+    shown = np.flatnonzero(_covered(b[1], (x1, y1, x2, y2)) / np.maximum(box_areas(b[1]), 1e-6) >= min_visible)
+    if not len(shown):
+        return nothing
     out = img.copy()
     out[y1:y2, x1:x2] = b[0][y1:y2, x1:x2]
     pasted = b[1][shown].copy()
     pasted[:, [1, 3]] = pasted[:, [1, 3]].clip(x1, x2)
     pasted[:, [2, 4]] = pasted[:, [2, 4]].clip(y1, y2)
-    return out, np.concatenate([boxes, pasted])
+    return out, np.concatenate([boxes, pasted]), (x1, y1, x2, y2), shown
 
 
 def _covered(boxes: np.ndarray, rect: tuple[int, int, int, int]) -> np.ndarray:

@@ -50,6 +50,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..common.datayaml import IMG_EXTS, DataSpec, label_path, load_data_spec, texts
+from ..common.errors import HpcyoloError
 from ..common.fsutil import fsync_dir
 from .augment import (
     PAD_VALUE,
@@ -60,6 +61,7 @@ from .augment import (
     copy_paste,
     copy_paste_flip,
     cut_mix,
+    cut_mix_patch,
     flip_lr,
     flip_ud,
     hsv_gains,
@@ -75,6 +77,7 @@ from .augment import (
     to_pixel_boxes,
 )
 from .filescan import cpus, per_file
+from .masks import instance_masks, overlap_masks
 from .sampler import STREAM
 
 # The data YAML and label paths live in hpcyolo_trainer.common.datayaml (no torch: the CLI
@@ -501,12 +504,18 @@ class YoloDataset(Dataset):
     `hsv_on_device=True` (the trainer on a GPU): training items keep their
     colours and carry their HSV gains in `meta["hsv"]` for
     photometric.hsv_jitter_batch; every random draw stays the same.
+
+    `segments=True` (train.task segment): every label row is a polygon,
+    carried through each augmentation with its box; an item's labels are
+    (rows, masks), the masks rasterised at 1 / `mask_ratio` of the image,
+    one map per image with `overlap_mask` (its rows in the map's order,
+    largest instance first), else one mask per row (data/masks.py).
     """
 
     def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
                  seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
                  names_count: int, rect_batch: int = 0, hsv_on_device: bool = False,
-                 checked=None):
+                 checked=None, segments: bool = False, mask_ratio: int = 4, overlap_mask: bool = True):
         if imgsz < 1 or seed < 0 or names_count < 1:
             raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
@@ -531,8 +540,11 @@ class YoloDataset(Dataset):
         # Instance outlines, per image one per label row: read where copy_paste pastes by them or a warp
         # that rotates, shears or tilts boxes them (boxes of other warps are their outlines' boxes already).
         needed = hyp.copy_paste or hyp.degrees or hyp.shear or hyp.perspective
-        self.outlines = self._outlines(items.outlines()) \
-            if augment and needed and not self.batches else None
+        self.segments, self.mask_ratio, self.overlap_mask = segments, mask_ratio, overlap_mask
+        if segments:
+            self.outlines = polygons_only(items)
+        else:
+            self.outlines = self._outlines(items.outlines()) if augment and needed and not self.batches else None
         self.cache: ImageCache | None = None
         self.cache_built = False
         if cache != "none" and len(items):
@@ -694,31 +706,46 @@ class YoloDataset(Dataset):
             # The only source of randomness: a resumed run, any worker count,
             # any global seed state give the same item (in the same batch).
             rng = np.random.default_rng((self.seed, epoch, i))
-            img, boxes, gains = self._train_sample(i, rng, partners, load, mosaic)
+            img, boxes, gains, outlines = self._train_sample(i, rng, partners, load, mosaic)
             if self.hsv_on_device:
                 meta["hsv"] = None if gains is None else tuple(float(g) for g in gains)
         else:
-            img, boxes = self._val_sample(i)
+            img, boxes, outlines = self._val_sample(i)
         labels = to_normalised(boxes, img.shape[:2])
         to_planes(img, out.numpy())
+        if self.segments:
+            return out, self._with_masks(labels, outlines, img.shape[:2]), str(self.paths[i]), meta
         return out, torch.from_numpy(labels), str(self.paths[i]), meta
 
-    def _val_sample(self, i: int, load=None) -> tuple[np.ndarray, np.ndarray]:
+    def _with_masks(self, labels: np.ndarray, outlines: list[np.ndarray],
+                    hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, masks) of a segmentation item: see the class's docstring."""
+        if self.overlap_mask:
+            masks, order = overlap_masks(hw, outlines, self.mask_ratio)
+            return torch.from_numpy(labels[order]), torch.from_numpy(masks)
+        return torch.from_numpy(labels), torch.from_numpy(instance_masks(hw, outlines, self.mask_ratio))
+
+    def _val_sample(self, i: int, load=None) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+        """(image letterboxed, boxes in its pixels, their outlines there where
+        the dataset has outlines, else None)."""
         img, labels = (load or self.load)(i)
         if self.batches:
-            canvas, _, pad = letterbox_to(img, self.canvas[i])
+            canvas, gain, pad = letterbox_to(img, self.canvas[i])
         else:
-            canvas, pad = letterbox(img, self.imgsz)
-        return canvas, to_pixel_boxes(labels, img.shape[:2], pad)
+            (canvas, pad), gain = letterbox(img, self.imgsz), 1.0
+        h, w = img.shape[:2]
+        outlines = None if self.outlines is None else self._outlines_px(i, labels, (h * gain, w * gain), pad)
+        return canvas, to_pixel_boxes(labels, img.shape[:2], pad), outlines
 
-    def _train_sample(self, i: int, rng: np.random.Generator, partners, load,
-                      mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(image, boxes, HSV gains left for the device or None).
+    def _train_sample(self, i: int, rng: np.random.Generator, partners, load, mosaic: bool
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, list[np.ndarray] | None]:
+        """(image, boxes, HSV gains left for the device or None, the boxes'
+        outlines where the dataset has them (a segmentation's), else None).
         `partners(rng)`: the three other images of a mosaic; `load(j)`: image j."""
         if self.batches:  # rectangular: mosaic and the affine warp would make a square image
-            img, boxes = self._val_sample(i, load)
+            img, boxes, outlines = self._val_sample(i, load)
         else:
-            img, boxes, _ = self._warped(i, rng, partners, load, mosaic)
+            img, boxes, outlines = self._warped(i, rng, partners, load, mosaic)
             # Copy-Paste's mode mixup, as ultralytics: after the warp, from a second sample made the same way.
             if mosaic and self.hyp.copy_paste and self.hyp.copy_paste_mode == "mixup" and self.outlines is not None \
                     and len(boxes):
@@ -726,12 +753,21 @@ class YoloDataset(Dataset):
                 if source_outlines is not None:
                     img, chosen = copy_paste(img, boxes, source, source_boxes, source_outlines, self.hyp.copy_paste)
                     boxes = np.concatenate([boxes, source_boxes[chosen]])
+                    outlines = joined(outlines, [source_outlines[j] for j in chosen])
             # MixUp, as ultralytics: while mosaics are on, with a second sample made the same way.
             if mosaic and self.hyp.mixup and rng.random() < self.hyp.mixup:
-                img, boxes = mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic)[:2], rng)
+                other, other_boxes, other_outlines = self._warped(partners(rng)[0], rng, partners, load, mosaic)
+                img, boxes = mix((img, boxes), (other, other_boxes), rng)
+                outlines = joined(outlines, other_outlines)
             if mosaic and self.hyp.cutmix and rng.random() < self.hyp.cutmix:  # then CutMix, likewise
-                img, boxes = cut_mix((img, boxes), self._warped(partners(rng)[0], rng, partners, load, mosaic)[:2],
-                                     rng)
+                other, other_boxes, other_outlines = self._warped(partners(rng)[0], rng, partners, load, mosaic)
+                if self.segments:  # as ultralytics: instances that show 1% of their box, outlines cut to the patch
+                    img, boxes, rect, shown = cut_mix_patch((img, boxes), (other, other_boxes), rng, min_visible=0.01)
+                    if len(shown):
+                        x1, y1, x2, y2 = rect
+                        outlines = joined(outlines, [other_outlines[j].clip((x1, y1), (x2, y2)) for j in shown])
+                else:
+                    img, boxes = cut_mix((img, boxes), (other, other_boxes), rng)
         # The same draws either way, so a run's flips and boxes do not depend
         # on where its colours change (per pixel: it commutes with the flip).
         gains = hsv_gains(self.hyp, rng)
@@ -741,11 +777,15 @@ class YoloDataset(Dataset):
         # strength of 0 draws nothing, so that a run without it draws as before.
         if self.hyp.flipud and rng.random() < self.hyp.flipud:
             img, boxes = flip_ud(img, boxes)
+            outlines = None if outlines is None else [np.column_stack([o[:, 0], img.shape[0] - o[:, 1]])
+                                                      for o in outlines]
         if rng.random() < self.hyp.fliplr:
             img, boxes = flip_lr(img, boxes)
+            outlines = None if outlines is None else [np.column_stack([img.shape[1] - o[:, 0], o[:, 1]])
+                                                      for o in outlines]
         if self.hyp.bgr and rng.random() < self.hyp.bgr:
             img = cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
-        return img, boxes, gains
+        return img, boxes, gains, outlines
 
     def _warped(self, i: int, rng: np.random.Generator, partners, load,
                 mosaic: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
@@ -756,11 +796,8 @@ class YoloDataset(Dataset):
         paste = mosaic and bool(self.hyp.copy_paste) and self.hyp.copy_paste_mode == "flip"
         if mosaic and rng.random() < self.hyp.mosaic:
             return self._mosaic([i, *partners(rng)], load, rng, paste)
-        img, boxes = self._val_sample(i, load)
-        outlines = None
-        if self.outlines is not None:
-            shape = self.resized[i]
-            outlines = self._outlines_px(i, boxes, shape, letterbox_pad(shape, self.imgsz))
+        img, boxes, outlines = self._val_sample(i, load)
+        if outlines is not None:
             if len(outlines) != len(boxes):
                 outlines = None
             elif paste and len(boxes):  # as in ultralytics, pasted before the warp
@@ -779,6 +816,24 @@ class YoloDataset(Dataset):
         if outlines is not None and any(len(o) != len(b) for o, b in zip(outlines, boxes)):
             outlines = None
         return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines, paste)
+
+
+def joined(outlines: list[np.ndarray] | None, more: list[np.ndarray] | None) -> list[np.ndarray] | None:
+    """A sample's outlines and another's pasted or mixed in; None (no
+    outlines to follow the boxes) where either is None."""
+    return None if outlines is None or more is None else outlines + more
+
+
+def polygons_only(items: Kept) -> list[list[np.ndarray]]:
+    """Every label row's polygon, for a segmentation; a box row is refused
+    in one line naming its file and row (a segmenter learns masks from outlines)."""
+    rows = items.outlines()
+    for path, outlines in zip(items.paths, rows):
+        for k, outline in enumerate(outlines):
+            if outline is None:
+                raise HpcyoloError(f"{label_path(path)}: label {k + 1} is a box (class cx cy w h); train.task "
+                                   "segment needs polygons (class x1 y1 x2 y2 x3 y3 ...) on every row")
+    return rows
 
 
 def batch_tensor(count: int, shape: tuple[int, int]) -> torch.Tensor:
@@ -816,15 +871,25 @@ def _rows_of_one_tensor(imgs) -> torch.Tensor | None:
 
 def collate(batch):
     """-> (imgs uint8 [B, 3, H, W], targets float32 [M, 6] = (index in batch,
-    cls, cx, cy, w, h), paths, metas)."""
+    cls, cx, cy, w, h), paths, metas); a segmentation's targets are
+    (targets, masks): masks [B, h, w] (one overlap map per image) or [M, h, w]."""
     imgs, labels, paths, metas = zip(*batch)
+    masks = None
+    if labels and isinstance(labels[0], tuple):
+        labels, masks = zip(*labels)
     targets = [torch.cat((torch.full((len(lb), 1), float(k)), lb), dim=1) for k, lb in enumerate(labels)]
     stacked = _rows_of_one_tensor(imgs)
     if stacked is None:
         # default_collate stacks into shared memory in a loader worker; a
         # batch stacked in private memory would be copied again to be sent.
         stacked = default_collate(list(imgs))
-    return stacked, torch.cat(targets) if targets else torch.zeros((0, 6)), list(paths), list(metas)
+    targets = torch.cat(targets) if targets else torch.zeros((0, 6))
+    if masks is None:
+        return stacked, targets, list(paths), list(metas)
+    wide = {m.dtype for m in masks} != {torch.uint8}  # an image of over 255 instances: its map is int32
+    masks = [m.to(torch.int32) if wide else m for m in masks]
+    masks = torch.stack(masks) if masks[0].dim() == 2 else torch.cat(masks)
+    return stacked, (targets, masks), list(paths), list(metas)
 
 
 def keep_freed_memory() -> None:

@@ -39,12 +39,25 @@ from ..common.datayaml import check_labels
 from ..common.errors import HpcyoloError
 from ..data import index as dataindex
 from ..data.augment import PAD_VALUE, letterbox_to, rect_batches
-from ..data.dataset import ImageCache, cache_digest, check_files, decode_resized, load_data_spec, open_cache, sift
-from ..model.boxes import xywh2xyxy
+from ..data.dataset import (
+    ImageCache,
+    cache_digest,
+    check_files,
+    decode_resized,
+    load_data_spec,
+    open_cache,
+    polygons_only,
+    sift,
+)
+from ..data.masks import instance_masks, overlap_masks
+from ..model.boxes import non_max_suppression, xywh2xyxy
 from ..model.detector import check_end2end, detections
+from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist, gather_objects
-from .metrics import ConfusionMatrix, DetStats, curves
+from .metrics import ConfusionMatrix, DetStats, SegStats, curves
+
+MASK_RATIO = 4  # ultralytics validates masks at the prototypes' resolution, a quarter of the input
 
 
 def resized(shape: tuple[int, int], imgsz: int) -> tuple[tuple[int, int], float]:
@@ -61,10 +74,12 @@ class ValBatches(Dataset):
     disk (a DataLoader with batch_size=None runs them in its workers)."""
 
     def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True,
-                 cache_dir: Path | None = None, checked=None):
+                 cache_dir: Path | None = None, checked=None, segments: bool = False, overlap_mask: bool = True):
         # `checked`: the check's results for `files` from the dataset's index (dataindex).
         items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc)
         self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
+        # A segmentation's polygons, for its ground-truth masks (see __getitem__).
+        self.outlines, self.overlap_mask = (polygons_only(items) if segments else None), overlap_mask
         self.nc = nc
         self.imgsz = imgsz
         self.batches = rect_batches(self.shapes, batch, imgsz) if len(items) else []
@@ -84,7 +99,11 @@ class ValBatches(Dataset):
 
     def __getitem__(self, k: int):
         """(uint8 [B, 3, H, W], per image ((left, top) padding, labels [n, 5] normalised,
-        (h, w) of the image on the canvas))."""
+        (h, w) of the image on the canvas)). A segmentation's images have a
+        fourth part, their ground-truth masks as ultralytics validates them:
+        rasterised at a quarter of the canvas, from one overlap map (the
+        labels then in its order, largest first) with overlap_mask, uint8
+        [n, H/4, W/4]."""
         indices, shape = self.batches[k]
         canvases, metas = [], []
         for i in indices:
@@ -98,9 +117,26 @@ class ValBatches(Dataset):
             canvas, gain, offset = letterbox_to(img, shape)
             canvases.append(canvas)
             on_canvas = (img.shape[0] * gain, img.shape[1] * gain)  # ultralytics scales labels by the float gain
-            metas.append((offset, self.labels[i], on_canvas))
+            if self.outlines is None:
+                metas.append((offset, self.labels[i], on_canvas))
+            else:
+                metas.append((offset, *self._masks(i, offset, on_canvas, shape)))
         x = torch.from_numpy(np.ascontiguousarray(np.stack(canvases).transpose(0, 3, 1, 2)))
         return x, metas
+
+
+    def _masks(self, i: int, offset: tuple[int, int], on_canvas: tuple[float, float], canvas: tuple[int, int]):
+        """(labels, on_canvas, masks) of image i: see __getitem__."""
+        scale = np.array([on_canvas[1], on_canvas[0]], np.float32)
+        outlines = [o * scale + offset for o in self.outlines[i]]
+        labels = self.labels[i]
+        if self.overlap_mask:
+            overlap, order = overlap_masks(canvas, outlines, MASK_RATIO)
+            masks = (overlap[None] == np.arange(1, len(order) + 1).reshape(-1, 1, 1)).astype(np.uint8)
+            labels = np.asarray(labels)[order]
+        else:
+            masks = instance_masks(canvas, outlines, MASK_RATIO)
+        return labels, on_canvas, torch.from_numpy(masks)
 
 
 def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
@@ -118,11 +154,30 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
     return stats, preds
 
 
+def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
+                        end2end: bool = False, confusion: ConfusionMatrix | None = None):
+    """batch_stats of a segmenter: (SegStats, predictions [n, 6]). Its masks
+    as ultralytics' process_mask makes them (model/segment.py predicted_masks),
+    matched by mask IoU against the ground truth's at a quarter of the canvas."""
+    stats = SegStats(method="ultralytics")
+    raw, proto = model.predict(x.to(device).float() / 255, end2end=end2end)
+    preds = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, multi_label=True, nc=model.nc)
+    for det, prototypes, meta in zip(preds, proto, metas):
+        det = det.float()
+        masks = predicted_masks(prototypes, det[:, 6:], det[:, :4], tuple(x.shape[2:])).cpu()
+        lab, gt = canvas_labels(meta)
+        det = det[:, :6].cpu()
+        stats.update(det, masks, gt, lab[:, 0], meta[3])
+        if confusion is not None:
+            confusion.update(det, gt, lab[:, 0])
+    return stats, [p[:, :6] for p in preds]
+
+
 def canvas_labels(meta) -> tuple[torch.Tensor, torch.Tensor]:
     """An image's labels [n, 5] (normalised) and their boxes [n, 4] xyxy in
     its canvas's pixels: scaled to the image's size there, shifted by its
     padding, as ultralytics' LetterBox moves them."""
-    (left, top), labels, (h, w) = meta
+    (left, top), labels, (h, w) = meta[:3]
     lab = torch.from_numpy(np.array(labels, dtype=np.float32)).reshape(-1, 5)  # the index's rows are read-only
     return lab, xywh2xyxy(lab[:, 1:5]) * torch.tensor([w, h, w, h], dtype=torch.float32) + \
         torch.tensor([left, top, left, top], dtype=torch.float32)
@@ -141,7 +196,7 @@ INTERRUPTED = {"interrupted": True}  # what validate() returns on every rank whe
 @torch.no_grad()
 def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
              worker_init=None, on_batch=None, end2end: bool = False, plots: bool = False,
-             interrupted=None) -> dict | None:
+             interrupted=None, measure=batch_stats) -> dict | None:
     """The metrics of `model` on `batches` (rank 0; None elsewhere), as
     ultralytics' validator computes them: every rank predicts every
     world_size-th batch, rank 0 merges the states in batch order. The one
@@ -151,7 +206,9 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     `plots`: also what the plots show, `confusion` (ConfusionMatrix.matrix
     over all ranks' images) and `curves` (metrics.curves).
     `interrupted()`, asked before each batch: True stops this rank's share
-    there (a preemption signal), and every rank then returns INTERRUPTED."""
+    there (a preemption signal), and every rank then returns INTERRUPTED.
+    `measure`: a batch's (stats, predictions), batch_stats or a task's
+    (segment_batch_stats: its summary adds the masks' figures)."""
     model.eval()
     mine = range(d.rank, len(batches), d.world_size)
     loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
@@ -161,7 +218,7 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
         if interrupted is not None and interrupted():
             stopped = True
             break
-        stats, preds = batch_stats(model, x, metas, d.device, conf, iou, end2end, confusion)
+        stats, preds = measure(model, x, metas, d.device, conf, iou, end2end, confusion)
         states.append((k, stats.state()))
         if on_batch is not None:
             on_batch(x, metas, preds)
@@ -171,25 +228,28 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     if not d.is_main:
         return None
     ordered = [state for _, state in sorted((pair for rank, _, _ in gathered for pair in rank), key=lambda p: p[0])]
-    merged = DetStats.merge(ordered)
-    summary = DetStats.summary(merged, batches.nc, method="ultralytics")
+    kind = SegStats if batches.outlines is not None else DetStats
+    merged = kind.merge(ordered)
+    summary = kind.summary(merged, batches.nc, method="ultralytics")
     if plots:
         summary["confusion"] = sum(matrix for _, matrix, _ in gathered)
-        summary["curves"] = curves(merged, batches.nc)
+        summary["curves"] = curves(merged["boxes"] if kind is SegStats else merged, batches.nc)
     return summary
 
 
 @torch.no_grad()
 def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
              conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
-             warn=print, plots: Path | None = None, workers: int = 0) -> dict | None:
+             warn=print, plots: Path | None = None, workers: int = 0, segments: bool = False) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
     row per class (name, images, instances, precision, recall, map50, map50_95).
     `rect=False` letterboxes every image to imgsz x imgsz (slower: more padding).
     `plots`: a folder for ultralytics' validation plots (plots.write_val_plots,
     val_batchN_labels.jpg and val_batchN_pred.jpg). `workers`: loader
-    processes, at most the CPUs this process may use."""
+    processes, at most the CPUs this process may use. `segments`: a
+    segmentation's weights and polygons; `masks` then holds the masks'
+    figures, as the boxes' are."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = as_weights(weights)
@@ -204,21 +264,26 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
     labels = check_labels(spec, (split,))
-    sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split, data))
+    sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split, data),
+                      segments=segments)
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
     workers = min(workers, len(os.sched_getaffinity(0)))
     s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end, plots=plots is not None, workers=workers,
-                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots))
+                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots),
+                 measure=segment_batch_stats if segments else batch_stats)
     if s is None:
         return None
     if plots is not None:
         from ..report.plots import write_val_plots
 
         write_val_plots(s, spec.names, plots)
-    return {"weights": str(weights), "data": str(data), "split": split, "imgsz": size,
-            **report(s, sets.labels, spec.names)}
+    out = {"weights": str(weights), "data": str(data), "split": split, "imgsz": size,
+           **report(s, sets.labels, spec.names)}
+    if segments:
+        out["masks"] = report({k[:-5]: v for k, v in s.items() if k.endswith("_mask")}, sets.labels, spec.names)
+    return out
 
 
 def indexed_split(d: Dist, files, nc: int, root: Path, split: str, yaml: str | Path | None = None):

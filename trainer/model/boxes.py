@@ -329,33 +329,38 @@ def non_max_suppression(
     max_nms: int = 30000,
     agnostic: bool = False,
     multi_label: bool = False,
+    nc: int | None = None,
 ) -> list[Tensor]:
     """Decoded predictions [B, 4+nc, A] (cx, cy, w, h px; class probs) -> per image [n,6] (x1, y1, x2, y2, conf, cls).
 
     Each anchor contributes one box, for its best class, or with
     `multi_label` one box per class scoring above conf_thres (as ultralytics
     validates); NMS runs per class via the class-offset trick unless agnostic.
+    With `nc`, the rows after the nc class scores (a segmenter's mask
+    coefficients) follow each kept box: [n, 6 + extra].
     """
-    return [_nms_image(p.transpose(0, 1), conf_thres, iou_thres, max_det, max_nms, agnostic, multi_label)
+    return [_nms_image(p.transpose(0, 1), conf_thres, iou_thres, max_det, max_nms, agnostic, multi_label, nc)
             for p in preds]
 
 
 def _nms_image(x: Tensor, conf_thres: float, iou_thres: float, max_det: int, max_nms: int, agnostic: bool,
-               multi_label: bool = False) -> Tensor:
-    """NMS for one image's predictions [A, 4+nc]."""
+               multi_label: bool = False, nc: int | None = None) -> Tensor:
+    """NMS for one image's predictions [A, 4+nc(+extra)]."""
+    end = x.shape[1] if nc is None else 4 + nc
+    extra = x[:, end:]
     if multi_label:
-        anchor, cls = (x[:, 4:] > conf_thres).nonzero(as_tuple=True)
-        x, conf = x[anchor], x[anchor, 4 + cls]
+        anchor, cls = (x[:, 4:end] > conf_thres).nonzero(as_tuple=True)
+        x, conf, extra = x[anchor], x[anchor, 4 + cls], extra[anchor]
     else:
-        conf, cls = x[:, 4:].max(1)
+        conf, cls = x[:, 4:end].max(1)
         ok = conf > conf_thres
-        x, conf, cls = x[ok], conf[ok], cls[ok]
+        x, conf, cls, extra = x[ok], conf[ok], cls[ok], extra[ok]
     if len(conf) > max_nms:  # bound NMS cost: keep only the most confident
         top = conf.topk(max_nms).indices
-        x, conf, cls = x[top], conf[top], cls[top]
+        x, conf, cls, extra = x[top], conf[top], cls[top], extra[top]
     boxes = xywh2xyxy(x[:, :4])
     kept = nms(_class_shifted(boxes, cls) if not agnostic else boxes.float(), conf, iou_thres)[:max_det]
-    return torch.cat((boxes[kept], conf[kept, None], cls[kept, None].to(boxes.dtype)), 1)
+    return torch.cat((boxes[kept], conf[kept, None], cls[kept, None].to(boxes.dtype), extra[kept]), 1)
 
 
 def _class_shifted(boxes: Tensor, cls: Tensor) -> Tensor:

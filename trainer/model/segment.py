@@ -100,3 +100,47 @@ class SegmentationModel(DetectionModel):
         """The prototype net's 256 channels are scaled as the body's (n: 64)."""
         return SegmentHead(nc, self.neck.out_channels, self.reg_max, self.w(PROTO_CHANNELS), STRIDES,
                            depthwise_cls=spec.DEPTHWISE_CLS, one2one=spec.END2END, proto26=spec.END2END)
+
+    def forward(self, x: torch.Tensor):
+        """(the detector's maps per level, the coefficient maps per level, the
+        prototypes): what SegmentationLoss trains on. YOLO26's one-to-one
+        maps are not trained yet (its segmentation loss is not built)."""
+        feats = self.neck(self.backbone(x))
+        return self.head(feats), self.head.coefficients(feats), self.head.prototypes(feats)
+
+    def predict(self, x: torch.Tensor, end2end: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, 4 + nc + 32, A]: the detector's decoded boxes and scores, then
+        each anchor's mask coefficients; the prototypes [B, 32, H/4, W/4])."""
+        if end2end:
+            raise NotImplementedError("end2end segmentation (YOLO26's one-to-one head) is not built yet")
+        feats = self.neck(self.backbone(x))
+        coefficients = torch.cat([c.flatten(2) for c in self.head.coefficients(feats)], dim=2)
+        return torch.cat([self.decode(self.head(feats)), coefficients], dim=1), self.head.prototypes(feats)
+
+
+def build_model(scale: str, nc: int) -> SegmentationModel:
+    """A freshly initialised segmenter (yolov8n ... yolo26x) for nc classes."""
+    return SegmentationModel(nc=nc, scale=scale)
+
+
+def predicted_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,
+                   input_hw: tuple[int, int]) -> torch.Tensor:
+    """One image's instance masks at the prototypes' resolution, as
+    ultralytics' process_mask: coefficients [n, 32] times the prototypes
+    [32, h, w], zeroed outside each box (boxes [n, 4] x1, y1, x2, y2 in
+    input pixels, scaled to the prototypes), above 0 -> uint8 [n, h, w]."""
+    c, h, w = proto.shape
+    masks = (coefficients.float() @ proto.float().reshape(c, -1)).reshape(-1, h, w)
+    scale = boxes.new_tensor([w / input_hw[1], h / input_hw[0]] * 2)
+    return (crop_to_boxes(masks, boxes.float() * scale) > 0).to(torch.uint8)
+
+
+def crop_to_boxes(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """masks [n, h, w] zeroed outside each box [n, 4] (x1, y1, x2, y2 in mask
+    pixels: a pixel's index inside [x1, x2) and [y1, y2))."""
+    _, h, w = masks.shape
+    x1, y1, x2, y2 = boxes[:, :, None].unbind(1)  # each [n, 1]
+    cols = torch.arange(w, device=masks.device, dtype=boxes.dtype)[None, None, :]
+    rows = torch.arange(h, device=masks.device, dtype=boxes.dtype)[None, :, None]
+    inside = ((cols >= x1[:, None]) & (cols < x2[:, None])) & ((rows >= y1[:, None]) & (rows < y2[:, None]))
+    return masks * inside

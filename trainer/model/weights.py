@@ -288,7 +288,12 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
 
 def build_from(weights: Weights) -> DetectionModel:
     """A model of the weights' architecture and class count, with the weights loaded."""
-    model = build_model(weights.arch, weights.nc)
+    if weights.task == "segment":
+        from .segment import SegmentationModel
+
+        model = SegmentationModel(weights.nc, weights.arch)
+    else:
+        model = build_model(weights.arch, weights.nc)
     load_into(model, weights)
     return model
 

@@ -264,6 +264,11 @@ class DetectionLoss:
     def set_epoch(self, epoch: int, epochs: int | None = None) -> None:
         """Nothing here changes with the epoch (EndToEndLoss's weights do)."""
 
+    def example_targets(self, imgsz: int, device: torch.device):
+        """Targets of a throwaway batch of two imgsz images (run/step.py
+        settle_buckets): an object in the middle of each."""
+        return torch.tensor([[0, 0, 0.5, 0.5, 0.25, 0.25], [1, 0, 0.5, 0.5, 0.25, 0.25]], device=device)
+
     def _global_mass(self, target_scores: Tensor) -> Tensor:
         """The target-score mass of the whole global batch, at least 1."""
         mass = target_scores.sum()
@@ -364,6 +369,9 @@ class EndToEndLoss:
         """The epoch being trained, and the run's planned epochs where they
         changed (`time`: the share falls to its end over the plan)."""
         self.epoch, self.epochs = epoch, epochs or self.epochs
+
+    def example_targets(self, imgsz: int, device: torch.device):
+        return self.one2one.example_targets(imgsz, device)
 
     @property
     def one2many_share(self) -> float:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..model.segment import crop_to_boxes as crop
 from .loss import DetectionLoss
 
 
@@ -40,13 +41,16 @@ class SegmentationLoss(DetectionLoss):
         box, cls, dfl = self.names
         self.names = (box, "seg_loss", cls, dfl)  # ultralytics' order
 
-    def __call__(self, preds: tuple[list[Tensor], list[Tensor], Tensor], targets: Tensor,
-                 masks: Tensor) -> tuple[Tensor, Tensor]:
+    def __call__(self, preds: tuple[list[Tensor], list[Tensor], Tensor], targets: Tensor | tuple[Tensor, Tensor],
+                 masks: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """preds: the detector's maps per level [B, 4*reg_max+nc, H, W], the
         mask coefficients per level [B, 32, H, W], the prototypes [B, 32, h, w];
         targets [M, 6] (img, cls, cx, cy, w, h; 0..1); masks [B, H', W']
-        (overlap) or [M, H', W']. -> (loss, items: box, seg, cls, dfl, each
-        times its gain): loss = their sum x the global batch."""
+        (overlap) or [M, H', W'], or both as the loader's (targets, masks).
+        -> (loss, items: box, seg, cls, dfl, each times its gain): loss =
+        their sum x the global batch."""
+        if masks is None:
+            targets, masks = targets
         feats, coefficients, proto = preds
         parts, (fg, gt_idx, target_bboxes) = self.detection(feats, self.gts(feats, targets))
         pred_masks = torch.cat([c.flatten(2) for c in coefficients], 2).float().transpose(1, 2)  # [B,A,32]
@@ -55,6 +59,13 @@ class SegmentationLoss(DetectionLoss):
         box, cls, dfl = parts
         parts = torch.stack((box, seg * self.gains[0], cls, dfl))
         return parts.sum() * (fg.shape[0] * self.world_size), parts.detach()
+
+    def example_targets(self, imgsz: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """DetectionLoss's, with each object's mask (its box) at the prototypes' resolution."""
+        targets, side = super().example_targets(imgsz, device), imgsz // 4
+        masks = torch.zeros((2, side, side), dtype=torch.uint8, device=device)
+        masks[:, 3 * side // 8:5 * side // 8, 3 * side // 8:5 * side // 8] = 1
+        return targets, masks  # one map per image, or one mask per object: the same here (one object each)
 
     def _masks(self, fg: Tensor, gt_idx: Tensor, target_bboxes: Tensor, image_of: Tensor, proto: Tensor,
                pred_masks: Tensor, masks: Tensor, input_hw: tuple[float, float]) -> Tensor:
@@ -88,13 +99,3 @@ class SegmentationLoss(DetectionLoss):
             loss = loss + (crop(bce, boxes[i][picked]).mean(dim=(1, 2)) / area[i][picked]).sum()
         return loss / count
 
-
-def crop(masks: Tensor, boxes: Tensor) -> Tensor:
-    """masks [N, H, W] zeroed outside each box [N, 4] (x1, y1, x2, y2 in
-    mask pixels; a pixel's index inside [x1, x2) and [y1, y2))."""
-    _, h, w = masks.shape
-    x1, y1, x2, y2 = boxes[:, :, None].unbind(1)  # each [N, 1]
-    cols = torch.arange(w, device=masks.device, dtype=boxes.dtype)[None, None, :]
-    rows = torch.arange(h, device=masks.device, dtype=boxes.dtype)[None, :, None]
-    inside = ((cols >= x1[:, None]) & (cols < x2[:, None])) & ((rows >= y1[:, None]) & (rows < y2[:, None]))
-    return masks * inside

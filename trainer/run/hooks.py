@@ -114,7 +114,9 @@ def attach(side: SideTasks, cfg, d) -> None:
 
 def draw_train_batch(run, epoch, i: int, host_imgs, targets, imgs) -> None:
     if run.pos.epoch == 0 and i < TRAIN_BATCH_PLOTS:
-        run.side.drawings.submit(run.task.draw_train_batch, host_imgs.numpy().copy(), targets.numpy().copy(),
+        # Copies: the loader's shared-memory batch is reused; a segmentation's targets are (rows, masks).
+        kept = tuple(t.numpy().copy() for t in targets) if isinstance(targets, tuple) else targets.numpy().copy()
+        run.side.drawings.submit(run.task.draw_train_batch, host_imgs.numpy().copy(), kept,
                                  run.data.names, run.folder / f"train_batch{i}.jpg")
 
 

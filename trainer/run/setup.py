@@ -90,7 +90,7 @@ def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
     """Load the checkpoint `state` into `parts` and this rank's RNG; where it
     stopped (the start of a fresh run without one)."""
     if state is None:
-        return Position(loss_sum=torch.zeros(3, device=d.device))
+        return Position(loss_sum=torch.zeros(len(parts.loss_fn.names), device=d.device))
     parts.model.load_state_dict(state["model"])
     parts.ema.load_state_dict(state["ema"])
     parts.optimizer.load_state_dict(state["optimizer"])

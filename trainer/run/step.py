@@ -146,7 +146,7 @@ def settle_buckets(net, model, loss_fn, imgsz: int, device, amp: bool, amp_dtype
     only the order of the gradients matters here."""
     buffers = [b.detach().clone() for b in model.buffers()]
     imgs = torch.zeros(2, 3, imgsz, imgsz, device=device)
-    targets = torch.tensor([[0, 0, 0.5, 0.5, 0.25, 0.25], [1, 0, 0.5, 0.5, 0.25, 0.25]], device=device)
+    targets = loss_fn.example_targets(imgsz, device)
     net.train()
     for m in net.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):

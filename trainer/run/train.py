@@ -279,7 +279,7 @@ def end_epoch(r: Run) -> int | None:
     r.apply_plan()
     if improved or pos.best_fitness == 0:  # ultralytics' rule: an early stretch of zero fitness counts as improving
         pos.best_epoch = pos.epoch
-    pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros(3, device=d.device)
+    pos.best_fitness, pos.loss_sum = max(pos.best_fitness, fitness), torch.zeros_like(pos.loss_sum)
     with r.side.watch.phase("checkpoint"), r.side.ledger.timed("checkpoint"):
         save_state(r)
     r.side.ledger.checkpointed(pos.global_step)
@@ -328,11 +328,10 @@ def epoch_outputs(r: Run, train_loss, metrics: dict, validated: bool, improved: 
             save_weights(r.folder / rundir.WEIGHTS / name, parts.ema.module, cfg, r.data.names)
     if last and r.side.drawings is not None:  # the last validation's plots, after its weights
         r.side.drawings.submit(r.task.val_plots, metrics, r.data.names, r.folder)
-    box, cls, third = (name.removesuffix("_loss") for name in parts.loss_fn.names)
+    items = " ".join(f"{name.removesuffix('_loss')} {v:.3f}" for name, v in zip(parts.loss_fn.names, train_loss))
     measured = r.task.describe(metrics) if validated else "not validated (val off)"
-    print(f"epoch {pos.epoch}/{pos.epochs}: loss {train_loss.sum():.3f} "
-          f"({box} {train_loss[0]:.3f} {cls} {train_loss[1]:.3f} {third} {train_loss[2]:.3f}) "
-          f"{measured}; {describe(speed)}", flush=True)
+    print(f"epoch {pos.epoch}/{pos.epochs}: loss {train_loss.sum():.3f} ({items}) {measured}; {describe(speed)}",
+          flush=True)
     if last:  # per class, as ultralytics ends its training
         print(r.task.per_class(metrics, r.data.val_batches.labels, r.data.names), flush=True)
 

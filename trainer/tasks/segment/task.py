@@ -1,0 +1,90 @@
+"""Segmentation's parts, handed to the run as one `Task` (see __init__.py).
+What detection already does the same way (the per-image boxes of a
+validation batch, its plots) is detection's own function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...common.errors import HpcyoloError
+from ...data.dataset import YoloDataset
+from ...eval.evaluate import ValBatches, evaluate, report, segment_batch_stats, table, validate
+from ...eval.metrics import SegStats
+from ...model.segment import build_model
+from ...optim.segment_loss import SegmentationLoss
+from ..detect import task as detect
+from ..task import Task
+
+BOX = ("precision", "recall", "map50", "map50_95")
+# results.csv's figures, as ultralytics names a segmentation's: (B) the boxes', (M) the masks'
+COLUMNS = ("metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95")
+
+
+def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked) -> YoloDataset:
+    """The training images with their polygons, augmented as detection's
+    (every augmentation moves the outlines with the boxes), each item's
+    masks rasterised as cfg.mask_ratio and cfg.overlap_mask say."""
+    return YoloDataset(files, cfg.imgsz, augment=cfg.augment, hyp=detect.augment_hyp(cfg), seed=cfg.seed,
+                       cache=cfg.cache, cache_dir=cache_dir, names_count=nc, rect_batch=cfg.batch if cfg.rect else 0,
+                       hsv_on_device=hsv_on_device, checked=checked, segments=True, mask_ratio=cfg.mask_ratio,
+                       overlap_mask=cfg.overlap_mask)
+
+
+def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | None, checked) -> ValBatches:
+    return ValBatches(files, nc, imgsz, batch, cache_dir=cache_dir, checked=checked, segments=True)
+
+
+def loss(model, nc: int, world_size: int, cfg) -> SegmentationLoss:
+    """ultralytics' v8SegmentationLoss with cfg's gains, its assignment as
+    detection's; YOLO26's segmentation loss (one-to-one head, semantic map)
+    is not built yet, so a YOLO26 segmenter is refused here, in one line."""
+    if model.end2end:
+        raise HpcyoloError(f"train.model {model.arch}: training a YOLO26 segmenter is not supported yet "
+                           "(its loss); choose a yolov8 or yolo11 model for train.task segment")
+    strides = tuple(model.stride.tolist())
+    return SegmentationLoss(nc, reg_max=model.reg_max, strides=strides, world_size=world_size, min_side=strides[1],
+                            assign_ciou=True, overlap=cfg.overlap_mask, box=cfg.box, cls=cfg.cls, dfl=cfg.dfl)
+
+
+def seg_validate(*args, **kwargs) -> dict | None:
+    return validate(*args, measure=segment_batch_stats, **kwargs)
+
+
+def describe(m: dict) -> str:
+    return f"box {detect.describe(m)}; mask " + detect.describe({k: m[f"{k}_mask"] for k in BOX})
+
+
+def per_class(metrics: dict, labels: list, names: list[str]) -> str:
+    """ultralytics' per-class table of the boxes, then of the masks."""
+    masks = {k[:-5]: v for k, v in metrics.items() if k.endswith("_mask")}
+    return "boxes\n" + table(report(metrics, labels, names)) + "\nmasks\n" + table(report(masks, labels, names))
+
+
+def draw_train_batch(imgs, targets, names: list[str], path: Path) -> None:
+    """A training batch as loaded, with its boxes (targets: the loader's (rows, masks))."""
+    detect.draw_train_batch(imgs, targets[0], names, path)
+
+
+def seg_evaluate(*args, **kwargs) -> dict | None:
+    return evaluate(*args, segments=True, **kwargs)
+
+
+def not_yet(command: str):
+    def refuse(*args, **kwargs):
+        raise HpcyoloError(f"hpcyolo {command} of a segmentation model is not supported yet; `hpcyolo val` is")
+    return refuse
+
+
+TASK = Task(
+    name="segment",
+    train_set=train_set, val_batches=val_batches,
+    build_model=build_model, saved_classes=detect.saved_classes,
+    loss=loss,
+    validate=seg_validate,
+    metrics=tuple((key, f"{column}(B)") for key, column in zip(BOX, COLUMNS)) +
+    tuple((f"{key}_mask", f"{column}(M)") for key, column in zip(BOX, COLUMNS)),
+    fitness=SegStats.fitness, describe=describe, per_class=per_class,
+    draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
+    batch_drawer=detect.batch_drawer,
+    evaluate=seg_evaluate, predict=not_yet("predict"), export=not_yet("export"),
+)
