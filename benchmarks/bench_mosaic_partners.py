@@ -110,7 +110,7 @@ def main() -> None:
             for scheme in schemes:
                 row, wall = train(data, root / f"set{k}-{scheme}-seed{seed}", scheme, seed, args)
                 rows.append({"set": k, "train": n_train, "scheme": scheme, "seed": seed, "wall": wall,
-                             "map50": float(row["metrics/mAP50"]), "map50_95": float(row["metrics/mAP50-95"])})
+                             "map50": float(row["metrics/mAP50(B)"]), "map50_95": float(row["metrics/mAP50-95(B)"])})
                 print(f"  set {k} ({n_train} images), {scheme:7s} seed {seed}: mAP50-95 {rows[-1]['map50_95']:.3f} "
                       f"mAP50 {rows[-1]['map50']:.3f} ({wall:.0f} s)", flush=True)
     if args.json:

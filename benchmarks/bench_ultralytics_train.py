@@ -40,8 +40,7 @@ from pathlib import Path
 
 BIN = Path(sys.executable).parent
 UL_PYTHON = "/work/bench-ul-venv/bin/python"
-MAP_COLUMNS = {"ultralytics": ("metrics/mAP50(B)", "metrics/mAP50-95(B)"),
-               "hpcyolo": ("metrics/mAP50", "metrics/mAP50-95")}  # in each side's results.csv
+MAP_COLUMNS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")  # in each side's results.csv: ultralytics' names
 OPTIMIZERS = {"SGD": "sgd", "AdamW": "adamw", "MuSGD": "musgd"}  # ultralytics' name: ours
 
 UL_TRAIN = """
@@ -167,7 +166,7 @@ def train_and_measure(side: str, seed: int, args, root: Path, data: Path, absolu
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wall = time.perf_counter() - start
     own = last_row(run / "results.csv")
-    own_map50, own_map = (float(own[c]) for c in MAP_COLUMNS[side])
+    own_map50, own_map = (float(own[c]) for c in MAP_COLUMNS)
     val = measured(run / "weights" / "last.pt", data)
     print(f"  {side} seed {seed}, epoch {own['epoch']}: own validator mAP50 {own_map50:.3f} mAP50-95 {own_map:.3f}; "
           f"last.pt by hpcyolo val: mAP50 {val['map50']:.3f} mAP50-95 {val['map50_95']:.3f}"

@@ -94,15 +94,15 @@ def main() -> None:
     print("\n| processes x images | seed | mAP50-95 | mAP50 | wall s |")
     print("|---|---|---|---|---|")
     for n, seed, row, wall in runs:
-        print(f"| {n} x {args.batch // n} | {seed} | {float(row['metrics/mAP50-95']):.3f} | "
-              f"{float(row['metrics/mAP50']):.3f} | {wall:.0f} |")
-    single = [float(row["metrics/mAP50-95"]) for n, _, row, _ in runs if n == 1]
+        print(f"| {n} x {args.batch // n} | {seed} | {float(row['metrics/mAP50-95(B)']):.3f} | "
+              f"{float(row['metrics/mAP50(B)']):.3f} | {wall:.0f} |")
+    single = [float(row["metrics/mAP50-95(B)"]) for n, _, row, _ in runs if n == 1]
     mean = statistics.mean(single)
     lo, hi = min(min(single), mean - MARGIN), max(max(single), mean + MARGIN)
     print(f"\n1 process, {len(single)} seeds: mAP50-95 mean {mean:.3f}, spread {min(single):.3f} .. {max(single):.3f} "
           f"(stdev {statistics.stdev(single):.3f}); band {lo:.3f} .. {hi:.3f} (the spread, or mean +- {MARGIN})")
     for n in sorted(set(layouts) - {1}):
-        values = [float(row["metrics/mAP50-95"]) for m, _, row, _ in runs if m == n]
+        values = [float(row["metrics/mAP50-95(B)"]) for m, _, row, _ in runs if m == n]
         within = sum(lo <= v <= hi for v in values)
         layout_mean = statistics.mean(values)
         print(f"{n} processes x {args.batch // n}, {len(values)} seeds: mAP50-95 "

@@ -38,7 +38,7 @@ def sweep(tmp_path_factory) -> Path:
 
 def best_fitness(run: Path) -> float:
     rows = list(csv.DictReader((run / "results.csv").open()))
-    return max(float(r["metrics/mAP50-95"]) for r in rows)  # ultralytics 8.4's fitness
+    return max(float(r["metrics/mAP50-95(B)"]) for r in rows)  # ultralytics 8.4's fitness
 
 
 def test_a_sweeps_runs_ranked_with_the_setting_that_differs(sweep, tmp_path):

@@ -203,3 +203,23 @@ def test_an_unreadable_config_is_one_line(tmp_path, datasets):
     assert told.stderr == (f"hpcyolo: warning: the job would be refused: {run / 'config.yaml'}: cannot read the "
                            "run's settings (ParserError); use a new run directory to start a new run\n")
     assert_refused(train(run, a, "--epochs", "1"), run, before, "cannot read the run's settings")
+
+
+def test_a_results_csv_of_the_names_before_ultralytics_reads_and_resumes_under_its_names(tmp_path):
+    """results.csv took ultralytics' column names ((B) for the boxes); a run
+    written before reads the same (status, compare), and its next epoch
+    rewrites the file whole under the new header, the old rows kept."""
+    from hpcyolo_trainer.common import rundir
+
+    old = ("epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision,metrics/recall,metrics/mAP50,"
+           "metrics/mAP50-95,lr,time,speed/images_per_s,speed/data_wait,speed/gpu_mem_GiB\n"
+           "1,1.5,2.5,1.25,0.5,0.25,0.375,0.125,0.01,3.0,9.0,0.1,n/a\n")
+    (tmp_path / rundir.RESULTS).write_text(old)
+    rows = rundir.read_results(tmp_path)
+    assert rows[0][rundir.MAP50_95] == "0.125" and rows[0][rundir.PRECISION] == "0.5"
+    assert rundir.scores(rows[0]) == "mAP50 0.375, mAP50-95 0.125"
+    rundir.write_result(tmp_path, (2, 1.0, 2.0, 1.0, 0.75, 0.5, 0.5, 0.25, 0.01, 3.0, 9.0, 0.1, "n/a"))
+    text = (tmp_path / rundir.RESULTS).read_text().splitlines()
+    assert text[0].split(",")[4:8] == ["metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
+                                      "metrics/mAP50-95(B)"]
+    assert text[1] == old.splitlines()[1] and text[2].startswith("2,1.0,2.0")

@@ -22,8 +22,8 @@ from hpcyolo.node.local import launch
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 FIXTURE = SHARED / "fixtures" / "ultralytics" / "yolov8n-shapes"
 BATCH, IMGSZ = 8, 160
-COLUMNS = {"precision": "metrics/precision", "recall": "metrics/recall", "map50": "metrics/mAP50",
-           "map50_95": "metrics/mAP50-95"}
+COLUMNS = {"precision": "metrics/precision(B)", "recall": "metrics/recall(B)", "map50": "metrics/mAP50(B)",
+           "map50_95": "metrics/mAP50-95(B)"}
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

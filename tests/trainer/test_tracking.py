@@ -80,7 +80,7 @@ def test_mlflow_and_wandb_offline_continue_one_run_across_a_requeue(requeued_tra
     assert only.info.status == "FINISHED" and only.data.tags["slurm_jobs"] == "local,local"
     params = only.data.params
     assert (params["world_size"], params["epochs"], params["batch"], params["optimizer"]) == ("2", "3", "4", "auto")
-    for column in ("metrics/mAP50-95", "train/box_loss", "metrics/precision"):
+    for column in ("metrics/mAP50-95(B)", "train/box_loss", "metrics/precision(B)"):
         history = client.get_metric_history(only.info.run_id, column)
         assert sorted(m.step for m in history) == [1, 2, 3], column  # each epoch once
         assert [m.value for m in sorted(history, key=lambda m: m.step)] == \
@@ -89,7 +89,7 @@ def test_mlflow_and_wandb_offline_continue_one_run_across_a_requeue(requeued_tra
 
     offline = sorted(glob.glob(str(run / "wandb" / f"offline-run-*-{state['wandb']['id']}")))
     assert len(offline) == 2  # one per job, the same W&B run
-    history = [h for d in offline for h in wandb_history(glob.glob(f"{d}/*.wandb")[0]) if "metrics/mAP50-95" in h]
+    history = [h for d in offline for h in wandb_history(glob.glob(f"{d}/*.wandb")[0]) if "metrics/mAP50-95(B)" in h]
     assert [h["_step"] for h in history] == [1, 2, 3]
-    assert [h["metrics/mAP50-95"] for h in history] == pytest.approx([float(r["metrics/mAP50-95"]) for r in rows],
+    assert [h["metrics/mAP50-95(B)"] for h in history] == pytest.approx([float(r["metrics/mAP50-95(B)"]) for r in rows],
                                                                       abs=1e-6)

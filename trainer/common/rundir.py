@@ -50,8 +50,12 @@ PREEMPTED = ".preempted-"  # + JOB-RESTART: the trainer checkpointed for a reque
 # process (a resumed epoch: since the resume). They differ between runs that are
 # otherwise bit-identical; comparisons of runs leave them out.
 TIMING_COLUMNS = ("time", "speed/images_per_s", "speed/data_wait", "speed/gpu_mem_GiB")
-MAP50, MAP50_95 = "metrics/mAP50", "metrics/mAP50-95"  # fitness: 0.1 x the first + 0.9 x the second
-PRECISION, RECALL = "metrics/precision", "metrics/recall"
+# The boxes' figures, as ultralytics names them for every task with boxes ((M): a segmentation's masks').
+MAP50, MAP50_95 = "metrics/mAP50(B)", "metrics/mAP50-95(B)"
+PRECISION, RECALL = "metrics/precision(B)", "metrics/recall(B)"
+# results.csv's columns of runs written before they took ultralytics' names: read as those.
+RENAMED = {"metrics/mAP50": MAP50, "metrics/mAP50-95": MAP50_95, "metrics/precision": PRECISION,
+           "metrics/recall": RECALL}
 
 RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", PRECISION, RECALL, MAP50, MAP50_95,
                    "lr", *TIMING_COLUMNS)
@@ -267,12 +271,13 @@ def submitted(run: Path) -> list[dict]:
 
 def read_results(run: Path) -> list[dict[str, str]]:
     """results.csv's rows, oldest epoch first; none without the file (a
-    custom entrypoint writes what it writes)."""
+    custom entrypoint writes what it writes). A run's from before its
+    columns took ultralytics' names reads as one written since (RENAMED)."""
     path = run / RESULTS
     if not path.exists():
         return []
     with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+        return [{RENAMED.get(k, k): v for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def write_result(run: Path, values: tuple, columns: tuple[str, ...] = RESULTS_COLUMNS) -> None:
@@ -293,7 +298,9 @@ def write_result(run: Path, values: tuple, columns: tuple[str, ...] = RESULTS_CO
 
 def scores(row: dict[str, str]) -> str:
     """`mAP50 0.123, mAP50-95 0.045`: an epoch's row in words."""
-    return f"mAP50 {float(row['metrics/mAP50']):.3f}, mAP50-95 {float(row['metrics/mAP50-95']):.3f}"
+    masks = MAP50_95.replace("(B)", "(M)")  # a segmentation's
+    also = f", mask mAP50-95 {float(row[masks]):.3f}" if masks in row else ""
+    return f"mAP50 {float(row[MAP50]):.3f}, mAP50-95 {float(row[MAP50_95]):.3f}{also}"
 
 
 # == the preemption marker, and what a job's end means =======================

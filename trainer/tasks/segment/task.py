@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...common import rundir
 from ...common.errors import HpcyoloError
 from ...data.dataset import YoloDataset
 from ...eval.evaluate import ValBatches, evaluate, report, segment_batch_stats, table, validate
@@ -16,8 +17,7 @@ from ..detect import task as detect
 from ..task import Task
 
 BOX = ("precision", "recall", "map50", "map50_95")
-# results.csv's figures, as ultralytics names a segmentation's: (B) the boxes', (M) the masks'
-COLUMNS = ("metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95")
+BOX_COLUMNS = (rundir.PRECISION, rundir.RECALL, rundir.MAP50, rundir.MAP50_95)  # (B): the boxes'
 
 
 def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked) -> YoloDataset:
@@ -81,8 +81,8 @@ TASK = Task(
     build_model=build_model, saved_classes=detect.saved_classes,
     loss=loss,
     validate=seg_validate,
-    metrics=tuple((key, f"{column}(B)") for key, column in zip(BOX, COLUMNS)) +
-    tuple((f"{key}_mask", f"{column}(M)") for key, column in zip(BOX, COLUMNS)),
+    metrics=tuple(zip(BOX, BOX_COLUMNS)) +
+    tuple((f"{key}_mask", column.replace("(B)", "(M)")) for key, column in zip(BOX, BOX_COLUMNS)),
     fitness=SegStats.fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=detect.batch_drawer,
