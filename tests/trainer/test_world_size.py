@@ -10,6 +10,9 @@ step. Twice: with BatchNorm frozen (eval mode), where the split cannot
 change the maths, and in training mode, where the ranks normalise over the
 global batch together (syncbn.py: torch's SyncBatchNorm is GPU-only). And
 once for ultralytics' YOLO26n checkpoint: both heads' losses (EndToEndLoss).
+And once for ultralytics' yolo11n-seg trained on a shapes set with polygons
+(tests/reference/ultralytics/trained): its loss's mask term too
+(SegmentationLoss).
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ import torch
 import torch.multiprocessing as mp
 from conftest import SHARED
 
+from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import free_port
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 # (fixture, BatchNorm, clip_norm) of each step compared
+# Not a fixture: ultralytics' yolo11n-seg trained on shapes (tests/reference), on the set `steps` writes (SEGMENT_DATA).
+SEGMENT = "yolo11n-segment-shapes"
+SEGMENT_WEIGHTS = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained" / "yolo11n-seg" / \
+    "model.pt"
+SEGMENT_DATA = "HPCYOLO_TEST_SEGMENT_DATA"
 CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in (10.0, 0.0)] + \
-        [("yolo26n-shapes", "train", 10.0)]
+        [("yolo26n-shapes", "train", 10.0), (SEGMENT, "train", 10.0)]
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
 STEP = 5  # an optimizer step at batch 5, inside the warm-up (18 batches here): warm-up LR and momentum apply
 
@@ -58,21 +67,24 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     from hpcyolo_trainer.common.settings import TrainConfig
     from hpcyolo_trainer.run.setup import build_optimization, initial_model, place_model
     from hpcyolo_trainer.run.step import data_parallel, forward_backward, optimizer_step
-    from hpcyolo_trainer.tasks.detect.task import loss as detection_loss
     from hpcyolo_trainer.model.weights import read_weights
+    from hpcyolo_trainer.tasks.task import load
 
-    cfg = TrainConfig(run_dir="unused", data=str(FIXTURES / fixture / "data.yaml"), batch=GLOBAL_BATCH, nbs=NBS,
+    task = load("segment" if fixture == SEGMENT else "detect")
+    data = os.environ[SEGMENT_DATA] if fixture == SEGMENT else str(FIXTURES / fixture / "data.yaml")
+    cfg = TrainConfig(run_dir="unused", data=data, batch=GLOBAL_BATCH, nbs=NBS, task=task.name,
                       imgsz=IMGSZ, clip_norm=clip, epochs=10, optimizer="sgd")
     spec = load_data_spec(cfg.data)
-    dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names))
-    weights = read_weights(FIXTURES / fixture / "model.pt")
-    model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights)
+    dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names),
+                          segments=fixture == SEGMENT)
+    weights = read_weights(SEGMENT_WEIGHTS if fixture == SEGMENT else FIXTURES / fixture / "model.pt")
+    model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights, task.build_model)
     model = place_model(model, d)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     net = data_parallel(model, d)
     optimizer, schedule, accumulate = build_optimization(cfg, model, len(dataset) // GLOBAL_BATCH)
     assert accumulate == 2
-    loss_fn = detection_loss(model, len(spec.names), d.world_size, cfg)
+    loss_fn = task.loss(model, len(spec.names), d.world_size, cfg)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     net.train()
     for m in model.modules():
@@ -118,7 +130,12 @@ def relative(a: dict, b: dict) -> float:
 def steps(tmp_path_factory) -> dict:
     """{world size: {case: rank 0's record}} for 1, 2 and 4 ranks."""
     tmp = tmp_path_factory.mktemp("steps")
-    return {world: steps_of(world, tmp) for world in (1, 2, 4)}
+    os.environ[SEGMENT_DATA] = str(make_shapes(tmp / "segment", n_train=2 * GLOBAL_BATCH, n_val=2, imgsz=IMGSZ,
+                                               task="segment", seed=4))
+    try:
+        return {world: steps_of(world, tmp) for world in (1, 2, 4)}
+    finally:
+        del os.environ[SEGMENT_DATA]
 
 
 def test_loader_workers_are_capped_at_the_cpus_a_rank_may_count_on(steps):

@@ -39,7 +39,8 @@ from .heads import HEADS, HeadMap
 from .detector import DetectionModel, build_model, resolve_model
 
 _NOT_WEIGHTS = f"not hpcyolo weights such as RUN/{WEIGHTS}/best.pt, nor an ultralytics checkpoint"
-_ULTRALYTICS_NAME = re.compile(f"({'|'.join(registry.FAMILIES)})([{''.join(registry.SCALES)}])?")
+_ULTRALYTICS_NAME = re.compile(f"({'|'.join(registry.FAMILIES)})([{''.join(registry.SCALES)}])?(-seg|-cls|-pose|-obb)?")
+_SUFFIX = {"detect": None, "segment": "-seg", "classify": "-cls", "pose": "-pose", "obb": "-obb"}  # yolo11n-seg.yaml
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def _read_ultralytics(path: str) -> Weights:
         raise HpcyoloError(f"{path}: holds an ultralytics {model.kind} ({holds}); hpcyolo trains "
                            f"{', '.join(registry.TASKS)} models ({', '.join(k for k, t in registry.ULTRALYTICS_MODELS.items() if t in registry.TASKS)})")
     head = HEADS[task]
-    arch = _ultralytics_arch(info.get("yaml"), path)
+    arch = _ultralytics_arch(info.get("yaml"), path, task)
     names = info.get("names")
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names or []]
     tensors = dict(_module_tensors(model, ""))
@@ -154,8 +155,9 @@ def _trained_size(imgsz) -> int | None:
     return -(-imgsz // MAX_STRIDE) * MAX_STRIDE
 
 
-def _ultralytics_arch(yaml, path: str) -> str:
-    """yolov8n ... yolo11x from the model's recorded yaml (yaml_file 'yolov8n.yaml', scale 'n')."""
+def _ultralytics_arch(yaml, path: str, task: str = "detect") -> str:
+    """yolov8n ... yolo11x from the model's recorded yaml (yaml_file 'yolov8n.yaml' or, for
+    another task, 'yolo11n-seg.yaml'; scale 'n'); its suffix must be its model class's task's."""
     if not isinstance(yaml, dict):
         raise HpcyoloError(f"{path}: the model records no architecture (yaml)")
     stem = Path(str(yaml.get("yaml_file") or "")).stem
@@ -164,6 +166,9 @@ def _ultralytics_arch(yaml, path: str) -> str:
     if not m or scale not in registry.SCALES:
         raise HpcyoloError(f"{path}: ultralytics architecture {shown(yaml.get('yaml_file'))} is not one hpcyolo builds "
                            f"({', '.join(f'{f}{registry.SCALES[0]}-{registry.SCALES[-1]}' for f in registry.FAMILIES)})")
+    if m.group(3) != _SUFFIX.get(task):
+        raise HpcyoloError(f"{path}: its architecture {shown(yaml.get('yaml_file'))} is not a {task} model's, "
+                           f"though it holds one")
     return m.group(1) + scale
 
 
@@ -226,10 +231,11 @@ def _our_name(name: str, layers: tuple, head: HeadMap) -> str | None:
 def check_records(model: safe_pickle.Inert, arch: str, path: str) -> None:
     """Refuse, in one line naming the layer, a checkpoint whose modules
     compute something else than hpcyolo's `arch` with the same tensors."""
-    head = HEADS[registry.ULTRALYTICS_MODELS[model.kind]]
+    task = registry.ULTRALYTICS_MODELS[model.kind]
+    head = HEADS[task]
     layers = head.layers(arch[:-1])
     with torch.device("meta"):  # the structure only: no memory, no initialisation cost
-        ours = build_model(arch, 1)
+        ours = task_model(task, arch, 1)
     for name, module in _modules(model.state.get("_modules", {}).get("model"), "model"):
         for what, theirs, mine in _options(module, name, ours, layers, head):
             if theirs != mine:
@@ -286,14 +292,23 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
 
 # ---------------------------------------------------------------- onto a model
 
-def build_from(weights: Weights) -> DetectionModel:
-    """A model of the weights' architecture and class count, with the weights loaded."""
-    if weights.task == "segment":
+def task_model(task: str, arch: str, nc: int):
+    """A fresh model of `task` (registry.ULTRALYTICS_MODELS' tasks hpcyolo builds): the detector, or its
+    segmenter or classifier."""
+    if task == "segment":
         from .segment import SegmentationModel
 
-        model = SegmentationModel(weights.nc, weights.arch)
-    else:
-        model = build_model(weights.arch, weights.nc)
+        return SegmentationModel(nc, arch)
+    if task == "classify":
+        from .classify import ClassificationModel
+
+        return ClassificationModel(nc, arch)
+    return build_model(arch, nc)
+
+
+def build_from(weights: Weights) -> DetectionModel:
+    """A model of the weights' architecture and class count, with the weights loaded."""
+    model = task_model(weights.task, weights.arch, weights.nc)
     load_into(model, weights)
     return model
 
