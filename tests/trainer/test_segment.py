@@ -12,13 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
+import torch
 from conftest import max_abs_diff
 from test_yolo26_train import argv, env, hold_then_signal
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
 from hpcyolo_trainer.common.preemption import EXIT_CODE
+from hpcyolo_trainer.model.boxes import box_iou
 from hpcyolo_trainer.run import checkpoint as ckpt
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
@@ -83,3 +87,46 @@ def test_a_segment_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tm
     assert rows == measured(tmp_path / "b") and len(rows) == 4
     assert rows[0][1:5] == ["train/box_loss", "train/seg_loss", "train/cls_loss", "train/dfl_loss"]
     assert rows[0][9:13] == ["metrics/precision(M)", "metrics/recall(M)", "metrics/mAP50(M)", "metrics/mAP50-95(M)"]
+
+
+def filled(polygon, hw) -> np.ndarray:
+    mask = np.zeros(hw, np.uint8)
+    if len(polygon):
+        cv2.fillPoly(mask, [np.round(np.asarray(polygon)).astype(np.int32)], 1)
+    return mask.astype(bool)
+
+
+def test_predict_finds_ultralytics_objects_with_their_masks_outlines(reference_set, tmp_path):
+    """Every object ultralytics' predict found (conf 0.3) on the first val
+    images: ours has it, the same class, box IoU and mask IoU (the outlines
+    filled at the image's size) at least 0.9."""
+    reference = json.loads((TRAINED / "predict.json").read_text())["predictions"]
+    images = reference_set.parent / "images" / "val"
+    r = subprocess.run([HPCYOLO, "predict", str(TRAINED / "model.pt"), *(str(images / p["image"]) for p in reference),
+                        "--out", str(tmp_path), "--format", "json", "--conf", "0.3"], capture_output=True, text=True,
+                       env=env())
+    assert r.returncode == 0, r.stderr
+    ours = {Path(p["image"]).name: p for p in json.loads((tmp_path / "predictions.json").read_text())}
+    found = 0
+    for theirs in reference:
+        mine = ours[theirs["image"]]
+        hw = (mine["height"], mine["width"])
+        for obj in theirs["objects"]:
+            box = torch.tensor([obj["box"]])
+            best = max(mine["detections"], default=None, key=lambda d: float(box_iou(box, torch.tensor([d["box_xyxy"]]))))
+            assert best is not None and best["class"] == obj["class"], (theirs["image"], obj)
+            assert float(box_iou(box, torch.tensor([best["box_xyxy"]]))) >= 0.9, (theirs["image"], obj, best)
+            a, b = filled(obj["polygon"], hw), filled(best["polygon_xy"], hw)
+            assert (a & b).sum() / max((a | b).sum(), 1) >= 0.9, (theirs["image"], obj["class"])
+            found += 1
+    assert found >= 3
+    first = reference[0]["image"]
+    r = subprocess.run([HPCYOLO, "predict", str(TRAINED / "model.pt"), str(images / first), "--out",
+                        str(tmp_path / "txt"), "--conf", "0.3"], capture_output=True, text=True, env=env())
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "txt" / "labels" / f"{Path(first).stem}.txt").read_text().splitlines()
+    assert len(rows) == len(ours[first]["detections"])
+    for row, det in zip(rows, ours[first]["detections"]):  # class, the outline's x y pairs normalised, conf
+        values = row.split()
+        assert int(values[0]) == det["class"] and len(values) == 2 + 2 * len(det["polygon_xy"])
+        assert all(0 <= float(v) <= 1 for v in values[1:])

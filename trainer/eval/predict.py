@@ -1,4 +1,5 @@
-"""Predict with trained weights: boxes as YOLO txt or JSON, and drawn images.
+"""Predict with trained weights: boxes (a segmenter's with their masks'
+outlines, as ultralytics' Results.masks.xy) as YOLO txt or JSON, and drawn images.
 
     hpcyolo predict RUN/weights/best.pt images/ --out predictions
     hpcyolo predict yolov8n.pt images/          # an ultralytics checkpoint, read safely
@@ -18,7 +19,9 @@ from ..common.fsutil import write_atomic
 from ..common.registry import MAX_STRIDE as STRIDE
 from ..data.augment import PAD_VALUE
 from ..data.dataset import IMG_EXTS, decode_resized, probe_image
+from ..model.boxes import non_max_suppression
 from ..model.detector import check_end2end, detections
+from ..model.segment import upsampled_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..report.plots import draw_detections, save_image
 
@@ -79,6 +82,47 @@ def read_image(path: Path) -> np.ndarray:
 
 
 @torch.no_grad()
+def segment(model, original: np.ndarray, imgsz: int, conf: float, iou: float,
+            device: torch.device) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A segmenter's detections [n, 6] in `original`'s pixels and each one's
+    mask outline [k, 2] there, as ultralytics' predict makes them: the masks
+    upsampled to the input (bilinear), cut to their boxes, above 0; objects
+    whose mask is empty dropped; each mask's outer contours (OpenCV), several
+    joined into one outline at their nearest points; scaled and clipped to
+    the image as its boxes."""
+    h, w = original.shape[:2]
+    canvas, gain, (left, top) = rect_letterbox(original, imgsz)
+    x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
+    raw, proto = model.predict(x)
+    pred = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, nc=model.nc)[0]
+    masks = upsampled_masks(proto[0], pred[:, 6:], pred[:, :4], tuple(x.shape[2:]))
+    keep = masks.flatten(1).amax(1) > 0 if len(masks) else torch.zeros(0, dtype=torch.bool)
+    det, masks = pred[keep, :6].cpu().numpy(), masks[keep].cpu().numpy()
+    det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / gain
+    det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
+    det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
+    gains = np.array([round(w * gain) / w, round(h * gain) / h], np.float32)  # each side as the letterbox rounded it
+    outlines = [((outline(m) - (left, top)) / gains).clip(0, (w, h)) for m in masks]
+    return det, outlines
+
+
+def outline(mask: np.ndarray) -> np.ndarray:
+    """A binary mask's outer contours as one outline [k, 2] (float32 x, y):
+    each contour entered at its point nearest the outline so far and left
+    the same way, so the joins add no area; (0, 2) for an empty mask."""
+    contours = [c.reshape(-1, 2).astype(np.float32)
+                for c in cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)[0]]
+    if not contours:
+        return np.zeros((0, 2), np.float32)
+    joined = contours[0]
+    for c in contours[1:]:
+        distance = ((joined[:, None] - c[None]) ** 2).sum(-1)
+        i, j = np.unravel_index(distance.argmin(), distance.shape)
+        joined = np.concatenate([joined[:i + 1], np.roll(c, -j, axis=0), c[j:j + 1], joined[i:]])
+    return joined
+
+
+@torch.no_grad()
 def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device,
            end2end: bool = False) -> np.ndarray:
     """Detections [n, 6] in `original`'s pixels: x1 y1 x2 y2 conf cls."""
@@ -103,6 +147,7 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
     weights = as_weights(weights)
     model, names, train_size = load_weights(weights, dev)
     check_end2end(model, end2end, weights.path)
+    masks = weights.task == "segment"
     size = imgsz or train_size
     out_dir = Path(out)
     (out_dir / "labels").mkdir(parents=True, exist_ok=True)
@@ -113,17 +158,26 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
         except ValueError as e:
             warn(f"warning: {path}: corrupt image skipped ({e})")
             continue
-        det = detect(model, img, size, conf, iou, dev, end2end)
+        det, outlines = segment(model, img, size, conf, iou, dev) if masks else \
+            (detect(model, img, size, conf, iou, dev, end2end), None)
         h, w = img.shape[:2]
         boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),
                   "box_xyxy": [round(float(v), 1) for v in b]} for *b, s, c in det]
+        for box, o in zip(boxes, outlines or []):
+            box["polygon_xy"] = [[round(float(x), 1), round(float(y), 1)] for x, y in o]
         results.append({"image": str(path), "width": w, "height": h, "detections": boxes})
-        if fmt == "txt":  # YOLO format: class cx cy w h conf, normalised
-            lines = [f"{int(c)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
-                     f"{(y2 - y1) / h:.6f} {s:.4f}" for x1, y1, x2, y2, s, c in det]
+        if fmt == "txt":  # YOLO format, normalised: class cx cy w h conf; a segmenter's class x1 y1 ... xn yn conf
+            if masks:
+                lines = [" ".join([str(int(c)), *(f"{v:.6f}" for v in (o / (w, h)).flatten()), f"{s:.4f}"])
+                         for (*_, s, c), o in zip(det, outlines)]
+            else:
+                lines = [f"{int(c)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
+                         f"{(y2 - y1) / h:.6f} {s:.4f}" for x1, y1, x2, y2, s, c in det]
             write_atomic(out_dir / "labels" / f"{path.stem}.txt", "".join(f"{line}\n" for line in lines).encode())
-        save_image(draw_detections(img, det[:, :4], det[:, 5].astype(int), det[:, 4], names),
-                   out_dir / f"{path.stem}.jpg")
+        drawn = np.array(draw_detections(img, det[:, :4], det[:, 5].astype(int), det[:, 4], names))
+        for o in outlines or []:
+            cv2.polylines(drawn, [o.round().astype(np.int32)], True, (255, 255, 255), 1)
+        save_image(drawn, out_dir / f"{path.stem}.jpg")
     if fmt == "json":
         write_atomic(out_dir / "predictions.json", json.dumps(results, indent=1).encode())
     return results

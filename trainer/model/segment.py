@@ -135,6 +135,19 @@ def predicted_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torc
     return (crop_to_boxes(masks, boxes.float() * scale) > 0).to(torch.uint8)
 
 
+def upsampled_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,
+                    input_hw: tuple[int, int]) -> torch.Tensor:
+    """predicted_masks at the input's resolution, as ultralytics' predict
+    (process_mask with upsample): the mixed prototypes upsampled (bilinear),
+    above 0, then cut to the boxes (input pixels) -> uint8 [n, H, W]."""
+    c, h, w = proto.shape
+    if not len(coefficients):
+        return torch.zeros((0, *input_hw), dtype=torch.uint8, device=proto.device)
+    masks = (coefficients.float() @ proto.float().reshape(c, -1)).reshape(-1, h, w)
+    masks = F.interpolate(masks[None], input_hw, mode="bilinear", align_corners=False)[0]
+    return crop_to_boxes((masks > 0).to(torch.uint8), boxes.float())
+
+
 def crop_to_boxes(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     """masks [n, h, w] zeroed outside each box [n, 4] (x1, y1, x2, y2 in mask
     pixels: a pixel's index inside [x1, x2) and [y1, y2))."""
