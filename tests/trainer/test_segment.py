@@ -130,3 +130,23 @@ def test_predict_finds_ultralytics_objects_with_their_masks_outlines(reference_s
         values = row.split()
         assert int(values[0]) == det["class"] and len(values) == 2 + 2 * len(det["polygon_xy"])
         assert all(0 <= float(v) <= 1 for v in values[1:])
+
+
+def test_onnx_export_of_a_segmenter_gives_ultralytics_two_outputs_matching_torch(tmp_path):
+    """output0 [B, 4 + nc + 32, anchors] and output1, the prototypes [B, 32,
+    H/4, W/4], as ultralytics exports a segmenter; with dynamic axes, at
+    another batch and size, within 1e-4 of torch's."""
+    from hpcyolo_trainer.eval.export import relative_diff, run_onnx_outputs
+    from hpcyolo_trainer.model.weights import build_from, read_weights
+
+    out = tmp_path / "seg.onnx"
+    r = subprocess.run([HPCYOLO, "export", str(TRAINED / "model.pt"), "-o", str(out), "--imgsz", "160", "--dynamic"],
+                       capture_output=True, text=True, env=env())
+    assert r.returncode == 0, r.stderr
+    x = torch.rand(2, 3, 96, 128, generator=torch.Generator().manual_seed(1))
+    got = run_onnx_outputs(str(out), x.numpy())
+    with torch.no_grad():
+        preds, proto = build_from(read_weights(TRAINED / "model.pt")).eval().predict(x)
+    anchors = 12 * 16 + 6 * 8 + 3 * 4
+    assert [g.shape for g in got] == [(2, 4 + 4 + 32, anchors), (2, 32, 24, 32)]
+    assert relative_diff(got[0], preds.numpy()) < 1e-4 and relative_diff(got[1], proto.numpy()) < 1e-4

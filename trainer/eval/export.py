@@ -4,8 +4,11 @@ The graph is the model's eval-mode `predict`: input `images` float32
 [B, 3, H, W] in [0, 1], output `output0` [B, 4 + nc, anchors]: boxes (cx, cy,
 w, h) in input pixels, then the class scores after sigmoid, before NMS, as
 ultralytics' ONNX export gives. `dynamic`: batch, height and width are free
-(height and width multiples of 32). The file is checked with onnx's checker
-and run once with onnxruntime against torch before it is written (atomically).
+(height and width multiples of 32). A segmenter's, as ultralytics' too:
+`output0` [B, 4 + nc + 32, anchors], each anchor's 32 mask coefficients after
+its class scores, and `output1` [B, 32, H/4, W/4], the prototypes. The file
+is checked with onnx's checker and run once with onnxruntime against torch
+(every output) before it is written (atomically).
 """
 
 from __future__ import annotations
@@ -54,9 +57,14 @@ def relative_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def run_onnx(data: bytes | str, images: np.ndarray) -> np.ndarray:
+    """The model's first output (output0) on `images`."""
+    return run_onnx_outputs(data, images)[0]
+
+
+def run_onnx_outputs(data: bytes | str, images: np.ndarray) -> list[np.ndarray]:
     _, ort = _need_onnx()
     session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    return session.run(None, {"images": images})[0]
+    return session.run(None, {"images": images})
 
 
 def export_onnx(weights: str | Weights, output: str | None = None, *, imgsz: int | None = None, batch: int = 1,
@@ -74,24 +82,29 @@ def export_onnx(weights: str | Weights, output: str | None = None, *, imgsz: int
     graph = Predict(model, end2end).eval()
     example = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
     output_axes = {0: "batch"} if end2end else {0: "batch", 2: "anchors"}  # end2end: [B, 300, 6]
-    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": output_axes} if dynamic else None
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": output_axes}
+    outputs = ["output0"]
+    if w.task == "segment":  # the prototypes, as ultralytics' second output
+        outputs.append("output1")
+        axes["output1"] = {0: "batch", 2: "mask_height", 3: "mask_width"}
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(graph, (example,), buffer, dynamo=False, opset_version=opset, input_names=["images"],
-                          output_names=["output0"], dynamic_axes=axes, do_constant_folding=True)
+                          output_names=outputs, dynamic_axes=axes if dynamic else None, do_constant_folding=True)
     proto = onnx.load_from_string(buffer.getvalue())
     meta = {"names": json.dumps(dict(enumerate(w.names))), "imgsz": json.dumps([size, size]),
             "batch": str(batch), "stride": "32", "arch": w.arch, "source": Path(weights).name,
-            "end2end": json.dumps(end2end), "producer": "hpcyolo"}
+            "end2end": json.dumps(end2end), "task": w.task, "producer": "hpcyolo"}
     for key, value in meta.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.checker.check_model(proto)
     data = proto.SerializeToString()
     with torch.no_grad():
-        expected = graph(example).numpy()
-    parity = relative_diff(run_onnx(data, example.numpy()), expected)
+        expected = graph(example)
+    expected = [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
+    parity = max(relative_diff(got, want) for got, want in zip(run_onnx_outputs(data, example.numpy()), expected))
     if parity > TOLERANCE:
         raise HpcyoloError(f"{path}: not written: onnxruntime's output differs from torch's by {parity:.2e} "
                            f"(relative), more than {TOLERANCE}")

@@ -11,6 +11,7 @@ from ...common.errors import HpcyoloError
 from ...data.dataset import YoloDataset
 from ...eval.evaluate import ValBatches, evaluate, report, segment_batch_stats, table, validate
 from ...eval.metrics import SegStats
+from ...eval.export import export_onnx
 from ...eval.predict import predict
 from ...model.segment import build_model
 from ...optim.segment_loss import SegmentationLoss
@@ -70,12 +71,6 @@ def seg_evaluate(*args, **kwargs) -> dict | None:
     return evaluate(*args, segments=True, **kwargs)
 
 
-def not_yet(command: str):
-    def refuse(*args, **kwargs):
-        raise HpcyoloError(f"hpcyolo {command} of a segmentation model is not supported yet; `hpcyolo val` and `predict` are")
-    return refuse
-
-
 TASK = Task(
     name="segment",
     train_set=train_set, val_batches=val_batches,
@@ -87,5 +82,5 @@ TASK = Task(
     fitness=SegStats.fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=detect.batch_drawer,
-    evaluate=seg_evaluate, predict=predict, export=not_yet("export"),
+    evaluate=seg_evaluate, predict=predict, export=export_onnx,
 )
