@@ -39,13 +39,17 @@ def reference_set(tmp_path_factory) -> Path:
                        seed=3)
 
 
-def test_val_of_ultralytics_segmenter_gives_its_box_and_mask_figures_on_one_rank_and_two(reference_set, capfd):
+def test_val_of_ultralytics_segmenter_gives_its_box_and_mask_figures_on_one_rank_and_two(reference_set, tmp_path,
+                                                                                          capfd):
     reference = json.loads((TRAINED / "val.json").read_text())
     args = [HPCYOLO, "val", str(TRAINED / "model.pt"), "--data", str(reference_set), "--imgsz", "160", "--batch",
             "16", "--json"]
-    r = subprocess.run(args, capture_output=True, text=True, env=env())
+    r = subprocess.run([*args, "--plots", str(tmp_path / "plots")], capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
     ours = json.loads(r.stdout)
+    plots = {p.name for p in (tmp_path / "plots").iterdir()}  # ultralytics' files of a segmentation's validation
+    assert {f"{kind}{curve}_curve.png" for kind in ("Box", "Mask") for curve in ("PR", "F1", "P", "R")} <= plots
+    assert {"val_batch0_labels.jpg", "val_batch0_pred.jpg", "confusion_matrix.png"} <= plots
     gaps = {}
     for kind, figures in (("box", ours), ("mask", ours["masks"])):
         for key in ("precision", "recall", "map50", "map50_95"):

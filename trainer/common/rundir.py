@@ -61,7 +61,7 @@ RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss"
                    "lr", *TIMING_COLUMNS)
 # The plots a run directory ends with (ultralytics' names, and val_pred_N.jpg), as glob patterns.
 PLOT_FILES = (RESULTS_PLOT, "labels.jpg", "train_batch*.jpg", "val_batch*.jpg", "confusion_matrix*.png",
-              "Box*_curve.png", "val_pred_*.jpg")
+              "Box*_curve.png", "Mask*_curve.png", "val_pred_*.jpg")
 
 
 def fitness(map50: float, map50_95: float) -> float:

@@ -234,6 +234,8 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     if plots:
         summary["confusion"] = sum(matrix for _, matrix, _ in gathered)
         summary["curves"] = curves(merged["boxes"] if kind is SegStats else merged, batches.nc)
+        if kind is SegStats:
+            summary["mask_curves"] = curves(merged["masks"], batches.nc)
     return summary
 
 
@@ -340,7 +342,8 @@ def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None):
         labels = []
         for meta in metas:
             lab, xyxy = canvas_labels(meta)
-            labels.append((xyxy.numpy(), lab[:, 0].numpy().astype(int), None))
+            masks = meta[3].numpy() if len(meta) > 3 else None  # a segmentation's
+            labels.append((xyxy.numpy(), lab[:, 0].numpy().astype(int), None, masks))
         kept = [p[p[:, 4] > 0.25].float().cpu().numpy() for p in preds]
         x = imgs.numpy().copy()  # the loader's batch: drawn maybe later
         run(batch_grid, x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")

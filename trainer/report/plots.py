@@ -213,8 +213,11 @@ def batch_grid(imgs: np.ndarray, drawn: list[tuple], names: list[str], path: str
     rows = math.ceil(n / cols)
     grid = np.full((rows * h, cols * w, 3), 255, np.uint8)
     for k in range(n):
-        boxes, cls, conf = drawn[k]
-        tile = draw_detections(np.ascontiguousarray(imgs[k].transpose(1, 2, 0)), boxes, cls, conf, names)
+        boxes, cls, conf, *masks = drawn[k]
+        tile = np.ascontiguousarray(imgs[k].transpose(1, 2, 0))
+        if masks and masks[0] is not None:
+            tile = with_masks(tile, masks[0], cls)
+        tile = draw_detections(tile, boxes, cls, conf, names)
         r, c = divmod(k, cols)
         grid[r * h:(r + 1) * h, c * w:(c + 1) * w] = tile
     scale = min(1.0, max_side / max(grid.shape[:2]))
@@ -222,6 +225,19 @@ def batch_grid(imgs: np.ndarray, drawn: list[tuple], names: list[str], path: str
         size = (round(grid.shape[1] * scale), round(grid.shape[0] * scale))
         grid = np.asarray(Image.fromarray(grid).resize(size, Image.BILINEAR))
     save_image(grid, path)
+
+
+def with_masks(img: np.ndarray, masks, cls) -> np.ndarray:
+    """A copy of img (HxWx3 uint8) with each instance's mask ([n, h, w], any
+    resolution of the image's) blended in its class's colour, half opaque."""
+    import cv2
+
+    out = img.astype(np.float32)
+    h, w = img.shape[:2]
+    for mask, c in zip(np.asarray(masks), np.asarray(cls).reshape(-1).astype(int)):
+        area = cv2.resize(mask.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST).astype(bool)
+        out[area] = 0.5 * out[area] + 0.5 * np.array(PALETTE[c % len(PALETTE)], np.float32)
+    return out.astype(np.uint8)
 
 
 def plot_confusion(matrix: np.ndarray, names: list[str], path: str | os.PathLike, normalize: bool) -> None:
@@ -259,10 +275,11 @@ def _smooth(y: np.ndarray, share: float = 0.05) -> np.ndarray:
     return np.convolve(padded, np.ones(k) / k, mode="valid")
 
 
-def plot_curves(c: dict, names: list[str], folder: str | os.PathLike, map50: float) -> None:
+def plot_curves(c: dict, names: list[str], folder: str | os.PathLike, map50: float, prefix: str = "Box") -> None:
     """Ultralytics' BoxPR_curve.png, BoxF1_curve.png, BoxP_curve.png and
     BoxR_curve.png in `folder`, from metrics.curves: one thin line per class
-    (up to 20 classes), the mean over classes with ground truth thick."""
+    (up to 20 classes), the mean over classes with ground truth thick; a
+    segmentation's masks' as Mask*_curve.png (`prefix` Mask)."""
     folder = Path(folder)
     x, present = c["x"], c["present"]
     per_class = len(names) <= 20
@@ -275,10 +292,10 @@ def plot_curves(c: dict, names: list[str], folder: str | os.PathLike, map50: flo
     ax.plot(x, mean_pr, linewidth=3, color="blue", label=f"all classes {map50:.3f} mAP@0.5")
     ax.set(xlabel="Recall", ylabel="Precision", xlim=(0, 1), ylim=(0, 1), title="Precision-Recall Curve")
     ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", fontsize=8)
-    _save_figure(fig, folder / "BoxPR_curve.png")
+    _save_figure(fig, folder / f"{prefix}PR_curve.png")
     # F1, P and R over confidence.
-    for key, label, name in (("f1", "F1", "BoxF1_curve.png"), ("precision", "Precision", "BoxP_curve.png"),
-                             ("recall", "Recall", "BoxR_curve.png")):
+    for key, label, name in (("f1", "F1", f"{prefix}F1_curve.png"), ("precision", "Precision", f"{prefix}P_curve.png"),
+                             ("recall", "Recall", f"{prefix}R_curve.png")):
         fig = _figure(9, 6)
         ax = fig.subplots()
         for k in np.flatnonzero(present) if per_class else ():
@@ -298,8 +315,12 @@ def write_val_plots(summary: dict, names: list[str], folder: str | os.PathLike) 
     plot_confusion(summary["confusion"], names, folder / "confusion_matrix.png", normalize=False)
     plot_confusion(summary["confusion"], names, folder / "confusion_matrix_normalized.png", normalize=True)
     plot_curves(summary["curves"], names, folder, summary["map50"])
-    return [folder / n for n in ("confusion_matrix.png", "confusion_matrix_normalized.png", "BoxPR_curve.png",
-                                 "BoxF1_curve.png", "BoxP_curve.png", "BoxR_curve.png")]
+    kinds = ["Box"]
+    if "mask_curves" in summary:  # a segmentation's
+        plot_curves(summary["mask_curves"], names, folder, summary["map50_mask"], prefix="Mask")
+        kinds.append("Mask")
+    return [folder / n for n in ("confusion_matrix.png", "confusion_matrix_normalized.png")] + \
+        [folder / f"{kind}{curve}_curve.png" for kind in kinds for curve in ("PR", "F1", "P", "R")]
 
 
 def plot_labels(labels: list[np.ndarray], names: list[str], path: str | os.PathLike) -> None:

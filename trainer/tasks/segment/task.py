@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ...common import rundir
 from ...common.errors import HpcyoloError
 from ...data.dataset import YoloDataset
@@ -63,8 +65,29 @@ def per_class(metrics: dict, labels: list, names: list[str]) -> str:
 
 
 def draw_train_batch(imgs, targets, names: list[str], path: Path) -> None:
-    """A training batch as loaded, with its boxes (targets: the loader's (rows, masks))."""
-    detect.draw_train_batch(imgs, targets[0], names, path)
+    """A training batch as loaded (ultralytics' train_batchN.jpg), with its
+    boxes and masks (targets: the loader's (rows, masks), in either layout)."""
+    from ...report.plots import batch_grid
+
+    rows, masks = targets
+    h, w = imgs.shape[2:]
+    # One map per image (overlap_mask) unless there is one mask per object; where the counts agree, a map
+    # marks a second object with 2, and maps of one object each are those objects' masks.
+    maps = masks.shape[0] != len(rows) or masks.max(initial=0) > 1
+    drawn, first = [], 0
+    for k in range(len(imgs)):
+        mine = rows[rows[:, 0] == k]
+        cx, cy, bw, bh = mine[:, 2] * w, mine[:, 3] * h, mine[:, 4] * w, mine[:, 5] * h
+        if not len(mine):
+            own = None
+        elif maps:
+            own = np.stack([masks[k] == j + 1 for j in range(len(mine))])
+        else:
+            own = masks[first:first + len(mine)]
+        first += len(mine)
+        drawn.append((np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1), mine[:, 1].astype(int), None,
+                      own))
+    batch_grid(imgs, drawn, names, path)
 
 
 def seg_evaluate(*args, **kwargs) -> dict | None:
