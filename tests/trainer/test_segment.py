@@ -85,12 +85,12 @@ def test_a_segment_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tm
 
     def measured(run: Path) -> list[list[str]]:
         rows = (run / "results.csv").read_text().splitlines()
-        return [row.split(",")[:13] for row in rows]  # epoch, 4 losses, box and mask figures: not lr or timing
+        return [row.split(",")[:14] for row in rows]  # epoch, 5 losses, box and mask figures: not lr or timing
 
     rows = measured(tmp_path / "a")
     assert rows == measured(tmp_path / "b") and len(rows) == 4
-    assert rows[0][1:5] == ["train/box_loss", "train/seg_loss", "train/cls_loss", "train/dfl_loss"]
-    assert rows[0][9:13] == ["metrics/precision(M)", "metrics/recall(M)", "metrics/mAP50(M)", "metrics/mAP50-95(M)"]
+    assert rows[0][1:6] == ["train/box_loss", "train/seg_loss", "train/cls_loss", "train/dfl_loss", "train/sem_loss"]
+    assert rows[0][10:14] == ["metrics/precision(M)", "metrics/recall(M)", "metrics/mAP50(M)", "metrics/mAP50-95(M)"]
 
 
 def filled(polygon, hw) -> np.ndarray:

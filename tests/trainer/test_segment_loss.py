@@ -40,7 +40,7 @@ def test_equals_ultralytics_segmentation_loss(case, one_thread):
     total, items = loss_fn((maps, coefficients, x["proto"]), targets, x["masks"])
     theirs = expected["items"]
     ours = dict(zip(loss_fn.names, items.tolist()))
-    assert loss_fn.names == ("box_loss", "seg_loss", "cls_loss", "dfl_loss")
+    assert loss_fn.names == ("box_loss", "seg_loss", "cls_loss", "dfl_loss", "sem_loss")
     for name, value in ours.items():
         assert value == pytest.approx(theirs[name], rel=1e-5), (name, ours, theirs)
     assert float(total) == pytest.approx(expected["total"], rel=1e-5)

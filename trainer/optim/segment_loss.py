@@ -39,7 +39,8 @@ class SegmentationLoss(DetectionLoss):
         super().__init__(nc, reg_max, strides, **kwargs)
         self.overlap = overlap
         box, cls, dfl = self.names
-        self.names = (box, "seg_loss", cls, dfl)  # ultralytics' order
+        # ultralytics' order; sem_loss is YOLO26's semantic-map term, which 8.4 logs as 0 for YOLOv8 and YOLO11
+        self.names = (box, "seg_loss", cls, dfl, "sem_loss")
 
     def __call__(self, preds: tuple[list[Tensor], list[Tensor], Tensor], targets: Tensor | tuple[Tensor, Tensor],
                  masks: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -47,7 +48,7 @@ class SegmentationLoss(DetectionLoss):
         mask coefficients per level [B, 32, H, W], the prototypes [B, 32, h, w];
         targets [M, 6] (img, cls, cx, cy, w, h; 0..1); masks [B, H', W']
         (overlap) or [M, H', W'], or both as the loader's (targets, masks).
-        -> (loss, items: box, seg, cls, dfl, each times its gain): loss =
+        -> (loss, items: box, seg, cls, dfl, each times its gain, and sem (0)): loss =
         their sum x the global batch."""
         if masks is None:
             targets, masks = targets
@@ -57,7 +58,7 @@ class SegmentationLoss(DetectionLoss):
         seg = self._masks(fg, gt_idx, target_bboxes, targets[:, 0].long().to(fg.device), proto.float(), pred_masks,
                           masks.to(fg.device).float(), self._input_hw(feats))
         box, cls, dfl = parts
-        parts = torch.stack((box, seg * self.gains[0], cls, dfl))
+        parts = torch.stack((box, seg * self.gains[0], cls, dfl, torch.zeros_like(box)))
         return parts.sum() * (fg.shape[0] * self.world_size), parts.detach()
 
     def example_targets(self, imgsz: int, device: torch.device) -> tuple[Tensor, Tensor]:
