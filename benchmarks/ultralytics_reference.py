@@ -4,7 +4,7 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, metrics, val or trained, each below.
+WHAT is parameters, forward, loss, masks, metrics, val, trained or val-loss, each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -57,7 +57,15 @@ MODEL/: model.pt (the best.pt it saved), val.json (its `val` figures on
 DATA's val split at imgsz 160, batch 16: boxes, and masks for a segmenter)
 and predict.json (its predictions at conf 0.3 on the first 4 val images:
 class, confidence, box xyxy and, for a segmenter, `Results.masks.xy`'s
-polygon, in image pixels)."""
+polygon, in image pixels).
+
+`val-loss DATA` writes tests/reference/ultralytics/val_loss.json: the loss
+items ultralytics' trainer logs as its val/ columns (its validator's
+`model.loss(batch, preds)`, each batch's items added, divided by the batches),
+of the trained segmenter on DATA (as for `trained`) and of the detection
+fixtures on their own data, at imgsz 160 and the validation batch of a
+training batch of 16 (32, rectangular), the weights as stored (fp16, in
+float32) and ultralytics' default gains."""
 
 from __future__ import annotations
 
@@ -66,6 +74,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -458,10 +467,55 @@ def trained(data: Path) -> None:
         print(name, figures, file=sys.stderr)
 
 
+def val_loss_of(weights: Path, yaml_file: Path) -> dict:
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    model = YOLO(str(weights)).model.float().eval()
+    args = get_cfg(overrides={"imgsz": 160, "batch": 16, "task": model.task})
+    model.args = args  # the gains and overlap_mask the loss reads, at ultralytics' defaults
+    data = check_det_dataset(str(yaml_file))
+    dataset = build_yolo_dataset(args, data["val"], 32, data, mode="val", rect=True, stride=32)
+    loader = build_dataloader(dataset, 32, 0, shuffle=False, rank=-1)
+    total, batches = None, 0
+    with torch.no_grad():
+        for batch in loader:
+            batch["img"] = batch["img"].float() / 255
+            items = model.loss(batch, model(batch["img"]))[1]
+            total = {k: float(v) + (total or {}).get(k, 0.0) for k, v in items.items()}
+            batches += 1
+    return {k: v / batches for k, v in total.items()}
+
+
+def val_loss(data: Path) -> dict:
+    out = {}
+    yaml_file = Path(tempfile.mkdtemp()) / "data.yaml"
+    yaml_file.write_text("".join(f"path: {data}\n" if line.startswith("path:") else line
+                                 for line in (data / "data.yaml").read_text().splitlines(keepends=True)))
+    for name in TRAINED:
+        out[f"trained/{name}"] = val_loss_of(OUT / "trained" / name / "model.pt", yaml_file)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in VAL_FIXTURES:
+            # A copy: ultralytics writes its labels.cache beside the labels, which are not ours to change.
+            fixture = Path(tmp) / name
+            shutil.copytree(FIXTURES / name, fixture, ignore=shutil.ignore_patterns("*.pt", "*.cache"))
+            lines = [f"path: {fixture}" if line.startswith("path:") else line
+                     for line in (FIXTURES / name / "data.yaml").read_text().splitlines()]
+            (fixture / "data.yaml").write_text("\n".join(lines) + "\n")
+            out[name] = val_loss_of(FIXTURES / name / "model.pt", fixture / "data.yaml")
+    for name, items in out.items():
+        print(name, items, file=sys.stderr)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained"])
-    parser.add_argument("data", nargs="?", help="trained: the dataset's folder (see TRAINED_DATA)")
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
+                                         "val-loss"])
+    parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA)")
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -492,6 +546,13 @@ def main() -> None:
             parser.error(f"trained needs DATA, a folder written by: {TRAINED_DATA}")
         trained(Path(args.data).resolve())
         print(f"wrote {OUT / 'trained'}")
+    elif args.what == "val-loss":
+        if not args.data:
+            parser.error(f"val-loss needs DATA, a folder written by: {TRAINED_DATA}")
+        path = OUT / "val_loss.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, "data": TRAINED_DATA,
+                                    **val_loss(Path(args.data).resolve())}, indent=1) + "\n")
+        print(f"wrote {path}")
     elif args.what == "forward":
         forward()
         print(f"wrote {OUT / 'forward'}")

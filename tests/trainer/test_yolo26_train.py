@@ -142,6 +142,6 @@ def test_a_musgd_run_stopped_by_a_signal_resumes_bit_identical(tmp_path, shapes3
 
     def measured(run: Path) -> list[list[str]]:
         rows = (run / "results.csv").read_text().splitlines()
-        return [row.split(",")[:9] for row in rows]  # epoch, the losses, P, R, mAPs, lr: not the timing
+        return [row.split(",")[:14] for row in rows]  # epoch, the losses, P, R, mAPs, val losses, lrs: not the timing
 
     assert measured(tmp_path / "a") == measured(tmp_path / "b") and len(measured(tmp_path / "a")) == 4

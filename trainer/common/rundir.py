@@ -53,12 +53,13 @@ TIMING_COLUMNS = ("time", "speed/images_per_s", "speed/data_wait", "speed/gpu_me
 # The boxes' figures, as ultralytics names them for every task with boxes ((M): a segmentation's masks').
 MAP50, MAP50_95 = "metrics/mAP50(B)", "metrics/mAP50-95(B)"
 PRECISION, RECALL = "metrics/precision(B)", "metrics/recall(B)"
-# results.csv's columns of runs written before they took ultralytics' names: read as those.
+LR_GROUPS = 3  # the optimizer's parameter groups, as ultralytics': biases, decayed weights, other weights
+# results.csv's columns of runs written before they took ultralytics' names: read as those (`lr` was pg0's).
 RENAMED = {"metrics/mAP50": MAP50, "metrics/mAP50-95": MAP50_95, "metrics/precision": PRECISION,
-           "metrics/recall": RECALL}
+           "metrics/recall": RECALL, "lr": "lr/pg0"}
 
 RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", PRECISION, RECALL, MAP50, MAP50_95,
-                   "lr", *TIMING_COLUMNS)
+                   "val/box_loss", "val/cls_loss", "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2", *TIMING_COLUMNS)
 # The plots a run directory ends with (ultralytics' names, and val_pred_N.jpg), as glob patterns.
 PLOT_FILES = (RESULTS_PLOT, "labels.jpg", "train_batch*.jpg", "val_batch*.jpg", "confusion_matrix*.png",
               "Box*_curve.png", "Mask*_curve.png", "val_pred_*.jpg")
@@ -71,11 +72,14 @@ def fitness(map50: float, map50_95: float) -> float:
     return map50_95
 
 
-def results_columns(losses: tuple[str, ...], metrics: tuple[str, ...] = RESULTS_COLUMNS[4:8]) -> tuple[str, ...]:
-    """results.csv's header for a loss with these items and a task with these
-    metric columns: RESULTS_COLUMNS for detection, or YOLO26's, whose third
-    loss is l1_loss as ultralytics names it."""
-    return ("epoch", *(f"train/{name}" for name in losses), *metrics, "lr", *TIMING_COLUMNS)
+def results_columns(losses: tuple[str, ...], metrics: tuple[str, ...] = RESULTS_COLUMNS[4:8],
+                    groups: int = LR_GROUPS) -> tuple[str, ...]:
+    """results.csv's header, as ultralytics 8.4 orders it, for a loss with
+    these items (train/ and val/ each), a task with these metric columns and
+    an optimizer of `groups` parameter groups (lr/pgN): RESULTS_COLUMNS for
+    detection; YOLO26's third loss is l1_loss, as ultralytics names it."""
+    return ("epoch", *(f"train/{name}" for name in losses), *metrics, *(f"val/{name}" for name in losses),
+            *(f"lr/pg{k}" for k in range(groups)), *TIMING_COLUMNS)
 
 
 JOB_NEW_RUN = "run.name, or another job name"  # how a job spec names another run directory

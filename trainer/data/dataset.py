@@ -542,7 +542,7 @@ class YoloDataset(Dataset):
         needed = hyp.copy_paste or hyp.degrees or hyp.shear or hyp.perspective
         self.segments, self.mask_ratio, self.overlap_mask = segments, mask_ratio, overlap_mask
         if segments:
-            self.outlines = polygons_only(items)
+            self.outlines = polygons_only(items, names_count)
         else:
             self.outlines = self._outlines(items.outlines()) if augment and needed and not self.batches else None
         self.cache: ImageCache | None = None
@@ -824,16 +824,29 @@ def joined(outlines: list[np.ndarray] | None, more: list[np.ndarray] | None) -> 
     return None if outlines is None or more is None else outlines + more
 
 
-def polygons_only(items: Kept) -> list[list[np.ndarray]]:
+def polygons_only(items: Kept, nc: int) -> list[list[np.ndarray]]:
     """Every label row's polygon, for a segmentation; a box row is refused
-    in one line naming its file and row (a segmenter learns masks from outlines)."""
+    in one line naming its file and line (a segmenter learns masks from outlines)."""
     rows = items.outlines()
     for path, outlines in zip(items.paths, rows):
         for k, outline in enumerate(outlines):
             if outline is None:
-                raise HpcyoloError(f"{label_path(path)}: label {k + 1} is a box (class cx cy w h); train.task "
-                                   "segment needs polygons (class x1 y1 x2 y2 x3 y3 ...) on every row")
+                raise HpcyoloError(f"{label_path(path)}:{_line_of_row(label_path(path), k, nc)}: a box (class cx cy w "
+                                   "h) where train.task segment needs a polygon (class x1 y1 x2 y2 x3 y3 ...) on "
+                                   "every line")
     return rows
+
+
+def _line_of_row(path: Path, row: int, nc: int) -> int:
+    """The line number of label row `row` (counted from 0 among the rows
+    read_label_file keeps) of the file `path`."""
+    kept = -1
+    for number, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").splitlines(), start=1):
+        if line.strip() and not isinstance(parse_label_row(line, nc), str):
+            kept += 1
+            if kept == row:
+                return number
+    return 0
 
 
 def batch_tensor(count: int, shape: tuple[int, int]) -> torch.Tensor:

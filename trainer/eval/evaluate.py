@@ -79,7 +79,7 @@ class ValBatches(Dataset):
         items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc)
         self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
         # A segmentation's polygons, for its ground-truth masks (see __getitem__).
-        self.outlines, self.overlap_mask = (polygons_only(items) if segments else None), overlap_mask
+        self.outlines, self.overlap_mask = (polygons_only(items, nc) if segments else None), overlap_mask
         self.nc = nc
         self.imgsz = imgsz
         self.batches = rect_batches(self.shapes, batch, imgsz) if len(items) else []
@@ -140,27 +140,45 @@ class ValBatches(Dataset):
 
 
 def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
-                end2end: bool = False, confusion: ConfusionMatrix | None = None):
-    """(DetStats, predictions): one batch predicted and matched against its
-    labels in canvas pixels (and counted in `confusion`, where given)."""
+                end2end: bool = False, confusion: ConfusionMatrix | None = None, loss_fn=None):
+    """(DetStats, predictions, loss items or None): one batch predicted and
+    matched against its labels in canvas pixels (and counted in `confusion`,
+    where given); with `loss_fn`, the loss of the model's raw maps on it too."""
     stats = DetStats(method="ultralytics")
-    preds = detections(model, x.to(device).float() / 255, conf=conf, iou=iou, end2end=end2end, multi_label=True)
+    x = x.to(device).float() / 255
+    if loss_fn is None:
+        preds, items = detections(model, x, conf=conf, iou=iou, end2end=end2end, multi_label=True), None
+    else:
+        out = model(x)  # the maps the loss reads, decoded as predict decodes them
+        items = loss_fn(out, loss_targets(metas, x.shape[2:]))[1]
+        if end2end:
+            preds = [p[p[:, 4] > conf] for p in model.decode_end2end(out[1])]
+        else:
+            preds = non_max_suppression(model.decode(out[0] if model.end2end else out), conf_thres=conf,
+                                        iou_thres=iou, multi_label=True)
     for det, meta in zip(preds, metas):
         det = det.float().cpu()
         lab, gt = canvas_labels(meta)
         stats.update(det, gt, lab[:, 0])
         if confusion is not None:
             confusion.update(det, gt, lab[:, 0])
-    return stats, preds
+    return stats, preds, items
 
 
 def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
-                        end2end: bool = False, confusion: ConfusionMatrix | None = None):
-    """batch_stats of a segmenter: (SegStats, predictions [n, 6]). Its masks
-    as ultralytics' process_mask makes them (model/segment.py predicted_masks),
-    matched by mask IoU against the ground truth's at a quarter of the canvas."""
+                        end2end: bool = False, confusion: ConfusionMatrix | None = None, loss_fn=None):
+    """batch_stats of a segmenter: (SegStats, predictions [n, 6], loss items
+    or None). Its masks as ultralytics' process_mask makes them
+    (model/segment.py predicted_masks), matched by mask IoU against the
+    ground truth's at a quarter of the canvas."""
     stats = SegStats(method="ultralytics")
-    raw, proto = model.predict(x.to(device).float() / 255, end2end=end2end)
+    x = x.to(device).float() / 255
+    if loss_fn is None:
+        (raw, proto), items = model.predict(x, end2end=end2end), None
+    else:
+        maps, coefficients, proto = out = model(x)
+        items = loss_fn(out, (loss_targets(metas, x.shape[2:]), loss_masks(metas, loss_fn.overlap)))[1]
+        raw = torch.cat([model.decode(maps), torch.cat([c.flatten(2) for c in coefficients], 2)], 1)
     preds = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, multi_label=True, nc=model.nc)
     for det, prototypes, meta in zip(preds, proto, metas):
         det = det.float()
@@ -170,7 +188,34 @@ def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, con
         stats.update(det, masks, gt, lab[:, 0], meta[3])
         if confusion is not None:
             confusion.update(det, gt, lab[:, 0])
-    return stats, [p[:, :6] for p in preds]
+    return stats, [p[:, :6] for p in preds], items
+
+
+def loss_targets(metas, canvas: tuple[int, int]) -> torch.Tensor:
+    """A validation batch's labels as the loss takes a training batch's:
+    [M, 6] (image, class, cx, cy, w, h as fractions of the canvas)."""
+    h, w = canvas
+    rows = []
+    for k, meta in enumerate(metas):
+        lab, xyxy = canvas_labels(meta)
+        xywh = torch.stack([(xyxy[:, 0] + xyxy[:, 2]) / 2 / w, (xyxy[:, 1] + xyxy[:, 3]) / 2 / h,
+                            (xyxy[:, 2] - xyxy[:, 0]) / w, (xyxy[:, 3] - xyxy[:, 1]) / h], 1)
+        rows.append(torch.cat([torch.full((len(lab), 1), float(k)), lab[:, :1], xywh], 1))
+    return torch.cat(rows) if rows else torch.zeros((0, 6))
+
+
+def loss_masks(metas, overlap: bool) -> torch.Tensor:
+    """A validation batch's ground-truth masks as the loss takes them: one
+    overlap map per image (its k-th object k + 1, as its labels' order), or
+    every object's mask in the labels' order."""
+    if not overlap:
+        return torch.cat([meta[3] for meta in metas])
+    maps = []
+    for meta in metas:
+        masks = meta[3].long()
+        index = torch.arange(1, len(masks) + 1).view(-1, 1, 1)
+        maps.append((masks * index).amax(0) if len(masks) else torch.zeros(masks.shape[1:], dtype=torch.long))
+    return torch.stack(maps)
 
 
 def canvas_labels(meta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +241,7 @@ INTERRUPTED = {"interrupted": True}  # what validate() returns on every rank whe
 @torch.no_grad()
 def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
              worker_init=None, on_batch=None, end2end: bool = False, plots: bool = False,
-             interrupted=None, measure=batch_stats) -> dict | None:
+             interrupted=None, measure=batch_stats, loss_fn=None) -> dict | None:
     """The metrics of `model` on `batches` (rank 0; None elsewhere), as
     ultralytics' validator computes them: every rank predicts every
     world_size-th batch, rank 0 merges the states in batch order. The one
@@ -207,8 +252,11 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     over all ranks' images) and `curves` (metrics.curves).
     `interrupted()`, asked before each batch: True stops this rank's share
     there (a preemption signal), and every rank then returns INTERRUPTED.
-    `measure`: a batch's (stats, predictions), batch_stats or a task's
-    (segment_batch_stats: its summary adds the masks' figures)."""
+    `measure`: a batch's (stats, predictions, loss items), batch_stats or a
+    task's (segment_batch_stats: its summary adds the masks' figures).
+    `loss_fn` (a loss for one rank: each batch's own items): the summary's
+    `val_losses`, its items averaged over the batches, as ultralytics' val/
+    columns."""
     model.eval()
     mine = range(d.rank, len(batches), d.world_size)
     loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
@@ -218,8 +266,8 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
         if interrupted is not None and interrupted():
             stopped = True
             break
-        stats, preds = measure(model, x, metas, d.device, conf, iou, end2end, confusion)
-        states.append((k, stats.state()))
+        stats, preds, items = measure(model, x, metas, d.device, conf, iou, end2end, confusion, loss_fn)
+        states.append((k, stats.state(), None if items is None else items.cpu()))
         if on_batch is not None:
             on_batch(x, metas, preds)
     gathered = gather_objects(d, (states, None if confusion is None else confusion.matrix, stopped))
@@ -227,10 +275,13 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
         return INTERRUPTED
     if not d.is_main:
         return None
-    ordered = [state for _, state in sorted((pair for rank, _, _ in gathered for pair in rank), key=lambda p: p[0])]
+    ordered = sorted((entry for rank, _, _ in gathered for entry in rank), key=lambda e: e[0])
     kind = SegStats if batches.outlines is not None else DetStats
-    merged = kind.merge(ordered)
+    merged = kind.merge([state for _, state, _ in ordered])
     summary = kind.summary(merged, batches.nc, method="ultralytics")
+    if loss_fn is not None:  # added in batch order, whatever the ranks
+        total = sum((items for _, _, items in ordered), torch.zeros(len(loss_fn.names)))
+        summary["val_losses"] = (total / max(len(ordered), 1)).tolist()
     if plots:
         summary["confusion"] = sum(matrix for _, matrix, _ in gathered)
         summary["curves"] = curves(merged["boxes"] if kind is SegStats else merged, batches.nc)

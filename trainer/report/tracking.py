@@ -137,7 +137,8 @@ class _MLflow:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key.replace("(", "_").replace(")", ""), float(v), now, step) for key, v in values.items()]
+        # MLflow's names take no brackets: dropped, as ultralytics' MLflow callback drops them (mAP50-95(B) -> mAP50-95B)
+        metrics = [Metric(key.replace("(", "").replace(")", ""), float(v), now, step) for key, v in values.items()]
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def image(self, step: int, payload) -> None:

@@ -32,21 +32,27 @@ def epoch_metrics(r, plots: bool = False, interrupted=None) -> dict:
         if batch_plots is not None:
             batch_plots(imgs, metas, preds)
 
+    # The validation's loss, as ultralytics' val/ columns: each batch's items alone (one rank's loss), averaged.
+    loss_fn = task.loss(r.parts.ema.module, r.data.nc, 1, cfg)
+    loss_fn.set_epoch(r.pos.epoch, r.pos.epochs)
     metrics = task.validate(r.d, r.parts.ema.module, r.data.val_batches, workers=cfg.workers,
                             on_batch=draw if r.d.is_main else None,
                             worker_init=functools.partial(ignore_signals, (cfg.signal, "TERM")), end2end=cfg.end2end,
-                            plots=plots, interrupted=interrupted)
+                            plots=plots, interrupted=interrupted, loss_fn=loss_fn)
     return metrics or task.not_validated
 
 
-def write_results(run: Path, epoch: int, loss: torch.Tensor, losses: tuple[str, ...], task, metrics: dict, lr: float,
-                  seconds: float, speed: tuple[float, float, float | None]) -> dict[str, str]:
+def write_results(run: Path, epoch: int, loss: torch.Tensor, losses: tuple[str, ...], task, metrics: dict,
+                  lrs: list[float], seconds: float, speed: tuple[float, float, float | None]) -> dict[str, str]:
     """The epoch's row of results.csv (rundir.results_columns; `losses`:
-    the loss items' names, the task's metrics); returns it, by column."""
+    the loss items' names, the task's metrics, the validation's loss items,
+    each parameter group's learning rate); returns it, by column."""
     rate, wait, memory = speed
-    columns = rundir.results_columns(losses, tuple(column for _, column in task.metrics))
+    columns = rundir.results_columns(losses, tuple(column for _, column in task.metrics), len(lrs))
+    val_losses = metrics.get("val_losses") or [0.0] * len(losses)  # none: not validated, 0 as ultralytics writes
     values = (epoch + 1, *(f"{value:.5f}" for value in loss[:len(losses)]),
-              *(f"{metrics[key]:.5f}" for key, _ in task.metrics), f"{lr:.6g}",
+              *(f"{metrics[key]:.5f}" for key, _ in task.metrics), *(f"{value:.5f}" for value in val_losses),
+              *(f"{lr:.6g}" for lr in lrs),
               f"{seconds:.1f}", f"{rate:.1f}", f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}")
     row = dict(zip(columns, values, strict=True))
     rundir.write_result(run, tuple(row.values()), columns)

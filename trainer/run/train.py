@@ -315,9 +315,8 @@ def epoch_outputs(r: Run, train_loss, metrics: dict, validated: bool, improved: 
     the epoch's line, and after the last one the per-class table."""
     cfg, pos, parts = r.cfg, r.pos, r.parts
     row = write_results(r.folder, pos.epoch - 1, train_loss, parts.loss_fn.names, r.task, metrics,
-                        parts.optimizer.param_groups[0]["lr"], train_seconds, speed)
-    # results.csv's row, and each parameter group's learning rate
-    values = {**numbers(row), **{f"lr/pg{k}": g["lr"] for k, g in enumerate(parts.optimizer.param_groups)}}
+                        [g["lr"] for g in parts.optimizer.param_groups], train_seconds, speed)
+    values = numbers(row)  # results.csv's row, each parameter group's learning rate in it
     for sink in r.side.sinks():
         sink.scalars(pos.epoch, values)
     names = ["last.pt", *(["best.pt"] if improved else [])]
