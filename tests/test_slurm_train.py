@@ -76,10 +76,10 @@ def site_file(tmp_path: Path, scratch: Path | None = None, env: dict | None = No
 
 
 def job_file(tmp_path: Path, name: str, data: Path, epochs: int = EPOCHS, time_limit: str = "00:10:00",
-             every_steps: int = 4) -> Path:
+             every_steps: int = 4, task: str = "detect") -> Path:
     spec = {"name": name, "resources": {"nodes": 2, "tasks_per_node": 2, "time": time_limit},
             "data": {"yaml": str(data), "stage": True},
-            "train": {"model": "n", "epochs": epochs, "batch": 8, "nbs": 8, "imgsz": 64, "workers": 2,
+            "train": {"task": task, "model": "n", "epochs": epochs, "batch": 8, "nbs": 8, "imgsz": 64, "workers": 2,
                       "close_mosaic": 1, "seed": 0},
             "checkpoint": {"keep": 20, "every_steps": every_steps}}
     return write(tmp_path / f"{name}.yaml", json.dumps(spec))
@@ -245,12 +245,16 @@ def test_e_killed_rank_ends_the_job_named_in_one_line(tmp_path, shapes, slurm_en
 
 def test_f_array_task_and_the_next_plain_job_both_train(tmp_path, shapes, slurm_env, scratch_root):
     """`sbatch --array=1` (job N, task 1) and a plain job submitted right
-    after (N+1) once derived the same port and met in one rendezvous."""
+    after (N+1) once derived the same port and met in one rendezvous. The
+    array task trains a segmenter (its polygons staged, 2 nodes x 2 ranks)."""
+    from hpcyolo.login.shapes import make_shapes
+
+    polygons = make_shapes(tmp_path / "seg", n_train=48, n_val=16, imgsz=64, classes=3, seed=0, task="segment")
     site = site_file(tmp_path, scratch_root)
     render = f"{VENV_BIN / 'hpcyolo'} render {site} "
     jobs = []
-    for name, extra in (("arr", "--array=1"), ("plain", "")):
-        job = job_file(tmp_path, name, shapes, epochs=1)
+    for name, extra, data, task in (("arr", "--array=1", polygons, "segment"), ("plain", "", shapes, "detect")):
+        job = job_file(tmp_path, name, data, epochs=1, task=task)
         r = subprocess.run(f"{render} {job} | sbatch --parsable {extra}", shell=True, env=slurm_env, cwd=tmp_path,
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
@@ -262,7 +266,8 @@ def test_f_array_task_and_the_next_plain_job_both_train(tmp_path, shapes, slurm_
         info = slurm.wait(job_id, timeout=900, env=slurm_env)
         log = job_log(tmp_path, name, job_id)
         assert info["JobState"] == "COMPLETED", log[-3000:]
-        assert (tmp_path / "runs" / name / "results.csv").read_text().count("\n") == 2
+        results = (tmp_path / "runs" / name / "results.csv").read_text()
+        assert results.count("\n") == 2 and ("metrics/mAP50-95(M)" in results) == (name == "arr")
         assert "refuse" not in log and "already in use" not in log
     assert leftovers(scratch_root) == []
 
