@@ -77,7 +77,7 @@ from .augment import (
     to_pixel_boxes,
 )
 from .filescan import cpus, per_file
-from .masks import instance_masks, overlap_masks
+from .masks import instance_masks, overlap_masks, resampled
 from .sampler import STREAM
 
 # The data YAML and label paths live in hpcyolo_trainer.common.datayaml (no torch: the CLI
@@ -597,6 +597,8 @@ class YoloDataset(Dataset):
         if len(labels) != len(self.outlines[i]):
             return []
         scale = np.array([shape[1], shape[0]], np.float32)
+        if self.segments:  # a segmentation's, resampled as ultralytics loads them: its masks rasterise alike
+            return [resampled(o) * scale + offset for o in self.outlines[i]]
         return [o * scale + offset for o in self.outlines[i]]
 
     def __len__(self) -> int:

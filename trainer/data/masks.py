@@ -64,3 +64,23 @@ def semantic(overlap: np.ndarray, classes: np.ndarray) -> np.ndarray:
     if not len(classes):
         return np.zeros(overlap.shape, np.float32)
     return np.asarray(classes, np.float32)[overlap.astype(np.int64) - 1]
+
+
+RESAMPLED = 1000  # points of a polygon as ultralytics loads it (YOLODataset: resample_segments)
+
+
+def resampled(polygon: np.ndarray, n: int = RESAMPLED) -> np.ndarray:
+    """A polygon [k, 2] as ultralytics resamples a segment on loading: closed,
+    its vertices kept and n - k - 1 more points spread over its edges by
+    index (each edge the same share, whatever its length); n points in all
+    (a polygon of n points as it is; of more: k + 1). The outline is the same; its
+    rasterised mask differs where the truncation to whole pixels does."""
+    polygon = np.asarray(polygon, np.float32).reshape(-1, 2)
+    if len(polygon) == n:
+        return polygon
+    n = max(n, len(polygon) + 1)
+    closed = np.concatenate([polygon, polygon[:1]])
+    at = np.arange(len(closed))
+    x = np.linspace(0, len(closed) - 1, n - len(closed))
+    x = np.insert(x, np.searchsorted(x, at), at)
+    return np.stack([np.interp(x, at, closed[:, i]) for i in range(2)], axis=1).astype(np.float32)

@@ -49,7 +49,7 @@ from ..data.dataset import (
     polygons_only,
     sift,
 )
-from ..data.masks import instance_masks, overlap_masks
+from ..data.masks import instance_masks, overlap_masks, resampled
 from ..model.boxes import non_max_suppression, xywh2xyxy
 from ..model.detector import check_end2end, detections
 from ..model.segment import predicted_masks
@@ -128,7 +128,7 @@ class ValBatches(Dataset):
     def _masks(self, i: int, offset: tuple[int, int], on_canvas: tuple[float, float], canvas: tuple[int, int]):
         """(labels, on_canvas, masks) of image i: see __getitem__."""
         scale = np.array([on_canvas[1], on_canvas[0]], np.float32)
-        outlines = [o * scale + offset for o in self.outlines[i]]
+        outlines = [resampled(o) * scale + offset for o in self.outlines[i]]  # as ultralytics loads them
         labels = self.labels[i]
         if self.overlap_mask:
             overlap, order = overlap_masks(canvas, outlines, MASK_RATIO)
