@@ -47,6 +47,8 @@ def checkpoint_to_resume(task: Task, cfg: TrainConfig, d: Dist, run: Path, setti
         if weights.task != task.name:
             raise HpcyoloError(f"{cfg.weights}: holds a {weights.task} model, but train.task (--task) is {task.name}")
     arch = state["arch"] if state is not None else choose_arch(cfg, weights)
+    if (why := task.untrainable(arch)) is not None:
+        raise HpcyoloError(why)
     if cfg.end2end and not families.load(arch[:-1]).END2END:
         raise HpcyoloError(f"end2end (--end2end, train.end2end): {arch} has no one-to-one head; NMS-free "
                            "validation is for YOLO26")

@@ -45,6 +45,8 @@ class Task:
     evaluate: Callable[..., dict | None]
     predict: Callable[..., list]
     export: Callable[..., dict]
+    # why the task cannot train the architecture `arch` (yolov8n ...), or None: asked before a file is written
+    untrainable: Callable[[str], str | None] = lambda arch: None
 
     @property
     def not_validated(self) -> dict:

@@ -15,6 +15,7 @@ from ...eval.evaluate import ValBatches, evaluate, report, segment_batch_stats, 
 from ...eval.metrics import SegStats
 from ...eval.export import export_onnx
 from ...eval.predict import predict
+from ...model import families
 from ...model.segment import build_model
 from ...optim.segment_loss import SegmentationLoss
 from ..detect import task as detect
@@ -42,12 +43,19 @@ def loss(model, nc: int, world_size: int, cfg) -> SegmentationLoss:
     """ultralytics' v8SegmentationLoss with cfg's gains, its assignment as
     detection's; YOLO26's segmentation loss (one-to-one head, semantic map)
     is not built yet, so a YOLO26 segmenter is refused here, in one line."""
-    if model.end2end:
-        raise HpcyoloError(f"train.model {model.arch}: training a YOLO26 segmenter is not supported yet "
-                           "(its loss); choose a yolov8 or yolo11 model for train.task segment")
+    if (why := untrainable(model.arch)) is not None:
+        raise HpcyoloError(why)
     strides = tuple(model.stride.tolist())
     return SegmentationLoss(nc, reg_max=model.reg_max, strides=strides, world_size=world_size, min_side=strides[1],
                             assign_ciou=True, overlap=cfg.overlap_mask, box=cfg.box, cls=cfg.cls, dfl=cfg.dfl)
+
+
+def untrainable(arch: str) -> str | None:
+    """YOLO26's segmentation loss (its mask-aware assignment, the semantic map) is not built yet."""
+    if families.load(arch[:-1]).END2END:
+        return (f"train.model {arch}: training a YOLO26 segmenter is not supported yet (its loss); choose a "
+                "yolov8 or yolo11 model for train.task segment (a YOLO26 segmenter's weights val, predict and export)")
+    return None
 
 
 def seg_validate(*args, **kwargs) -> dict | None:
@@ -105,5 +113,5 @@ TASK = Task(
     fitness=SegStats.fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=detect.batch_drawer,
-    evaluate=seg_evaluate, predict=predict, export=export_onnx,
+    evaluate=seg_evaluate, predict=predict, export=export_onnx, untrainable=untrainable,
 )
