@@ -50,7 +50,7 @@ from ..data.dataset import (
     sift,
 )
 from ..data.masks import instance_masks, overlap_masks, resampled
-from ..model.boxes import non_max_suppression, xywh2xyxy
+from ..model.boxes import non_max_suppression, xywh2xyxy, xyxy2xywh
 from ..model.detector import check_end2end, detections
 from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
@@ -198,8 +198,7 @@ def loss_targets(metas, canvas: tuple[int, int]) -> torch.Tensor:
     rows = []
     for k, meta in enumerate(metas):
         lab, xyxy = canvas_labels(meta)
-        xywh = torch.stack([(xyxy[:, 0] + xyxy[:, 2]) / 2 / w, (xyxy[:, 1] + xyxy[:, 3]) / 2 / h,
-                            (xyxy[:, 2] - xyxy[:, 0]) / w, (xyxy[:, 3] - xyxy[:, 1]) / h], 1)
+        xywh = xyxy2xywh(xyxy) / torch.tensor([w, h, w, h], dtype=torch.float32)
         rows.append(torch.cat([torch.full((len(lab), 1), float(k)), lab[:, :1], xywh], 1))
     return torch.cat(rows) if rows else torch.zeros((0, 6))
 
