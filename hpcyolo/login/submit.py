@@ -192,6 +192,10 @@ class TrainTask:
         ending = end(code, None, job=job, restart=int(restart), max_requeues=self.plan.max_requeues,
                      failure=failure, failures_before=steps.failures_retried(run, job),
                      max_failures=self.plan.max_failures)
+        if rank != 0:
+            # Rank 0's trainer may still be finishing the step this one failed after (its .step file
+            # counts the steps lost); the batch script's job end runs after every rank has ended.
+            steps.wait_stamp(run, job, restart, "end")
         steps.record_failure(run, job, restart, failure, retried=ending.requeue)
         if not ending.exclude:
             steps.settle_failure(run, job, restart, "final")

@@ -337,6 +337,24 @@ def settle_failure(run_dir: Path, job: str, restart: str, answer: str | None = N
         time.sleep(0.2)
 
 
+def wait_stamp(run_dir: Path, job: str, restart: str, part: str, wait: float = 15.0) -> bool:
+    """Waits up to `wait` seconds for rank 0's stamp `part` of this start
+    (a task that ends first waits for rank 0's trainer, whose .step file
+    says how far the start got; False where it never comes, as when rank
+    0's node is gone)."""
+    path = rundir.ledger_file(run_dir, job, restart, ".times")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            if any(line.split(" ", 1)[0] == part for line in path.read_text(errors="replace").splitlines()):
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
 def record_failure(run_dir: Path, job: str, restart: str, failure: Failure, retried: bool) -> None:
     """A row of RUN/failures.csv: the node(s), rank(s), reason, whether it was
     retried, and the steps lost (trained past the newest checkpoint, from the
