@@ -65,7 +65,7 @@ def _setting_option(name: str):
     from hpcyolo_trainer.common.settings import BY_NAME, REQUIRED
 
     s = BY_NAME[name]
-    kind = {"file": click.Path(exists=True, dir_okay=False), "file-name": click.Path(dir_okay=False),
+    kind = {"file": click.Path(exists=True, dir_okay=False), "file-name": click.Path(),
             "folder": click.Path(file_okay=False)}.get(s.path)
     if kind is None and s.choices:
         kind = click.Choice(s.choices)

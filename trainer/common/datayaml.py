@@ -153,7 +153,10 @@ class DataSpec:
     test: ImagePaths | None
     """Test images, or None when the YAML has no test split (or it is not listed)."""
     yaml: str
-    """The data YAML itself, as given: what messages name."""
+    """The data YAML itself, as given: what messages name (a class-folder dataset: its folder)."""
+    folders: bool = False
+    """A classification dataset in ultralytics' folder layout (`classify_spec`):
+    each image's class is the name of the folder it lies in, no label files."""
 
 
 def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
@@ -163,6 +166,8 @@ def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
     takes them from the dataset's index that rank 0 wrote, so that a job's
     directory reads do not grow with its ranks."""
     file = str(path)
+    if Path(path).is_dir():  # ultralytics' classification layout: train/CLASS/*.jpg, val/CLASS/*.jpg
+        return classify_spec(path, listed=listed)
     spec = read_data_yaml(path)
     root = dataset_root(Path(path), spec)
     if not root.is_dir():
@@ -172,6 +177,58 @@ def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
             raise ConfigError(file, key, "missing: give a folder, a .txt list of images, or a list of those")
     splits = {key: _split_files(file, root, key, spec.get(key)) if listed else None for key in ("train", "val", "test")}
     return DataSpec(root=root, names=_names(file, spec), yaml=file, **splits)
+
+
+def classify_splits(folder: Path) -> dict[str, Path]:
+    """The split folders of a classification dataset in ultralytics' layout:
+    train/, and val/ (test/ where there is no val/, as ultralytics takes it)."""
+    splits = {"train": folder / "train"}
+    for name in ("val", "test"):
+        if (folder / name).is_dir():
+            splits["val"] = folder / name
+            break
+    return splits
+
+
+def classify_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
+    """A classification dataset in ultralytics' folder layout: `path/train/
+    CLASS/*.jpg` and `path/val/CLASS/*.jpg` (or test/ where val/ is missing),
+    the class names the train folder's subfolders, sorted. A bad layout is
+    one line naming the folder (HpcyoloError): no train/ or val/, no class
+    folders, a class missing from val/, a class folder without images.
+    `listed=False`: the names alone (load_data_spec)."""
+    folder = Path(os.path.abspath(path))
+    splits = classify_splits(folder)
+    if not splits["train"].is_dir():
+        raise HpcyoloError(f"{folder}: a classification dataset needs train/CLASS/*.jpg and val/CLASS/*.jpg "
+                           "(ultralytics' layout); there is no train/ folder")
+    if "val" not in splits:
+        raise HpcyoloError(f"{folder}: a classification dataset needs val/CLASS/*.jpg (or test/CLASS/*.jpg) beside "
+                           "train/; there is neither val/ nor test/")
+    classes = {split: sorted(e.name for e in os.scandir(where) if e.is_dir()) for split, where in splits.items()}
+    names = classes["train"]
+    if not names:
+        raise HpcyoloError(f"{splits['train']}: no class folders (train/CLASS/*.jpg: one folder per class)")
+    missing = [name for name in names if name not in classes["val"]]
+    extra = [name for name in classes["val"] if name not in names]
+    if missing or extra:
+        what = f"no folder for class {missing[0]!r}" if missing else f"class {extra[0]!r} is not among train/'s"
+        raise HpcyoloError(f"{splits['val']}: {what} (its class folders must be train/'s: {', '.join(names)})")
+    lists = {}
+    for split, where in splits.items():
+        files = []
+        for name in names:
+            images = _image_files(where / name)
+            if listed and not images:
+                raise HpcyoloError(f"{where / name}: no images ({', '.join(sorted(IMG_EXTS))}) for class {name!r}")
+            files += images
+        lists[split] = ImagePaths(files) if listed else None
+    return DataSpec(root=folder, names=names, yaml=str(folder), folders=True, test=None, **lists)
+
+
+def folder_class(image: str, names: list[str]) -> int:
+    """The class of an image of a class-folder dataset: its folder's name's index."""
+    return names.index(os.path.basename(os.path.dirname(image)))
 
 
 def _names(file: str, spec: dict) -> list[str]:
@@ -310,6 +367,8 @@ def check_labels(spec: DataSpec, keys: tuple[str, ...], labelled: dict[str, int]
     how many of a split's images have one where that is known already (the
     trainer's dataset index has stat'ed every label file): not listed again."""
     warnings = []
+    if spec.folders:  # a class-folder dataset: the folders are the labels (classify_spec checked them)
+        return warnings
     for key in keys:
         images = getattr(spec, key) or []
         known = (labelled or {}).get(key)
