@@ -146,6 +146,7 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
     model = build_from(w).to(dev).eval()
     size = imgsz or w.imgsz or 224
     out_dir = Path(out)
+    (out_dir / "labels" if fmt == "txt" else out_dir).mkdir(parents=True, exist_ok=True)
     results = []
     for path in map(Path, inputs):
         img = read_rgb(path)
