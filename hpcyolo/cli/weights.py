@@ -124,7 +124,8 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
         return
     click.echo(f"{weights} on {data} ({split}, {result['imgsz']} px):")
     if "top1" in result:  # a classifier's: top-1 and top-5 accuracy, as ultralytics prints them
-        click.echo(f"top1 {result['top1']:.4f} top5 {result['top5']:.4f} ({result['images']} images)")
+        click.echo(f"top1 {result['top1']:.4f} top5 {result['top5']:.4f} loss {result['loss']:.4f} "
+                   f"({result['images']} images)")
     elif "masks" in result:  # a segmentation: its boxes' table, then its masks'
         click.echo(f"boxes\n{table(result)}\nmasks\n{table(result['masks'])}")
     else:

@@ -22,6 +22,7 @@ from conftest import max_abs_diff
 from test_yolo26_train import HPCYOLO, LAUNCH, argv, env, hold_then_signal
 
 from hpcyolo.login.shapes import make_shapes
+from hpcyolo.node.local import launch
 from hpcyolo_trainer.common.preemption import EXIT_CODE
 from hpcyolo_trainer.run import checkpoint as ckpt
 
@@ -92,7 +93,10 @@ def test_val_of_the_last_weights_gives_the_last_epochs_figures(runs, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {"confusion_matrix.png", "confusion_matrix_normalized.png"}
     r = subprocess.run([HPCYOLO, "val", str(runs["a"] / "weights" / "last.pt"), "--data", str(runs["data"]),
                         "--imgsz", "64"], capture_output=True, text=True, env=env())
-    assert r.returncode == 0 and f"top1 {ours['top1']:.4f} top5 {ours['top5']:.4f} (8 images)" in r.stdout
+    assert r.returncode == 0 and f"top1 {ours['top1']:.4f} top5 {ours['top5']:.4f} loss {ours['loss']:.4f} " \
+        "(8 images)" in r.stdout
+    # The run validated in batches of 4 (twice its batch per rank), two equal halves of the 8: the same mean.
+    assert ours["loss"] == pytest.approx(float(last["val/loss"]), abs=2e-5)
 
 
 def test_predict_gives_each_images_five_classes_and_agrees_with_val(runs, tmp_path):
@@ -162,3 +166,68 @@ def test_task_and_dataset_layout_that_do_not_go_together_are_one_line(runs, tmp_
     r = subprocess.run(argv(tmp_path / "broken-run", broken, "--task", "classify"), capture_output=True, text=True,
                        env=env())
     assert r.returncode != 0 and f"{broken / 'val'}: no folder for class 'square'" in r.stderr
+
+
+# == against ultralytics ==========================================================================================
+
+TRAINED = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained" / "yolo11n-cls"
+# The set ultralytics trained and validated its reference classifier on (its val.json says so).
+REFERENCE_DATA = "hpcyolo make-dataset shapes DIR --task classify --train 120 --val 36 --imgsz 64 --classes 6 --seed 7"
+
+
+@pytest.fixture(scope="module")
+def reference_set(tmp_path_factory) -> Path:
+    reference = json.loads((TRAINED / "val.json").read_text())
+    assert reference["data"] == REFERENCE_DATA and reference["ultralytics"] == "8.4.190"
+    return make_shapes(tmp_path_factory.mktemp("cls-ref") / "shapes", n_train=120, n_val=36, imgsz=64, classes=6,
+                       seed=7, task="classify")
+
+
+def test_val_transform_gives_ultralytics_classify_transforms_bytes():
+    """Four images (37 x 90, 90 x 37, 64 x 64, 50 x 71) at 32 px (shrunk)
+    and 64 px (enlarged): ultralytics' classify_transforms (torchvision's
+    Resize, CenterCrop, ToTensor on Pillow) gave these bytes."""
+    from hpcyolo_trainer.data.classify import val_transform
+
+    reference = np.load(TRAINED / "transforms.npz")
+    for k in range(4):
+        for size in (32, 64):
+            want = reference[f"output{k}_{size}"]
+            got = val_transform(reference[f"input{k}"], size)
+            assert got.shape == want.shape == (size, size, 3)
+            assert np.array_equal(got, want), (k, size, int(np.abs(got.astype(int) - want).max()))
+
+
+def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_rank_and_two(reference_set, capfd):
+    """Ultralytics' own yolo11n-cls checkpoint (read by the restricted
+    unpickler), on the set it was trained on: its top-1 and top-5 as its
+    `val` measured them, its loss as its validator logs val/loss."""
+    reference = json.loads((TRAINED / "val.json").read_text())
+    args = [HPCYOLO, "val", str(TRAINED / "model.pt"), "--data", str(reference_set), "--imgsz", "64", "--batch", "16",
+            "--json"]
+    r = subprocess.run(args, capture_output=True, text=True, env=env())
+    assert r.returncode == 0, r.stderr
+    ours = json.loads(r.stdout)
+    print({key: (ours[key], reference[key]) for key in ("top1", "top5")}, (ours["loss"], reference["val_loss"]))
+    assert ours["images"] == reference["images"] == 36
+    assert ours["top1"] == pytest.approx(reference["top1"], abs=1e-6)
+    assert ours["top5"] == pytest.approx(reference["top5"], abs=1e-6)
+    assert ours["loss"] == pytest.approx(reference["val_loss"], rel=1e-4)
+    assert reference["top1"] > 1 / 6 and reference["top5"] < 1  # above chance, and 5 of 6 classes can miss
+    capfd.readouterr()
+    assert launch(args, 2, env=env()) == 0
+    out = capfd.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and json.loads(out[0]) == ours
+
+
+def test_predict_gives_ultralytics_top5_and_probabilities(reference_set, tmp_path):
+    reference = json.loads((TRAINED / "val.json").read_text())["predictions"]
+    r = subprocess.run([HPCYOLO, "predict", str(TRAINED / "model.pt"), *(str(reference_set / p["image"])
+                        for p in reference), "--imgsz", "64", "--out", str(tmp_path), "--format", "json"],
+                       capture_output=True, text=True, env=env())
+    assert r.returncode == 0, r.stderr
+    ours = json.loads((tmp_path / "predictions.json").read_text())
+    assert len(ours) == len(reference) == 4
+    for mine, theirs in zip(ours, reference):
+        assert [t["class"] for t in mine["top5"]] == theirs["top5"], mine["image"]
+        assert [t["confidence"] for t in mine["top5"]] == pytest.approx(theirs["conf"], abs=1e-4)

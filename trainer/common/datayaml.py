@@ -25,6 +25,9 @@ IMG_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 # a labels/ folder half copied or misnamed, not background images on purpose.
 UNLABELLED_WARN = 0.5
 SPLITS = ("train", "val", "test", "minival")
+# The key of the data YAML `hpcyolo stage` writes for a staged class-folder dataset (classify): `folders: true`
+# and `path:` the copy, which load_data_spec then reads as the folder itself (ultralytics has no YAML for these).
+FOLDERS = "folders"
 ARCHIVE_FLAGS = {  # suffix -> GNU tar's decompression option
     ".tar": (), ".tar.gz": ("-z",), ".tgz": ("-z",), ".tar.zst": ("--zstd",), ".tar.zstd": ("--zstd",),
     ".tzst": ("--zstd",), ".tar.xz": ("-J",), ".txz": ("-J",), ".tar.bz2": ("-j",), ".tbz2": ("-j",),
@@ -45,6 +48,12 @@ def dataset_root(data_yaml: Path, spec: dict) -> Path:
     folder); empty means the YAML's folder itself."""
     root = Path(spec.get("path") or ".")
     return root if root.is_absolute() else (data_yaml.parent / root).resolve()
+
+
+def data_root(data: str | Path) -> Path:
+    """The folder a dataset's files lie under: a data YAML's root, or a class-folder dataset itself."""
+    path = Path(data)
+    return path.resolve() if path.is_dir() else dataset_root(path, read_data_yaml(path))
 
 
 def read_data_yaml(data_yaml: str | Path) -> dict:
@@ -170,6 +179,8 @@ def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
         return classify_spec(path, listed=listed)
     spec = read_data_yaml(path)
     root = dataset_root(Path(path), spec)
+    if spec.get(FOLDERS) is True:  # a staged copy of such a folder (hpcyolo stage): `path` is the copy
+        return classify_spec(root, listed=listed)
     if not root.is_dir():
         raise ConfigError(file, "path", f"dataset root {root} is not a directory")
     for key in ("train", "val"):

@@ -101,10 +101,13 @@ def table(result: dict) -> str:
 
 @torch.no_grad()
 def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = None, batch: int = 16,
-             split: str = "val", warn=print, plots: Path | None = None, workers: int = 0, **_) -> dict | None:
+             split: str = "val", warn=print, plots: Path | None = None, workers: int = 0, loss_fn=None,
+             **_) -> dict | None:
     """`hpcyolo val` of a classifier: {weights, data, split, imgsz, images,
     top1, top5} of `weights` on `split` of the class-folder dataset `data`
-    (rank 0; None elsewhere). `plots`: confusion_matrix(_normalized).png there."""
+    (rank 0; None elsewhere), and with `loss_fn` (a loss for one rank) `loss`,
+    its batches' losses averaged as ultralytics' val/loss. `plots`:
+    confusion_matrix(_normalized).png there."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = as_weights(weights)
@@ -122,7 +125,8 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
     if d.is_main:
         for problem in sets.problems:
             warn(f"warning: {problem}")
-    s = validate(d, model, sets, workers=min(workers, len(os.sched_getaffinity(0))), plots=plots is not None)
+    s = validate(d, model, sets, workers=min(workers, len(os.sched_getaffinity(0))), plots=plots is not None,
+                 loss_fn=loss_fn)
     if s is None:
         return None
     if plots is not None:
@@ -130,8 +134,11 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
 
         for normalize, name in ((False, "confusion_matrix.png"), (True, "confusion_matrix_normalized.png")):
             plot_confusion(s["confusion"], spec.names, Path(plots) / name, normalize, background=False)
-    return {"weights": str(w.path), "data": str(data), "split": split, "imgsz": size, "images": s["images"],
-            "top1": s["top1"], "top5": s["top5"]}
+    out = {"weights": str(w.path), "data": str(data), "split": split, "imgsz": size, "images": s["images"],
+           "top1": s["top1"], "top5": s["top5"]}
+    if loss_fn is not None:
+        out["loss"] = s["val_losses"][0]
+    return out
 
 
 @torch.no_grad()

@@ -56,6 +56,11 @@ def loss(model, nc: int, world_size: int, cfg) -> ClassificationLoss:
     return ClassificationLoss(world_size)
 
 
+def evaluate(*args, **kwargs) -> dict | None:
+    """`hpcyolo val`: top-1, top-5 and the loss ultralytics' validator logs as val/loss."""
+    return classify.evaluate(*args, loss_fn=ClassificationLoss(), **kwargs)
+
+
 def per_class(metrics: dict, labels: list, names: list[str]) -> str:
     """What ultralytics prints at a classifier's end: top-1 and top-5 over all classes."""
     return classify.table(metrics)
@@ -132,6 +137,6 @@ TASK = Task(
     fitness=classify.fitness, describe=classify.describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=val_plots,
     batch_drawer=batch_drawer,
-    evaluate=classify.evaluate, predict=classify.predict, export=export_onnx,
+    evaluate=evaluate, predict=classify.predict, export=export_onnx,
     folders=True,
 )
