@@ -3,9 +3,13 @@
 through and once stopped by a real signal and resumed, bit-identical;
 results.csv with ultralytics' classify columns; `hpcyolo val`, `predict`
 and `export` of its weights, each against another path (the last epoch's
-row, the validation's top-1, torch); fine-tuning its weights to other
-classes; the task and the dataset's layout refused in one line where they
-do not go together. The two runs are shared by the tests (module scope)."""
+row, the validation's top-1, torch); the task and the dataset's layout refused in one line where they
+do not go together. The two runs are shared by the tests (module scope).
+Against ultralytics (tests/reference/ultralytics/trained/yolo11n-cls, made
+by benchmarks/ultralytics_reference.py classify): the validation
+transform's bytes, its classifier's top-1, top-5 and val/loss through
+`hpcyolo val` on one rank and two, its top-5 predictions, and its weights
+fine-tuned to other classes."""
 
 from __future__ import annotations
 
@@ -138,19 +142,24 @@ def test_export_writes_softmax_probabilities_of_shape_batch_by_classes(runs, tmp
     assert np.abs(got - want).max() < 1e-4
 
 
-def test_weights_fine_tune_to_other_classes_with_a_new_linear_layer(runs, tmp_path):
-    two = make_shapes(tmp_path / "two", n_train=4, n_val=2, imgsz=64, classes=2, seed=2, task="classify")
-    best = runs["a"] / "weights" / "best.pt"
-    r = subprocess.run(argv(tmp_path / "run", two, "--task", "classify", "--weights", str(best), "--epochs", "1",
-                            "--workers", "0", "--optimizer", "sgd", "--lr0", "0", "--warmup-epochs", "0"),
-                       capture_output=True, text=True, env=env())
+def test_ultralytics_weights_fine_tune_to_other_classes_with_a_new_linear_layer(runs, tmp_path):
+    """Ultralytics' yolo11n-cls of 6 classes (tests/reference; read by the
+    restricted unpickler, its recorded torchvision transforms inert) onto the
+    3 classes of the runs' set: everything but the linear layer kept (lr0 0:
+    nothing moves, so last.pt shows what the run started from)."""
+    from hpcyolo_trainer.model.weights import read_weights
+
+    r = subprocess.run(argv(tmp_path / "run", runs["data"], "--task", "classify", "--weights", str(TRAINED / "model.pt"),
+                            "--epochs", "1", "--workers", "0", "--optimizer", "sgd", "--lr0", "0",
+                            "--warmup-epochs", "0"), capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
-    assert "(hpcyolo weights, 3 classes); class convs new for 2 classes" in r.stdout
+    assert "from model.pt (ultralytics yolo11n, 6 classes); class convs new for 3 classes" in r.stdout
+    assert "training yolo11n on 16 images (3 classes)" in r.stdout
     saved = torch.load(tmp_path / "run" / "weights" / "last.pt", weights_only=True)["model"]
-    source = torch.load(best, weights_only=True)["model"]
-    assert saved["head.linear.weight"].shape == (2, 1280)
-    convs = [k for k in source if k.endswith(".weight") and source[k].dim() == 4]
-    assert convs and max((saved[k] - source[k]).abs().max().item() for k in convs) == 0.0
+    source = read_weights(TRAINED / "model.pt").state
+    assert saved["head.linear.weight"].shape == (3, 1280) and source["head.linear.weight"].shape == (6, 1280)
+    kept = [k for k in source if k.endswith(".weight") and source[k].dim() == 4]
+    assert kept and max((saved[k] - source[k].float()).abs().max().item() for k in kept) < 1e-5
 
 
 def test_task_and_dataset_layout_that_do_not_go_together_are_one_line(runs, tmp_path, shapes):

@@ -200,6 +200,11 @@ class ClassifyDataset(torch.utils.data.Dataset):
         """Each image's class as a [1, 1] array (what the run's class selection reads)."""
         return [np.array([[c]], np.float32) for c in self.classes]
 
+    @labels.setter
+    def labels(self, value: list[np.ndarray]) -> None:
+        """The run's class selection (single_cls: every class 0)."""
+        self.classes = np.array([int(np.asarray(v).reshape(-1)[0]) for v in value], dtype=np.int64)
+
     def keep_classes(self, keep) -> None:
         """Only the images of the classes `keep` (train.classes)."""
         mask = np.isin(self.classes, keep)
@@ -249,8 +254,7 @@ class ClassifyBatches(torch.utils.data.Dataset):
 
     @labels.setter
     def labels(self, value: list[np.ndarray]) -> None:
-        """The run's class selection (single_cls: every class 0)."""
-        self.images.classes = np.array([int(np.asarray(v).reshape(-1)[0]) for v in value], dtype=np.int64)
+        self.images.labels = value
 
     def __len__(self) -> int:
         return math.ceil(len(self.images) / self.batch)

@@ -31,6 +31,9 @@ def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, chec
     if cfg.rect:
         raise HpcyoloError("rect (train.rect, --rect): rectangular batches are for detection; a classifier "
                            "trains on imgsz x imgsz crops")
+    if cfg.classes is not None:
+        raise HpcyoloError("classes (train.classes, --classes) keeps some classes' labels in detection; a "
+                           "classifier trains on its dataset's class folders: remove the others' folders")
     return ClassifyDataset(files, names, cfg.imgsz, augment=cfg.augment, hyp=hyp(cfg), seed=cfg.seed,
                            checked=checked)
 
