@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...common import rundir
 from ...common.errors import HpcyoloError
 from ...data.classify import ClassifyBatches, ClassifyDataset, ClassifyHyp
 from ...eval import classify
@@ -15,7 +16,6 @@ from ...optim.classify_loss import ClassificationLoss
 from ..task import Task
 
 CLASS_BIAS = "head.linear.bias"  # the linear layer's bias: one value per class
-TOP1, TOP5 = "metrics/accuracy_top1", "metrics/accuracy_top5"  # ultralytics' results.csv columns
 
 
 def hyp(cfg) -> ClassifyHyp:
@@ -136,7 +136,7 @@ TASK = Task(
     build_model=build_model, saved_classes=saved_classes,
     loss=loss,
     validate=classify.validate,
-    metrics=(("top1", TOP1), ("top5", TOP5)),
+    metrics=(("top1", rundir.TOP1), ("top5", rundir.TOP5)),
     fitness=classify.fitness, describe=classify.describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=val_plots,
     batch_drawer=batch_drawer,
