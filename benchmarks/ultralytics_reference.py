@@ -4,7 +4,8 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, metrics, val, trained, val-loss or classify, each below.
+WHAT is parameters, forward, loss, masks, metrics, val, trained, val-loss, classify or
+classify-transforms (transforms.npz of `classify` alone), each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -69,7 +70,9 @@ float32) and ultralytics' default gains.
 
 `classify DATA` writes tests/reference/ultralytics/trained/yolo11n-cls/:
 transforms.npz (ultralytics' classify_transforms of a few images of other
-shapes, at two sizes), model.pt (a yolo11n-cls it trained from its YAML on
+shapes, at two sizes; the steps of its classify_augmentations at given
+parameters, as torchvision's functional API does them: resized crops and
+each colour-jitter operation), model.pt (a yolo11n-cls it trained from its YAML on
 DATA, a folder `hpcyolo make-dataset shapes DIR --task classify` wrote: the
 command line is in CLASSIFY_DATA) and val.json (its top-1, top-5 and val/loss
 on DATA's val split, and its top 5 predictions on 4 val images). Needs the
@@ -525,6 +528,9 @@ CLASSIFY_SETTINGS = dict(epochs=30, imgsz=64, batch=16, workers=0, seed=0, deter
                          amp=False, val=True)
 CLASSIFY_SIZES = ((37, 90), (90, 37), (64, 64), (50, 71))  # (h, w) of the images classify_transforms is run on
 CLASSIFY_IMGSZ = (32, 64)  # shrinking and enlarging
+CLASSIFY_CROPS = {"shrunk": (3, 10, 30, 60, 32), "enlarged": (5, 7, 20, 24, 64)}  # (top, left, h, w, size) of input0
+CLASSIFY_JITTER = (("brightness", 1.3), ("brightness", 0.6), ("contrast", 0.7), ("contrast", 1.4),
+                   ("saturation", 1.5), ("saturation", 0.4), ("hue", 0.1), ("hue", -0.05))
 
 
 def transform_inputs() -> list:
@@ -541,22 +547,12 @@ def transform_inputs() -> list:
     return images
 
 
-def classify_reference(data: Path) -> dict:
-    """Ultralytics' classify_transforms on transform_inputs at each of
-    CLASSIFY_IMGSZ (transforms.npz: the inputs and the outputs as uint8, x 255,
-    exactly the bytes ToTensor divided), and a yolo11n-cls trained from its
-    YAML on DATA with CLASSIFY_SETTINGS: model.pt (its best.pt), its `val`
-    top-1 and top-5 on DATA's val split at imgsz 64, batch 16, the val/loss
-    its validator would log (v8ClassificationLoss, each batch's mean, averaged
-    over the batches of 16 in ImageFolder's order) and its predictions' top 5
-    (classes, probabilities) on the first 4 val images (val.json)."""
+def classify_transforms_reference() -> Path:
+    """transforms.npz (see `classify` in the module's docstring); returns its folder."""
     import numpy as np
     import torch
     from PIL import Image
-    from ultralytics import YOLO
-    from ultralytics.cfg import get_cfg
     from ultralytics.data.augment import classify_transforms
-    from ultralytics.data.dataset import ClassificationDataset
 
     dest = OUT / "trained" / "yolo11n-cls"
     dest.mkdir(parents=True, exist_ok=True)
@@ -566,7 +562,35 @@ def classify_reference(data: Path) -> dict:
         for size in CLASSIFY_IMGSZ:
             t = classify_transforms(size=size)(Image.fromarray(rgb))
             arrays[f"output{k}_{size}"] = (t * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    # The training transforms' deterministic steps, as torchvision's functional API does them at given
+    # parameters (classify_augmentations draws these): a resized crop, each colour-jitter operation.
+    import torchvision.transforms.functional as F
+
+    pil = Image.fromarray(arrays["input0"])
+    for name, (top, left, h, w, size) in CLASSIFY_CROPS.items():
+        arrays[f"crop_{name}"] = np.asarray(F.resized_crop(pil, top, left, h, w, [size, size],
+                                                           F.InterpolationMode.BILINEAR))
+    for op, factor in CLASSIFY_JITTER:
+        arrays[f"{op}_{factor}"] = np.asarray(getattr(F, f"adjust_{op}")(pil, factor))
     np.savez_compressed(dest / "transforms.npz", **arrays)
+    return dest
+
+
+def classify_reference(data: Path) -> dict:
+    """Ultralytics' classify_transforms on transform_inputs at each of
+    CLASSIFY_IMGSZ (transforms.npz: the inputs and the outputs as uint8, x 255,
+    exactly the bytes ToTensor divided), and a yolo11n-cls trained from its
+    YAML on DATA with CLASSIFY_SETTINGS: model.pt (its best.pt), its `val`
+    top-1 and top-5 on DATA's val split at imgsz 64, batch 16, the val/loss
+    its validator would log (v8ClassificationLoss, each batch's mean, averaged
+    over the batches of 16 in ImageFolder's order) and its predictions' top 5
+    (classes, probabilities) on the first 4 val images (val.json)."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import ClassificationDataset
+
+    dest = classify_transforms_reference()
     images = sorted(p for p in (data / "val").rglob("*.jpg"))[:4]
     with tempfile.TemporaryDirectory() as tmp:
         model = YOLO("yolo11n-cls.yaml")
@@ -598,7 +622,7 @@ def classify_reference(data: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
-                                         "val-loss", "classify"])
+                                         "val-loss", "classify", "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     args = parser.parse_args()
@@ -643,6 +667,8 @@ def main() -> None:
             parser.error(f"classify needs DATA, a folder written by: {CLASSIFY_DATA}")
         classify_reference(Path(args.data).resolve())
         print(f"wrote {OUT / 'trained' / 'yolo11n-cls'}")
+    elif args.what == "classify-transforms":
+        print(f"wrote {classify_transforms_reference() / 'transforms.npz'}")
     elif args.what == "forward":
         forward()
         print(f"wrote {OUT / 'forward'}")

@@ -207,6 +207,24 @@ def test_val_transform_gives_ultralytics_classify_transforms_bytes():
             assert np.array_equal(got, want), (k, size, int(np.abs(got.astype(int) - want).max()))
 
 
+def test_training_steps_give_torchvisions_bytes_at_the_same_parameters():
+    """What classify_augmentations draws, applied at given parameters: the
+    resized crop (shrunk and enlarged) and each colour-jitter operation at
+    two factors give the bytes torchvision's functional API gave there."""
+    from hpcyolo_trainer.data.classify import adjust, resized_crop
+
+    reference = np.load(TRAINED / "transforms.npz")
+    img = reference["input0"]
+    for name, box in (("shrunk", (3, 10, 30, 60, 32)), ("enlarged", (5, 7, 20, 24, 64))):
+        assert np.array_equal(resized_crop(img, *box), reference[f"crop_{name}"]), name
+    jitter = [key for key in reference.files if key.split("_")[0] in ("brightness", "contrast", "saturation", "hue")]
+    assert len(jitter) == 8
+    for key in jitter:
+        op, factor = key.split("_")
+        got, want = adjust(img, op, float(factor)), reference[key]
+        assert not np.array_equal(want, img) and np.array_equal(got, want), (key, int(np.abs(got.astype(int) - want).max()))
+
+
 def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_rank_and_two(reference_set, capfd):
     """Ultralytics' own yolo11n-cls checkpoint (read by the restricted
     unpickler), on the set it was trained on: its top-1 and top-5 as its

@@ -122,9 +122,7 @@ def colour_jitter(img: np.ndarray, hsv_h: float, hsv_s: float, hsv_v: float,
     saturation=hsv_s, hue=hsv_h) on a Pillow image, as ultralytics asks for
     it: brightness and contrast factors from 1 +/- hsv_v, saturation from
     1 +/- hsv_s, a hue turn from +/- hsv_h, applied in a random order
-    (Pillow's ImageEnhance, as torchvision applies them)."""
-    from PIL import Image, ImageEnhance
-
+    (adjust)."""
     draws = {}
     if hsv_v > 0:
         draws[0] = rng.uniform(max(0.0, 1 - hsv_v), 1 + hsv_v)
@@ -133,15 +131,31 @@ def colour_jitter(img: np.ndarray, hsv_h: float, hsv_s: float, hsv_v: float,
         draws[2] = rng.uniform(max(0.0, 1 - hsv_s), 1 + hsv_s)
     if hsv_h > 0:
         draws[3] = rng.uniform(-hsv_h, hsv_h)
-    enhancers = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
     for op in rng.permutation(4):
-        if op not in draws:
-            continue
-        if op == 3:
-            img = adjust_hue(img, draws[op])
-        else:
-            img = np.asarray(enhancers[op](Image.fromarray(img)).enhance(draws[op]))
+        if op in draws:
+            img = adjust(img, JITTER[op], draws[op])
     return img
+
+
+JITTER = ("brightness", "contrast", "saturation", "hue")  # ColorJitter's operations, in its numbering
+
+
+def adjust(img: np.ndarray, op: str, factor: float) -> np.ndarray:
+    """One of JITTER's operations with its factor (hue: the turn), as
+    torchvision applies it to a Pillow image: Pillow's ImageEnhance
+    Brightness, Contrast and Color, the hue in Pillow's 8-bit HSV."""
+    from PIL import Image, ImageEnhance
+
+    if op == "hue":
+        return adjust_hue(img, factor)
+    enhancer = {"brightness": ImageEnhance.Brightness, "contrast": ImageEnhance.Contrast,
+                "saturation": ImageEnhance.Color}[op]
+    return np.asarray(enhancer(Image.fromarray(img)).enhance(factor))
+
+
+def resized_crop(img: np.ndarray, top: int, left: int, h: int, w: int, size: int) -> np.ndarray:
+    """The crop (top, left, h, w) resized to size x size (Pillow, bilinear), as torchvision's resized_crop."""
+    return _resize(np.ascontiguousarray(img[top:top + h, left:left + w]), (size, size))
 
 
 def erase(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -164,8 +178,7 @@ def erase(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def train_transform(img: np.ndarray, imgsz: int, hyp, rng: np.random.Generator) -> np.ndarray:
     """Ultralytics' classify_augmentations (auto_augment off): see the module's docstring."""
-    top, left, ch, cw = crop_box(*img.shape[:2], (1 - hyp.scale, 1.0), rng)
-    img = _resize(np.ascontiguousarray(img[top:top + ch, left:left + cw]), (imgsz, imgsz))
+    img = resized_crop(img, *crop_box(*img.shape[:2], (1 - hyp.scale, 1.0), rng), imgsz)
     if hyp.fliplr > 0 and rng.random() < hyp.fliplr:
         img = img[:, ::-1]
     if hyp.flipud > 0 and rng.random() < hyp.flipud:
