@@ -142,6 +142,12 @@ def test_export_writes_softmax_probabilities_of_shape_batch_by_classes(runs, tmp
     assert np.abs(got - want).max() < 1e-4
 
 
+def source_names() -> list[str]:
+    from hpcyolo_trainer.model.classify import build_classifier
+
+    return list(build_classifier("yolo11n", 3).state_dict())
+
+
 def test_ultralytics_weights_fine_tune_to_other_classes_with_a_new_linear_layer(runs, tmp_path):
     """Ultralytics' yolo11n-cls of 6 classes (tests/reference; read by the
     restricted unpickler, its recorded torchvision transforms inert) onto the
@@ -151,9 +157,13 @@ def test_ultralytics_weights_fine_tune_to_other_classes_with_a_new_linear_layer(
 
     r = subprocess.run(argv(tmp_path / "run", runs["data"], "--task", "classify", "--weights", str(TRAINED / "model.pt"),
                             "--epochs", "1", "--workers", "0", "--optimizer", "sgd", "--lr0", "0",
-                            "--warmup-epochs", "0"), capture_output=True, text=True, env=env())
+                            "--warmup-epochs", "0", "--freeze", "10"), capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
     assert "from model.pt (ultralytics yolo11n, 6 classes); class convs new for 3 classes" in r.stdout
+    # ultralytics' layers 0-9 of yolo11n-cls: the body, all but the head
+    body = sum(1 for k in source_names() if k.startswith("body.") and not k.endswith(("running_mean", "running_var",
+                                                                                       "num_batches_tracked")))
+    assert f"freeze: layers 0-9 ({body} tensors) stay as they are" in r.stdout
     assert "training yolo11n on 16 images (3 classes)" in r.stdout
     saved = torch.load(tmp_path / "run" / "weights" / "last.pt", weights_only=True)["model"]
     source = read_weights(TRAINED / "model.pt").state
