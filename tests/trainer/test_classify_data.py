@@ -105,3 +105,21 @@ def test_with_every_augmentation_off_a_training_image_is_the_whole_image_resized
                              np.random.default_rng(0))
     changed = (erased != out).any(2)
     assert changed.any() and (erased[changed] == 0).all()
+
+
+def test_a_fraction_of_a_class_folder_set_is_spread_over_its_classes_as_ultralytics_takes_it(folders):
+    """ultralytics' ClassificationDataset keeps np.linspace(0, n - 1, count, dtype=int) of its samples."""
+    from hpcyolo_trainer.common.datayaml import training_files
+
+    spec = load_data_spec(folders)
+    for fraction in (0.1, 0.34, 0.5, 0.9):
+        count = max(1, round(len(spec.train) * fraction))
+        kept = training_files(spec.train, fraction, spread=True)
+        assert kept == [spec.train[i] for i in np.linspace(0, len(spec.train) - 1, count, dtype=int)]
+    assert {p.parent.name for p in training_files(spec.train, 0.34, spread=True)} == set(spec.names)
+    assert {p.parent.name for p in training_files(spec.train, 0.34)} == {spec.names[0]}  # a YAML's rule: the first
+    for n in range(1, 60):
+        for fraction in (0.01, 0.3, 0.77):
+            count = max(1, round(n * fraction))
+            assert training_files(list(range(n)), fraction, spread=True) == \
+                np.linspace(0, n - 1, count, dtype=int).tolist()

@@ -404,9 +404,20 @@ def check_data(data: str | Path) -> list[str]:
     return check_labels(load_data_spec(data), ("train", "val"))
 
 
-def training_files(files: list, fraction: float) -> list:
+def training_files(files: list, fraction: float, spread: bool = False) -> list:
     """The training images: all of them, or (fraction < 1) the first share
-    in file-name order, as ultralytics takes them; the same on every rank."""
+    in file-name order, as ultralytics takes them; the same on every rank.
+    `spread` (a class-folder dataset, whose files run class by class): that
+    share evenly spaced over them, as ultralytics' ClassificationDataset
+    takes it (numpy's linspace over the indices, truncated)."""
     if fraction >= 1:
         return files
-    return sorted(files)[:max(1, round(len(files) * fraction))]
+    count = max(1, round(len(files) * fraction))
+    if not spread:
+        return sorted(files)[:count]
+    if count >= len(files):
+        return files
+    if count == 1:
+        return files[:1]
+    step = (len(files) - 1) / (count - 1)
+    return [files[int(k * step) if k < count - 1 else len(files) - 1] for k in range(count)]  # the last: the end

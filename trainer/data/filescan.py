@@ -170,7 +170,7 @@ def _encode(spec: DataSpec, fraction: float) -> bytes:
     """A header line (JSON) and then, in the header's order, each listed
     split's paths (NUL-separated, no path holds a NUL) and the stats."""
     lists = {split: getattr(spec, split) for split in SPLITS if getattr(spec, split) is not None}
-    counted = {"train": stats(training_files(spec.train, fraction)), "val": stats(spec.val)}
+    counted = {"train": stats(training_files(spec.train, fraction, spec.folders)), "val": stats(spec.val)}
     blobs = [("\0".join(lists[s].strings)).encode("utf-8", "surrogateescape") for s in lists]
     blobs += [counted[s].tobytes() for s in counted]
     header = {"root": str(spec.root), "names": spec.names, "yaml": spec.yaml, "folders": spec.folders, "lists": list(lists),

@@ -61,7 +61,7 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None, stats: di
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
-    train_files = training_files(spec.train, cfg.fraction) if d.is_main else None  # others: from the index
+    train_files = training_files(spec.train, cfg.fraction, spec.folders) if d.is_main else None  # others: the index
     with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}, stats) as checked:
         if d.is_main:  # refused there, the other ranks stop with its words (see indexed)
             # Label files counted from the index's stats where it holds the whole split, not listed again.
