@@ -67,7 +67,8 @@ Summary: Stand-in for benchmarks (version metadata and ops.nms in plain torch)
 PY
 # torchvision's transforms are plain Python on Pillow and torch (no compiled op): ultralytics' classify_transforms
 # and classify_augmentations build on them (benchmarks/ultralytics_reference.py's classify references). Taken
-# from the registry's wheel of the same version, the transforms package, ImageFolder's two modules and the utils module they import.
+# from the registry's wheel of the same version, the transforms package, ImageFolder's two modules and the
+# utils module they import.
 wheel_dir=$(mktemp -d)
 "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps "torchvision==$tv_version" -d "$wheel_dir"
 "$venv/bin/python" - "$wheel_dir" "$site" <<'PY'

@@ -16,7 +16,8 @@ from hpcyolo.cli.group import main, this_process_vars
 
 @main.command(short_help="Copy a dataset into node-local scratch.")
 @click.option("--data", type=click.Path(), help="The dataset: its data YAML (the dataset root, "
-              "`path:`, is copied), a classification dataset's folder (train/CLASS, val/CLASS), or a tar archive (.tar, .tar.gz/.tgz, .tar.zst, .tar.xz, .tar.bz2) holding it "
+              "`path:`, is copied), a classification dataset's folder (train/CLASS, val/CLASS), or a tar archive "
+              "(.tar, .tar.gz/.tgz, .tar.zst, .tar.xz, .tar.bz2) holding it "
               "with exactly one data YAML at its top level.")
 @click.option("--dest", type=click.Path(file_okay=False), help="Node-local folder to copy it into (created; its "
               "parent holds the lock file).")

@@ -153,7 +153,8 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
 
     Input `images` [B, 3, H, W] float in [0, 1]; output `output0` [B, 4 + nc,
     anchors]: boxes (cx, cy, w, h) in input pixels and class scores, before
-    NMS (with --end2end, YOLO26's [B, 300, 6]); a classifier's [B, nc], the softmax probabilities. Checked with onnxruntime against torch before it is written. Needs
+    NMS (with --end2end, YOLO26's [B, 300, 6]); a classifier's [B, nc], the softmax probabilities.
+    Checked with onnxruntime against torch before it is written. Needs
     the extra `pip install 'hpcyolo[export]'`.
 
     \b

@@ -155,7 +155,8 @@ def test_ultralytics_weights_fine_tune_to_other_classes_with_a_new_linear_layer(
     nothing moves, so last.pt shows what the run started from)."""
     from hpcyolo_trainer.model.weights import read_weights
 
-    r = subprocess.run(argv(tmp_path / "run", runs["data"], "--task", "classify", "--weights", str(TRAINED / "model.pt"),
+    weights = str(TRAINED / "model.pt")
+    r = subprocess.run(argv(tmp_path / "run", runs["data"], "--task", "classify", "--weights", weights,
                             "--epochs", "1", "--workers", "0", "--optimizer", "sgd", "--lr0", "0",
                             "--warmup-epochs", "0", "--freeze", "10"), capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr

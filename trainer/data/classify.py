@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -276,13 +275,3 @@ class ClassifyBatches(torch.utils.data.Dataset):
         indices = range(k * self.batch, min((k + 1) * self.batch, len(self.images)))
         imgs = torch.stack([self.images[i][0] for i in indices])
         return imgs, torch.from_numpy(self.images.classes[list(indices)])
-
-    def paths(self, k: int) -> list[str]:
-        return self.images.paths[k * self.batch:(k + 1) * self.batch]
-
-
-def image_paths(folder: Path) -> list[Path]:
-    """The image files of `folder` (predict's sources), sorted."""
-    from ..common.datayaml import IMG_EXTS
-
-    return sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMG_EXTS and p.is_file())
