@@ -72,7 +72,8 @@ float32) and ultralytics' default gains.
 transforms.npz (ultralytics' classify_transforms of a few images of other
 shapes, at two sizes; the steps of its classify_augmentations at given
 parameters, as torchvision's functional API does them: resized crops and
-each colour-jitter operation), model.pt (a yolo11n-cls it trained from its YAML on
+each colour-jitter operation; each of RandAugment's operations at its
+magnitude), model.pt (a yolo11n-cls it trained from its YAML on
 DATA, a folder `hpcyolo make-dataset shapes DIR --task classify` wrote: the
 command line is in CLASSIFY_DATA) and val.json (its top-1, top-5 and val/loss
 on DATA's val split, and its top 5 predictions on 4 val images). Needs the
@@ -572,6 +573,19 @@ def classify_transforms_reference() -> Path:
                                                            F.InterpolationMode.BILINEAR))
     for op, factor in CLASSIFY_JITTER:
         arrays[f"{op}_{factor}"] = np.asarray(getattr(F, f"adjust_{op}")(pil, factor))
+    # RandAugment's operations (ultralytics' default auto_augment), each at its magnitude (bin 9 of 31, both signs
+    # where signed) on a 64 x 64 image, as torchvision's RandAugment applies them (bilinear, fill 0).
+    from torchvision.transforms import RandAugment
+    from torchvision.transforms.autoaugment import _apply_op
+
+    square = Image.fromarray(arrays["output0_64"])
+    space = RandAugment()._augmentation_space(31, (64, 64))
+    for op, (magnitudes, signed) in space.items():
+        magnitude = float(magnitudes[9].item()) if magnitudes.ndim > 0 else 0.0
+        arrays[f"rand_{op}_magnitude"] = np.array(magnitude)
+        for sign in (1.0, -1.0) if signed else (1.0,):
+            arrays[f"rand_{op}_{sign:+.0f}"] = np.asarray(_apply_op(square, op, sign * magnitude,
+                                                                    F.InterpolationMode.BILINEAR, None))
     np.savez_compressed(dest / "transforms.npz", **arrays)
     return dest
 

@@ -236,6 +236,24 @@ def test_training_steps_give_torchvisions_bytes_at_the_same_parameters():
         assert not np.array_equal(want, img) and np.array_equal(got, want), (key, int(np.abs(got.astype(int) - want).max()))
 
 
+def test_randaugment_operations_give_torchvisions_bytes():
+    """Each of RandAugment's 14 operations (ultralytics' default auto_augment)
+    at its magnitude (bin 9 of 31), both signs where signed, on a 64 x 64
+    image: the magnitude and the bytes torchvision's RandAugment gave."""
+    from hpcyolo_trainer.data.classify import RAND_OPS, rand_magnitude, rand_op
+
+    reference = np.load(TRAINED / "transforms.npz")
+    img = reference["output0_64"]
+    for op in RAND_OPS:
+        magnitude, signed = rand_magnitude(op, 64, 64)
+        assert magnitude == float(reference[f"rand_{op}_magnitude"]), op
+        for sign in (1.0, -1.0) if signed else (1.0,):
+            want = reference[f"rand_{op}_{sign:+.0f}"]
+            assert np.array_equal(rand_op(img, op, sign * magnitude), want), (op, sign)
+            # each acts, but the identity, posterize at 7 bits and autocontrast of an image spanning 0-255 already
+            assert op in ("Identity", "Posterize", "AutoContrast") or not np.array_equal(want, img), (op, sign)
+
+
 def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_rank_and_two(reference_set, capfd):
     """Ultralytics' own yolo11n-cls checkpoint (read by the restricted
     unpickler), on the set it was trained on: its top-1 and top-5 as its

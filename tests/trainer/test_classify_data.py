@@ -91,6 +91,18 @@ def test_training_draws_follow_seed_epoch_and_image_alone(folders):
                                                  seed=4).image(2, epoch=1))
 
 
+def test_randaugment_takes_the_colour_jitters_place_and_is_drawn_from_the_same_seed(folders):
+    spec = load_data_spec(folders)
+    rand = ClassifyHyp(auto_augment="randaugment", erasing=0.0)
+    data = ClassifyDataset(spec.train, spec.names, 48, augment=True, hyp=rand, seed=3)
+    jitter = ClassifyDataset(spec.train, spec.names, 48, augment=True, hyp=ClassifyHyp(erasing=0.0), seed=3)
+    a = data.image(4, epoch=0)
+    assert np.array_equal(a, ClassifyDataset(spec.train, spec.names, 48, augment=True, hyp=rand, seed=3).image(4, 0))
+    assert not np.array_equal(a, jitter.image(4, epoch=0))
+    ops = [data.image(i, epoch=e) for i in range(len(data)) for e in range(3)]
+    assert len({o.tobytes() for o in ops}) == len(ops)  # every image and epoch drawn anew
+
+
 def test_with_every_augmentation_off_a_training_image_is_the_whole_image_resized(folders):
     """scale 0 keeps the crop's area the whole image's: a square image is taken whole."""
     image = sorted((folders / "train").rglob("*.jpg"))[0]

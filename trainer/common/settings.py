@@ -307,6 +307,10 @@ SETTINGS: tuple[Setting, ...] = (
     U("copy_paste_mode", "flip", Literal["flip", "mixup"], "Where pasted instances come from: flip, the sample "
       "itself mirrored left-right (between the mosaic and the warp); mixup, a second sample made the same way "
       "(mosaic and warp), pasted after the warp.", True, _AUGMENT),
+    U("auto_augment", "randaugment", Literal["randaugment", "none"], "Classification: randaugment, torchvision's "
+      "RandAugment (2 operations an image at magnitude 9 of 31) in place of the colour jitter (hsv_h, hsv_s, "
+      "hsv_v), as ultralytics' default; none: the colour jitter (ultralytics' augmix and autoaugment are not "
+      "built).", True, _AUGMENT),
     U("erasing", 0.4, float, "Classification: probability of erasing a random rectangle (2-33% of the image, "
       "filled with 0) of a training image, as ultralytics' random erasing.", True, _AUGMENT, check_fraction),
     U("bgr", 0.0, float, "Probability of swapping the colour channels (RGB to BGR).", True, _AUGMENT, check_fraction),

@@ -12,10 +12,10 @@ numpy (torchvision is not a dependency):
   left-right flip (fliplr), upside-down flip (flipud, where above 0), colour
   jitter in random order (brightness and contrast factors 1 +/- hsv_v,
   saturation 1 +/- hsv_s, hue +/- hsv_h), random erasing (`erasing`: area
-  share (0.02, 0.33), aspect ratio (0.3, 3.3), filled with 0). Ultralytics'
-  default `auto_augment: randaugment`, which replaces the colour jitter, is
-  not built: here the colour jitter always applies (as ultralytics with
-  auto_augment off).
+  share (0.02, 0.33), aspect ratio (0.3, 3.3), filled with 0). With
+  `auto_augment: randaugment` (ultralytics' default) torchvision's
+  RandAugment takes the colour jitter's place (rand_augment); its augmix
+  and autoaugment policies are not built.
 
 Normalisation is ultralytics' for classification (mean 0, std 1): the
 trainer divides the uint8 images by 255, as for detection. Every random
@@ -46,6 +46,7 @@ class ClassifyHyp:
     hsv_s: float = 0.7
     hsv_v: float = 0.4
     erasing: float = 0.4
+    auto_augment: str = "none"  # "randaugment": torchvision's RandAugment instead of the colour jitter
 
 ERASE_SCALE, ERASE_RATIO = (0.02, 0.33), (0.3, 3.3)  # torchvision's RandomErasing defaults, as ultralytics uses it
 CROP_RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
@@ -157,6 +158,98 @@ def resized_crop(img: np.ndarray, top: int, left: int, h: int, w: int, size: int
     return _resize(np.ascontiguousarray(img[top:top + h, left:left + w]), (size, size))
 
 
+# torchvision's RandAugment, as ultralytics' auto_augment "randaugment" asks for it (RandAugment(interpolation=
+# bilinear), its defaults: 2 operations an image, magnitude 9 of 31 bins, fill 0), in its order of operations.
+RAND_OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
+            "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")
+RAND_N, RAND_MAGNITUDE, RAND_BINS = 2, 9, 31
+
+
+def rand_magnitude(op: str, h: int, w: int) -> tuple[float, bool]:
+    """(magnitude, signed) of operation `op` on an h x w image: bin
+    RAND_MAGNITUDE of RAND_BINS, in float32 as torch's linspace gives it."""
+    def bin_of(stop: float, start: float = 0.0) -> float:
+        return float(torch.linspace(start, stop, RAND_BINS)[RAND_MAGNITUDE])
+
+    if op in ("ShearX", "ShearY"):
+        return bin_of(0.3), True
+    if op == "TranslateX":
+        return bin_of(150.0 / 331.0 * w), True
+    if op == "TranslateY":
+        return bin_of(150.0 / 331.0 * h), True
+    if op == "Rotate":
+        return bin_of(30.0), True
+    if op in ("Brightness", "Color", "Contrast", "Sharpness"):
+        return bin_of(0.9), True
+    if op == "Posterize":  # 8 bits less a quarter of the bins' way, rounded
+        return float(8 - round(RAND_MAGNITUDE / ((RAND_BINS - 1) / 4))), False
+    if op == "Solarize":
+        return bin_of(0.0, 255.0), False
+    return 0.0, False
+
+
+def inverse_affine(center: tuple[float, float], angle: float, translate: tuple[float, float],
+                   shear: tuple[float, float]) -> list[float]:
+    """The output-to-input affine map (Pillow's AFFINE data) of a rotation by
+    `angle` and shears (degrees) about `center`, then a translation, at
+    scale 1: inverse of T(center + translate) R S T(-center)."""
+    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
+    # [a b; c d] has determinant 1: its inverse is [d -b; -c a]
+    m = [d, -b, 0.0, -c, a, 0.0]
+    (cx, cy), (tx, ty) = center, translate
+    m[2] = m[0] * (-cx - tx) + m[1] * (-cy - ty) + cx
+    m[5] = m[3] * (-cx - tx) + m[4] * (-cy - ty) + cy
+    return m
+
+
+def rand_op(img: np.ndarray, op: str, magnitude: float) -> np.ndarray:
+    """One RandAugment operation at `magnitude`, as torchvision applies it to
+    a Pillow image (bilinear, the area outside filled with 0)."""
+    from PIL import Image, ImageEnhance, ImageOps
+
+    pil = Image.fromarray(img)
+    h, w = img.shape[:2]
+    if op in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
+        shear = math.degrees(math.atan(magnitude))
+        center, translate, shears = {
+            "ShearX": ((0.0, 0.0), (0, 0), (shear, 0.0)), "ShearY": ((0.0, 0.0), (0, 0), (0.0, shear)),
+            "TranslateX": ((w * 0.5, h * 0.5), (int(magnitude), 0), (0.0, 0.0)),
+            "TranslateY": ((w * 0.5, h * 0.5), (0, int(magnitude)), (0.0, 0.0))}[op]
+        out = pil.transform((w, h), Image.AFFINE, inverse_affine(center, 0.0, translate, shears), Image.BILINEAR,
+                            fillcolor=(0, 0, 0))
+    elif op == "Rotate":
+        out = pil.rotate(magnitude, Image.BILINEAR, False, None, fillcolor=(0, 0, 0))
+    elif op in ("Brightness", "Color", "Contrast", "Sharpness"):
+        out = getattr(ImageEnhance, op)(pil).enhance(1.0 + magnitude)
+    elif op == "Posterize":
+        out = ImageOps.posterize(pil, int(magnitude))
+    elif op == "Solarize":
+        out = ImageOps.solarize(pil, magnitude)
+    elif op == "AutoContrast":
+        out = ImageOps.autocontrast(pil)
+    elif op == "Equalize":
+        out = ImageOps.equalize(pil)
+    else:
+        return img
+    return np.asarray(out)
+
+
+def rand_augment(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """RAND_N operations, each drawn from RAND_OPS with its sign, at RAND_MAGNITUDE."""
+    h, w = img.shape[:2]
+    for _ in range(RAND_N):
+        op = RAND_OPS[int(rng.integers(len(RAND_OPS)))]
+        magnitude, signed = rand_magnitude(op, h, w)
+        if signed and rng.integers(2):
+            magnitude = -magnitude
+        img = rand_op(img, op, magnitude)
+    return img
+
+
 def erase(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Random erasing: a rectangle of area share ERASE_SCALE and aspect ratio
     ERASE_RATIO (log-uniform) set to 0; 10 tries, else the image unchanged."""
@@ -182,7 +275,10 @@ def train_transform(img: np.ndarray, imgsz: int, hyp, rng: np.random.Generator) 
         img = img[:, ::-1]
     if hyp.flipud > 0 and rng.random() < hyp.flipud:
         img = img[::-1]
-    img = colour_jitter(np.ascontiguousarray(img), hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
+    if hyp.auto_augment == "randaugment":  # in place of the colour jitter, as ultralytics
+        img = rand_augment(np.ascontiguousarray(img), rng)
+    else:
+        img = colour_jitter(np.ascontiguousarray(img), hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
     if hyp.erasing > 0 and rng.random() < hyp.erasing:
         img = erase(img, rng)
     return img

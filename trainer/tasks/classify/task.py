@@ -21,7 +21,7 @@ CLASS_BIAS = "head.linear.bias"  # the linear layer's bias: one value per class
 def hyp(cfg) -> ClassifyHyp:
     """The augmentation strengths of `cfg` (ClassifyHyp's fields are settings of the same names)."""
     return ClassifyHyp(scale=cfg.scale, fliplr=cfg.fliplr, flipud=cfg.flipud, hsv_h=cfg.hsv_h, hsv_s=cfg.hsv_s,
-                       hsv_v=cfg.hsv_v, erasing=cfg.erasing)
+                       hsv_v=cfg.hsv_v, erasing=cfg.erasing, auto_augment=cfg.auto_augment)
 
 
 def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked, names=None) -> ClassifyDataset:
