@@ -222,7 +222,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("task", DEFAULT_TASK, Literal[TASKS], f"The task, as ultralytics names it: {', '.join(TASKS)}.", True,
       "its model's head, labels and checkpoints are the task's", key="train.task", flag="--task"),
     S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
-      "empty: n, or the architecture of train.weights.", True, "the checkpoints hold this architecture's weights",
+      "empty: n, or the architecture of train.weights; with train.task segment or classify, that model's -seg or "
+      "-cls form.", True, "the checkpoints hold this architecture's weights",
       key="train.model", flag="--model", compare=_model,
       help=f"Detector: {_FAMILIES} ({_ALIASES}: the YOLOv8 sizes).  [default: n, or the architecture of --weights]"),
     S("weights", None, str | None, "Start from these weights: an ultralytics checkpoint (read without running its "
