@@ -4,7 +4,8 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, metrics, val, trained or val-loss, each below.
+WHAT is parameters, forward, loss, masks, metrics, val, trained, val-loss, classify or
+classify-transforms (transforms.npz of `classify` alone), each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -65,7 +66,18 @@ items ultralytics' trainer logs as its val/ columns (its validator's
 of the trained segmenter on DATA (as for `trained`) and of the detection
 fixtures on their own data, at imgsz 160 and the validation batch of a
 training batch of 16 (32, rectangular), the weights as stored (fp16, in
-float32) and ultralytics' default gains."""
+float32) and ultralytics' default gains.
+
+`classify DATA` writes tests/reference/ultralytics/trained/yolo11n-cls/:
+transforms.npz (ultralytics' classify_transforms of a few images of other
+shapes, at two sizes; the steps of its classify_augmentations at given
+parameters, as torchvision's functional API does them: resized crops and
+each colour-jitter operation; each of RandAugment's operations at its
+magnitude), model.pt (a yolo11n-cls it trained from its YAML on
+DATA, a folder `hpcyolo make-dataset shapes DIR --task classify` wrote: the
+command line is in CLASSIFY_DATA) and val.json (its top-1, top-5 and val/loss
+on DATA's val split, and its top 5 predictions on 4 val images). Needs the
+bench venv's torchvision transforms (benchmarks/ultralytics_venv.sh)."""
 
 from __future__ import annotations
 
@@ -511,11 +523,122 @@ def val_loss(data: Path) -> dict:
     return out
 
 
+# `classify DATA`: ultralytics' classifier reference (see the module's docstring).
+CLASSIFY_DATA = "hpcyolo make-dataset shapes DIR --task classify --train 120 --val 36 --imgsz 64 --classes 6 --seed 7"
+CLASSIFY_SETTINGS = dict(epochs=30, imgsz=64, batch=16, workers=0, seed=0, deterministic=True, plots=False,
+                         amp=False, val=True)
+CLASSIFY_SIZES = ((37, 90), (90, 37), (64, 64), (50, 71))  # (h, w) of the images classify_transforms is run on
+CLASSIFY_IMGSZ = (32, 64)  # shrinking and enlarging
+CLASSIFY_CROPS = {"shrunk": (3, 10, 30, 60, 32), "enlarged": (5, 7, 20, 24, 64)}  # (top, left, h, w, size) of input0
+CLASSIFY_JITTER = (("brightness", 1.3), ("brightness", 0.6), ("contrast", 0.7), ("contrast", 1.4),
+                   ("saturation", 1.5), ("saturation", 0.4), ("hue", 0.1), ("hue", -0.05))
+
+
+def transform_inputs() -> list:
+    """RGB uint8 images of CLASSIFY_SIZES, smooth (coarse random values
+    upsampled bicubically), from seed 0."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    images = []
+    for h, w in CLASSIFY_SIZES:
+        coarse = rng.integers(0, 256, (h // 6 + 2, w // 6 + 2, 3)).astype(np.uint8)
+        images.append(cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC))
+    return images
+
+
+def classify_transforms_reference() -> Path:
+    """transforms.npz (see `classify` in the module's docstring); returns its folder."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from ultralytics.data.augment import classify_transforms
+
+    dest = OUT / "trained" / "yolo11n-cls"
+    dest.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for k, rgb in enumerate(transform_inputs()):
+        arrays[f"input{k}"] = rgb
+        for size in CLASSIFY_IMGSZ:
+            t = classify_transforms(size=size)(Image.fromarray(rgb))
+            arrays[f"output{k}_{size}"] = (t * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    # The training transforms' deterministic steps, as torchvision's functional API does them at given
+    # parameters (classify_augmentations draws these): a resized crop, each colour-jitter operation.
+    import torchvision.transforms.functional as F
+
+    pil = Image.fromarray(arrays["input0"])
+    for name, (top, left, h, w, size) in CLASSIFY_CROPS.items():
+        arrays[f"crop_{name}"] = np.asarray(F.resized_crop(pil, top, left, h, w, [size, size],
+                                                           F.InterpolationMode.BILINEAR))
+    for op, factor in CLASSIFY_JITTER:
+        arrays[f"{op}_{factor}"] = np.asarray(getattr(F, f"adjust_{op}")(pil, factor))
+    # RandAugment's operations (ultralytics' default auto_augment), each at its magnitude (bin 9 of 31, both signs
+    # where signed) on a 64 x 64 image, as torchvision's RandAugment applies them (bilinear, fill 0).
+    from torchvision.transforms import RandAugment
+    from torchvision.transforms.autoaugment import _apply_op
+
+    square = Image.fromarray(arrays["output0_64"])
+    space = RandAugment()._augmentation_space(31, (64, 64))
+    for op, (magnitudes, signed) in space.items():
+        magnitude = float(magnitudes[9].item()) if magnitudes.ndim > 0 else 0.0
+        arrays[f"rand_{op}_magnitude"] = np.array(magnitude)
+        for sign in (1.0, -1.0) if signed else (1.0,):
+            arrays[f"rand_{op}_{sign:+.0f}"] = np.asarray(_apply_op(square, op, sign * magnitude,
+                                                                    F.InterpolationMode.BILINEAR, None))
+    np.savez_compressed(dest / "transforms.npz", **arrays)
+    return dest
+
+
+def classify_reference(data: Path) -> dict:
+    """Ultralytics' classify_transforms on transform_inputs at each of
+    CLASSIFY_IMGSZ (transforms.npz: the inputs and the outputs as uint8, x 255,
+    exactly the bytes ToTensor divided), and a yolo11n-cls trained from its
+    YAML on DATA with CLASSIFY_SETTINGS: model.pt (its best.pt), its `val`
+    top-1 and top-5 on DATA's val split at imgsz 64, batch 16, the val/loss
+    its validator would log (v8ClassificationLoss, each batch's mean, averaged
+    over the batches of 16 in ImageFolder's order) and its predictions' top 5
+    (classes, probabilities) on the first 4 val images (val.json)."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import ClassificationDataset
+
+    dest = classify_transforms_reference()
+    images = sorted(p for p in (data / "val").rglob("*.jpg"))[:4]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = YOLO("yolo11n-cls.yaml")
+        model.train(data=str(data), project=tmp, name="train", exist_ok=True, **CLASSIFY_SETTINGS)
+        best = Path(tmp) / "train" / "weights" / "best.pt"
+        (dest / "model.pt").write_bytes(best.read_bytes())
+        with contextlib.redirect_stdout(io.StringIO()):
+            metrics = YOLO(str(best)).val(data=str(data), imgsz=64, batch=16, plots=False, verbose=False,
+                                          project=tmp, name="val", exist_ok=True)
+        net = YOLO(str(best)).model.float().eval()
+        dataset = ClassificationDataset(str(data / "val"), get_cfg(overrides={"imgsz": 64}), augment=False)
+        losses = []
+        with torch.no_grad():
+            for first in range(0, len(dataset), 16):
+                items = [dataset[i] for i in range(first, min(first + 16, len(dataset)))]
+                batch = {"img": torch.stack([x["img"] for x in items]), "cls": torch.tensor([x["cls"] for x in items])}
+                losses.append(float(net.loss(batch, net(batch["img"]))[1]["loss"]))
+        predictions = [{"image": str(Path(r.path).relative_to(data)), "top5": [int(c) for c in r.probs.top5],
+                        "conf": [float(c) for c in r.probs.top5conf]}
+                       for r in YOLO(str(best)).predict([str(i) for i in images], imgsz=64, verbose=False)]
+    figures = {"ultralytics": __import__("ultralytics").__version__, "model": "yolo11n-cls", "data": CLASSIFY_DATA,
+               "settings": CLASSIFY_SETTINGS, "top1": float(metrics.top1), "top5": float(metrics.top5),
+               "images": len(dataset), "val_loss": sum(losses) / len(losses), "predictions": predictions}
+    (dest / "val.json").write_text(json.dumps(figures, indent=1) + "\n")
+    print({k: v for k, v in figures.items() if k != "predictions"}, file=sys.stderr)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
-                                         "val-loss"])
-    parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA)")
+                                         "val-loss", "classify", "classify-transforms"])
+    parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
+                                                "classify: see CLASSIFY_DATA")
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -553,6 +676,13 @@ def main() -> None:
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, "data": TRAINED_DATA,
                                     **val_loss(Path(args.data).resolve())}, indent=1) + "\n")
         print(f"wrote {path}")
+    elif args.what == "classify":
+        if not args.data:
+            parser.error(f"classify needs DATA, a folder written by: {CLASSIFY_DATA}")
+        classify_reference(Path(args.data).resolve())
+        print(f"wrote {OUT / 'trained' / 'yolo11n-cls'}")
+    elif args.what == "classify-transforms":
+        print(f"wrote {classify_transforms_reference() / 'transforms.npz'}")
     elif args.what == "forward":
         forward()
         print(f"wrote {OUT / 'forward'}")

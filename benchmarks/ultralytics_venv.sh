@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build a separate venv with ultralytics, only for benchmarks/bench_loader.py
-# (its loader against ours). Never part of hpcyolo's own dependencies.
+# (its loader against ours) and benchmarks/ultralytics_reference.py. Never part
+# of hpcyolo's own dependencies.
 #
 #   bash benchmarks/ultralytics_venv.sh [VENV]      # default: /work/bench-ul-venv
 #
@@ -8,8 +9,9 @@
 # --no-deps plus the light packages its data module imports, and a stand-in
 # `torchvision`: the registry's torchvision wheels cannot load their compiled
 # ops against this CPU torch, and ultralytics only needs the distribution's
-# version (importlib.metadata, at import) and `ops.nms` (at validation/predict,
-# never in the training loader). The stand-in is a dozen lines of plain torch,
+# version (importlib.metadata, at import), `ops.nms` (at validation/predict,
+# never in the training loader) and, for classification, `transforms` (taken
+# from the torchvision wheel: pure Python). The stand-in is a dozen lines of plain torch,
 # written below into the venv's site-packages with a dist-info so that
 # importlib.metadata finds it.
 set -euo pipefail
@@ -30,7 +32,7 @@ rm -rf "$site/torchvision" "$site"/torchvision-*.dist-info
 mkdir -p "$site/torchvision" "$site/torchvision-$tv_version.dist-info"
 cat > "$site/torchvision/__init__.py" <<PY
 """Stand-in torchvision for benchmarks only (hpcyolo benchmarks/ultralytics_venv.sh):
-version metadata and ops.nms in plain torch; nothing else."""
+version metadata and ops.nms in plain torch; transforms and datasets.ImageFolder from torchvision's wheel below."""
 __version__ = "$tv_version"
 from . import ops  # noqa: E402,F401
 PY
@@ -62,6 +64,29 @@ Metadata-Version: 2.1
 Name: torchvision
 Version: $tv_version
 Summary: Stand-in for benchmarks (version metadata and ops.nms in plain torch)
+PY
+# torchvision's transforms are plain Python on Pillow and torch (no compiled op): ultralytics' classify_transforms
+# and classify_augmentations build on them (benchmarks/ultralytics_reference.py's classify references). Taken
+# from the registry's wheel of the same version, the transforms package, ImageFolder's two modules and the
+# utils module they import.
+wheel_dir=$(mktemp -d)
+"$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps "torchvision==$tv_version" -d "$wheel_dir"
+"$venv/bin/python" - "$wheel_dir" "$site" <<'PY'
+import sys, zipfile
+from pathlib import Path
+
+wheel = next(Path(sys.argv[1]).glob("torchvision-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if (name.startswith("torchvision/transforms/") and "/v2/" not in name) or name in (
+                "torchvision/utils.py", "torchvision/datasets/folder.py", "torchvision/datasets/vision.py"):
+            z.extract(name, sys.argv[2])
+PY
+# datasets: ImageFolder alone (ultralytics' ClassificationDataset lists the class folders with it)
+echo "from .folder import DatasetFolder, ImageFolder  # noqa: F401" > "$site/torchvision/datasets/__init__.py"
+rm -rf "$wheel_dir"
+cat >> "$site/torchvision/__init__.py" <<'PY'
+from . import datasets, transforms  # noqa: E402,F401  (torchvision's own, from its wheel)
 PY
 echo "hpcyolo-bench-stand-in" > "$site/torchvision-$tv_version.dist-info/INSTALLER"
 : > "$site/torchvision-$tv_version.dist-info/RECORD"

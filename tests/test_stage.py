@@ -111,6 +111,36 @@ def test_a_touched_yaml_stages_again(data, dest, capsys):
     assert "out-of-date copy" in capsys.readouterr().err
 
 
+def test_a_classification_folder_is_staged_whole_and_its_yaml_reads_as_the_copied_folder(tmp_path, dest, capsys):
+    """ultralytics' class folders (no data YAML): copied whole, DEST/data.yaml
+    names the copy (`folders: true`), which the trainer reads as the folder;
+    an image added to a class folder stages again; a bad layout is refused
+    before anything is copied."""
+    from hpcyolo.login.shapes import make_shapes
+    from hpcyolo_trainer.common.datayaml import load_data_spec
+    from hpcyolo_trainer.common.stagedcopy import dataset_of
+
+    source = make_shapes(tmp_path / "cls", n_train=6, n_val=3, imgsz=32, classes=3, task="classify")
+    staged = st.stage(source, dest)
+    assert same_tree(source, dest / "dataset")
+    assert yaml.safe_load(staged.read_text()) == {"folders": True, "path": str(dest / "dataset")}
+    spec, original = load_data_spec(staged), load_data_spec(source)
+    assert spec.folders and spec.names == original.names and spec.root == dest / "dataset"
+    assert [p.relative_to(spec.root) for p in spec.train] == [p.relative_to(source) for p in original.train]
+    assert dataset_of(str(staged)) == str(source)  # the run records the source, as for a data YAML
+    capsys.readouterr()
+    assert st.stage(source, dest) == staged and "already staged" in capsys.readouterr().err
+    new = source / "val" / "circle" / "new.jpg"
+    shutil.copy(next((source / "val" / "circle").iterdir()), new)
+    _bump(new.parent)
+    st.stage(source, dest)
+    assert "out-of-date copy" in capsys.readouterr().err and (dest / "dataset" / "val" / "circle" / "new.jpg").exists()
+    shutil.rmtree(source / "val" / "square")
+    with pytest.raises(HpcyoloError, match="no folder for class 'square'"):
+        st.stage(source, tmp_path / "other" / "data")
+    assert not (tmp_path / "other" / "data").exists()
+
+
 def test_a_file_added_to_a_split_stages_again(data, dest):
     st.stage(data, dest)
     new = data.parent / "images" / "train" / "new.jpg"
@@ -479,8 +509,9 @@ def test_cli_stage_lanes_agree(tmp_path, dest):
                                                "is not a directory\n"
     r = hpcyolo("stage", "--data", data, "--dest", dest, "--workers", "0")
     assert r.returncode == 2 and "Invalid value for '--workers'" in r.stderr
-    r = hpcyolo("stage", "--data", data.parent, "--dest", dest)
-    assert r.returncode == 2 and "is a directory" in r.stderr
+    r = hpcyolo("stage", "--data", data.parent, "--dest", dest)  # a folder is a classification dataset's
+    assert r.returncode == 1 and r.stderr == f"hpcyolo: error: {data.parent}: a classification dataset needs " \
+        "train/CLASS/*.jpg and val/CLASS/*.jpg (ultralytics' layout); there is no train/ folder\n"
     r = hpcyolo("stage", "--dest", dest)
     assert r.returncode == 2 and "give --data and --dest" in r.stderr
 

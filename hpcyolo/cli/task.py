@@ -15,8 +15,9 @@ from hpcyolo.cli.group import main, this_process_vars
 
 
 @main.command(short_help="Copy a dataset into node-local scratch.")
-@click.option("--data", type=click.Path(dir_okay=False), help="The dataset: its data YAML (the dataset root, "
-              "`path:`, is copied), or a tar archive (.tar, .tar.gz/.tgz, .tar.zst, .tar.xz, .tar.bz2) holding it "
+@click.option("--data", type=click.Path(), help="The dataset: its data YAML (the dataset root, "
+              "`path:`, is copied), a classification dataset's folder (train/CLASS, val/CLASS), or a tar archive "
+              "(.tar, .tar.gz/.tgz, .tar.zst, .tar.xz, .tar.bz2) holding it "
               "with exactly one data YAML at its top level.")
 @click.option("--dest", type=click.Path(file_okay=False), help="Node-local folder to copy it into (created; its "
               "parent holds the lock file).")
@@ -65,7 +66,7 @@ def _setting_option(name: str):
     from hpcyolo_trainer.common.settings import BY_NAME, REQUIRED
 
     s = BY_NAME[name]
-    kind = {"file": click.Path(exists=True, dir_okay=False), "file-name": click.Path(dir_okay=False),
+    kind = {"file": click.Path(exists=True, dir_okay=False), "file-name": click.Path(),
             "folder": click.Path(file_okay=False)}.get(s.path)
     if kind is None and s.choices:
         kind = click.Choice(s.choices)

@@ -26,7 +26,8 @@ from hpcyolo.cli.group import _check_imgsz, main, this_process_vars
               "(ultralytics' nms=False); without it the one-to-many head and NMS, as ultralytics does by default.")
 def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: float, iou: float, imgsz: int | None,
             device: str, end2end: bool) -> None:
-    """Detect objects in IMAGES (files or folders) with trained WEIGHTS.
+    """Detect objects in IMAGES (files or folders) with trained WEIGHTS (a
+    classifier's: each image's five most likely classes and their probabilities).
 
     An image that cannot be read is skipped with one warning line, as in
     training; the others are predicted.
@@ -42,13 +43,19 @@ def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: flo
     task, read = for_weights(weights)
     results = task.predict(read, files, out, imgsz=imgsz, conf=conf, iou=iou, fmt=fmt, device=device,
                           end2end=end2end, warn=lambda m: click.echo(m, err=True))
+    if results and "top5" in results[0]:  # a classifier's: each image's five most likely classes
+        for r in results:
+            click.echo(f"{r['image']}: " + ", ".join(f"{t['name']} {t['confidence']:.2f}" for t in r["top5"]))
+        click.echo(f"{len(results)} images classified; written to {out}", err=True)
+        return
     total = sum(len(r["detections"]) for r in results)
     click.echo(f"{total} detections in {len(results)} images; written to {out}", err=True)
 
 
 @main.command(name="val", short_help="Measure weights on a dataset split (mAP).")
 @click.argument("weights", type=click.Path(exists=True, dir_okay=False))
-@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False), help="Data YAML.")
+@click.option("--data", required=True, type=click.Path(exists=True), help="Data YAML (a classifier's: the folder "
+              "of train/CLASS and val/CLASS).")
 @click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Image size, a multiple of 32 "
               "(default: the training size, or 640).")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(min=1), help="Images per batch.")
@@ -116,7 +123,10 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
         click.echo(json.dumps(clean(result)))
         return
     click.echo(f"{weights} on {data} ({split}, {result['imgsz']} px):")
-    if "masks" in result:  # a segmentation: its boxes' table, then its masks'
+    if "top1" in result:  # a classifier's: top-1 and top-5 accuracy, as ultralytics prints them
+        click.echo(f"top1 {result['top1']:.4f} top5 {result['top5']:.4f} loss {result['loss']:.4f} "
+                   f"({result['images']} images)")
+    elif "masks" in result:  # a segmentation: its boxes' table, then its masks'
         click.echo(f"boxes\n{table(result)}\nmasks\n{table(result['masks'])}")
     else:
         click.echo(table(result))
@@ -143,7 +153,8 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
 
     Input `images` [B, 3, H, W] float in [0, 1]; output `output0` [B, 4 + nc,
     anchors]: boxes (cx, cy, w, h) in input pixels and class scores, before
-    NMS (with --end2end, YOLO26's [B, 300, 6]). Checked with onnxruntime against torch before it is written. Needs
+    NMS (with --end2end, YOLO26's [B, 300, 6]); a classifier's [B, nc], the softmax probabilities.
+    Checked with onnxruntime against torch before it is written. Needs
     the extra `pip install 'hpcyolo[export]'`.
 
     \b

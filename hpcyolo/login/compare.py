@@ -37,6 +37,8 @@ class Run:
 
     @property
     def fitness(self) -> list[float]:
+        if self.rows and rundir.TOP1 in self.rows[0]:  # a classifier's: ultralytics' mean of top-1 and top-5
+            return [(a + b) / 2 for a, b in zip(self.column(rundir.TOP1), self.column(rundir.TOP5))]
         return [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
 
     @property

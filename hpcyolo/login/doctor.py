@@ -341,11 +341,11 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
     free = shutil.disk_usage(where).free
     if not (job and job.data.stage and data):
         return Check("storage.scratch", "PASS", f"{where}: {free / 2**30:.1f} GiB free on this node")
-    from hpcyolo_trainer.common.datayaml import dataset_root, read_data_yaml
+    from hpcyolo_trainer.common.datayaml import data_root
 
     from hpcyolo.node.stage import walk
 
-    root = dataset_root(Path(data), read_data_yaml(data))
+    root = data_root(data)
     need = walk(root).nbytes
     if need > free:
         return Check("storage.scratch", "FAIL", f"staging {root} needs {need / 2**30:.2f} GiB, {where} has "

@@ -174,7 +174,7 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
 
     data = (Path(job_file).parent / job.data.yaml).resolve() if not Path(job.data.yaml).is_absolute() \
         else Path(job.data.yaml)
-    if check_paths and not data.is_file():
+    if check_paths and not (data.is_file() or data.is_dir()):  # a folder: a classification dataset's class folders
         raise ConfigError(job_file, "data.yaml", f"file not found: {data}")
 
     weights = _weights_path(job, job_file, check_paths)

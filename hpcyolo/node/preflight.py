@@ -105,15 +105,14 @@ def check_port(rank: int, world: int, master: str, port: int, host: str) -> Chec
 def check_room(scratch: str | None, data: str | None) -> Check:
     if not scratch or not data:
         return Check("scratch room", "SKIP", "no staging")
-    from pathlib import Path
 
-    from hpcyolo_trainer.common.datayaml import dataset_root, read_data_yaml
+    from hpcyolo_trainer.common.datayaml import data_root
 
     from hpcyolo.node.stage import walk
 
     os.makedirs(scratch, exist_ok=True)
     free = shutil.disk_usage(scratch).free
-    need = walk(dataset_root(Path(data), read_data_yaml(data))).nbytes
+    need = walk(data_root(data)).nbytes
     if need > free:
         return Check("scratch room", "FAIL", f"{scratch} has {free / 2**30:.2f} GiB free, the dataset needs "
                      f"{need / 2**30:.2f} GiB", "choose a larger node-local storage.scratch, or data.stage: false")

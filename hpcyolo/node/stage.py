@@ -7,8 +7,10 @@ the batch script runs `hpcyolo stage` as one task per node before training:
     DEST/data.yaml         the source's data YAML with `path:` set to the copy
     DEST/dataset/          the dataset root (a tree), or the unpacked archive
 
-The source is a data YAML (its dataset root is copied) or a tar archive holding
-the dataset with one data YAML at its top level. The copy is built under a
+The source is a data YAML (its dataset root is copied), a classification
+dataset's folder (train/CLASS, val/CLASS: copied whole, DEST/data.yaml then
+`folders: true` and its `path:`) or a tar archive holding the dataset with one
+data YAML at its top level. The copy is built under a
 temporary name next to DEST, checked against the source's manifest (the same
 relative paths, file sizes and symlink targets), and renamed into place with
 its marker inside, so a directory at DEST is always complete. An exclusive
@@ -41,7 +43,10 @@ import time
 from pathlib import Path
 
 from hpcyolo_trainer.common.datayaml import (
+    FOLDERS,
     SPLITS,
+    classify_splits,
+    classify_spec,
     archive_flags,
     data_spec,
     dataset_root,
@@ -167,6 +172,12 @@ def resolve_source(data: str | Path) -> Source:
         if not stat.S_ISREG(st.st_mode):
             raise HpcyoloError(f"stage: {path}: not a file")
         return Source(path, flags, source_identity(str(path)))
+    if stat.S_ISDIR(st.st_mode):  # a classification dataset's class folders: the folder is the root
+        classify_spec(path, listed=False)  # a bad layout stops here, in one line
+        watched = {"."} | {os.path.relpath(where, path) for where in classify_splits(path).values()}
+        watched |= {os.path.join(split, e.name) for split in set(watched) - {"."} for e in os.scandir(path / split)
+                    if e.is_dir()}
+        return Source(path, None, source_identity(str(path), str(path), watched), path, {FOLDERS: True})
     spec = read_data_yaml(path)
     root = dataset_root(path, spec)
     if not root.is_dir():
@@ -397,7 +408,7 @@ def _copy_tree_source(source: Source, dest: Path, partial: Path, workers: int | 
     copied = copy_tree(root, partial / "dataset", m, workers)
     _drill_stall()
     _verify(m, copied, dest)
-    text = source.path.read_text(encoding="utf-8")
+    text = "" if spec.get(FOLDERS) else source.path.read_text(encoding="utf-8")  # a folder's: its mark alone
     staged_root = dest / "dataset"
     _finish(source, dest, partial, _staged_yaml_text(text, spec, staged_root,
                                                      _relocated_splits(source.path, spec, root)), m, start)

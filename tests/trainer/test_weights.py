@@ -152,6 +152,22 @@ def test_dangerous_pickle_is_refused_and_runs_nothing(kind, tmp_path, capsys):
     assert not canary.exists()
 
 
+def test_an_interpolation_mode_is_read_as_its_value_and_nothing_else_is_called(tmp_path):
+    """An ultralytics classifier records its torchvision transforms, their
+    interpolation an enum rebuilt by a call with its value: that call gives
+    the plain value; with anything but a str or an int it is refused; the
+    transforms' classes are inert stand-ins, never called."""
+    mode = b"ctorchvision.transforms.functional\nInterpolationMode\n"
+    read = safe_pickle.load(torch_zip(tmp_path / "ok.pt", b"\x80\x02" + mode + b"X\x08\x00\x00\x00bilinear\x85R."))
+    assert read == "bilinear"
+    with pytest.raises(safe_pickle.RefusedPickle, match="an enum rebuilt from something other than a str or int"):
+        safe_pickle.load(torch_zip(tmp_path / "list.pt", b"\x80\x02" + mode + b"]\x85R."))
+    with pytest.raises(safe_pickle.RefusedPickle, match="calls torchvision.transforms.transforms.Compose"):
+        safe_pickle.load(torch_zip(tmp_path / "call.pt", b"\x80\x02ctorchvision.transforms.transforms\nCompose\n)R."))
+    with pytest.raises(safe_pickle.RefusedPickle, match="torchvision.ops.nms"):
+        safe_pickle.load(torch_zip(tmp_path / "ops.pt", b"\x80\x02ctorchvision.ops\nnms\n)R."))
+
+
 def test_calling_a_stand_in_class_is_refused(tmp_path):
     """Classes from ultralytics/torch.nn become inert stand-ins; a pickle that
     calls one (REDUCE) instead of building it is refused."""

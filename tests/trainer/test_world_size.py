@@ -12,7 +12,9 @@ global batch together (syncbn.py: torch's SyncBatchNorm is GPU-only). And
 once for ultralytics' YOLO26n checkpoint: both heads' losses (EndToEndLoss).
 And once for ultralytics' yolo11n-seg trained on a shapes set with polygons
 (tests/reference/ultralytics/trained): its loss's mask term too
-(SegmentationLoss).
+(SegmentationLoss). And once for a yolo11n classifier, freshly initialised,
+on a shapes set of class folders, BatchNorm frozen: the cross entropy over
+the global batch (ClassificationLoss).
 """
 
 from __future__ import annotations
@@ -35,8 +37,13 @@ SEGMENT = "yolo11n-segment-shapes"
 SEGMENT_WEIGHTS = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained" / "yolo11n-seg" / \
     "model.pt"
 SEGMENT_DATA = "HPCYOLO_TEST_SEGMENT_DATA"
+# Not a fixture either: a yolo11n classifier from its seeded initialisation, on the class folders `steps` writes.
+# Its BatchNorm frozen: in training mode this fresh classifier's float32 gradient is itself 2.2e-5 (relative) from
+# float64's, and one rank's step and two ranks' differed by 8.4e-5 in all, rounding spread over every layer (frozen:
+# 5.6e-8); the ranks' BatchNorm over the global batch is held to 1e-5 by the detectors' rows above.
+CLASSIFY, CLASSIFY_DATA = "yolo11n-classify-shapes", "HPCYOLO_TEST_CLASSIFY_DATA"
 CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in (10.0, 0.0)] + \
-        [("yolo26n-shapes", "train", 10.0), (SEGMENT, "train", 10.0)]
+        [("yolo26n-shapes", "train", 10.0), (SEGMENT, "train", 10.0), (CLASSIFY, "frozen", 0.0)]
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
 STEP = 5  # an optimizer step at batch 5, inside the warm-up (18 batches here): warm-up LR and momentum apply
 
@@ -70,15 +77,22 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     from hpcyolo_trainer.model.weights import read_weights
     from hpcyolo_trainer.tasks.task import load
 
-    task = load("segment" if fixture == SEGMENT else "detect")
-    data = os.environ[SEGMENT_DATA] if fixture == SEGMENT else str(FIXTURES / fixture / "data.yaml")
+    task = load("segment" if fixture == SEGMENT else "classify" if fixture == CLASSIFY else "detect")
+    data = os.environ[SEGMENT_DATA] if fixture == SEGMENT else os.environ[CLASSIFY_DATA] if fixture == CLASSIFY \
+        else str(FIXTURES / fixture / "data.yaml")
     cfg = TrainConfig(run_dir="unused", data=data, batch=GLOBAL_BATCH, nbs=NBS, task=task.name,
                       imgsz=IMGSZ, clip_norm=clip, epochs=10, optimizer="sgd")
     spec = load_data_spec(cfg.data)
-    dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names),
-                          segments=fixture == SEGMENT)
-    weights = read_weights(SEGMENT_WEIGHTS if fixture == SEGMENT else FIXTURES / fixture / "model.pt")
-    model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights, task.build_model)
+    if fixture == CLASSIFY:
+        from hpcyolo_trainer.data.classify import ClassifyDataset
+
+        dataset = ClassifyDataset(spec.train, spec.names, IMGSZ)
+        model, _ = initial_model("yolo11n", len(spec.names), cfg.seed, None, task.build_model)
+    else:
+        dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names),
+                              segments=fixture == SEGMENT)
+        weights = read_weights(SEGMENT_WEIGHTS if fixture == SEGMENT else FIXTURES / fixture / "model.pt")
+        model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights, task.build_model)
     model = place_model(model, d)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     net = data_parallel(model, d)
@@ -132,10 +146,12 @@ def steps(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("steps")
     os.environ[SEGMENT_DATA] = str(make_shapes(tmp / "segment", n_train=2 * GLOBAL_BATCH, n_val=2, imgsz=IMGSZ,
                                                task="segment", seed=4))
+    os.environ[CLASSIFY_DATA] = str(make_shapes(tmp / "classify", n_train=2 * GLOBAL_BATCH, n_val=3, imgsz=IMGSZ,
+                                                classes=3, task="classify", seed=4))
     try:
         return {world: steps_of(world, tmp) for world in (1, 2, 4)}
     finally:
-        del os.environ[SEGMENT_DATA]
+        del os.environ[SEGMENT_DATA], os.environ[CLASSIFY_DATA]
 
 
 def test_loader_workers_are_capped_at_the_cpus_a_rank_may_count_on(steps):

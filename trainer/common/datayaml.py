@@ -25,6 +25,9 @@ IMG_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 # a labels/ folder half copied or misnamed, not background images on purpose.
 UNLABELLED_WARN = 0.5
 SPLITS = ("train", "val", "test", "minival")
+# The key of the data YAML `hpcyolo stage` writes for a staged class-folder dataset (classify): `folders: true`
+# and `path:` the copy, which load_data_spec then reads as the folder itself (ultralytics has no YAML for these).
+FOLDERS = "folders"
 ARCHIVE_FLAGS = {  # suffix -> GNU tar's decompression option
     ".tar": (), ".tar.gz": ("-z",), ".tgz": ("-z",), ".tar.zst": ("--zstd",), ".tar.zstd": ("--zstd",),
     ".tzst": ("--zstd",), ".tar.xz": ("-J",), ".txz": ("-J",), ".tar.bz2": ("-j",), ".tbz2": ("-j",),
@@ -45,6 +48,12 @@ def dataset_root(data_yaml: Path, spec: dict) -> Path:
     folder); empty means the YAML's folder itself."""
     root = Path(spec.get("path") or ".")
     return root if root.is_absolute() else (data_yaml.parent / root).resolve()
+
+
+def data_root(data: str | Path) -> Path:
+    """The folder a dataset's files lie under: a data YAML's root, or a class-folder dataset itself."""
+    path = Path(data)
+    return path.resolve() if path.is_dir() else dataset_root(path, read_data_yaml(path))
 
 
 def read_data_yaml(data_yaml: str | Path) -> dict:
@@ -153,7 +162,10 @@ class DataSpec:
     test: ImagePaths | None
     """Test images, or None when the YAML has no test split (or it is not listed)."""
     yaml: str
-    """The data YAML itself, as given: what messages name."""
+    """The data YAML itself, as given: what messages name (a class-folder dataset: its folder)."""
+    folders: bool = False
+    """A classification dataset in ultralytics' folder layout (`classify_spec`):
+    each image's class is the name of the folder it lies in, no label files."""
 
 
 def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
@@ -163,8 +175,12 @@ def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
     takes them from the dataset's index that rank 0 wrote, so that a job's
     directory reads do not grow with its ranks."""
     file = str(path)
+    if Path(path).is_dir():  # ultralytics' classification layout: train/CLASS/*.jpg, val/CLASS/*.jpg
+        return classify_spec(path, listed=listed)
     spec = read_data_yaml(path)
     root = dataset_root(Path(path), spec)
+    if spec.get(FOLDERS) is True:  # a staged copy of such a folder (hpcyolo stage): `path` is the copy
+        return classify_spec(root, listed=listed)
     if not root.is_dir():
         raise ConfigError(file, "path", f"dataset root {root} is not a directory")
     for key in ("train", "val"):
@@ -172,6 +188,58 @@ def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
             raise ConfigError(file, key, "missing: give a folder, a .txt list of images, or a list of those")
     splits = {key: _split_files(file, root, key, spec.get(key)) if listed else None for key in ("train", "val", "test")}
     return DataSpec(root=root, names=_names(file, spec), yaml=file, **splits)
+
+
+def classify_splits(folder: Path) -> dict[str, Path]:
+    """The split folders of a classification dataset in ultralytics' layout:
+    train/, and val/ (test/ where there is no val/, as ultralytics takes it)."""
+    splits = {"train": folder / "train"}
+    for name in ("val", "test"):
+        if (folder / name).is_dir():
+            splits["val"] = folder / name
+            break
+    return splits
+
+
+def classify_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
+    """A classification dataset in ultralytics' folder layout: `path/train/
+    CLASS/*.jpg` and `path/val/CLASS/*.jpg` (or test/ where val/ is missing),
+    the class names the train folder's subfolders, sorted. A bad layout is
+    one line naming the folder (HpcyoloError): no train/ or val/, no class
+    folders, a class missing from val/, a class folder without images.
+    `listed=False`: the names alone (load_data_spec)."""
+    folder = Path(os.path.abspath(path))
+    splits = classify_splits(folder)
+    if not splits["train"].is_dir():
+        raise HpcyoloError(f"{folder}: a classification dataset needs train/CLASS/*.jpg and val/CLASS/*.jpg "
+                           "(ultralytics' layout); there is no train/ folder")
+    if "val" not in splits:
+        raise HpcyoloError(f"{folder}: a classification dataset needs val/CLASS/*.jpg (or test/CLASS/*.jpg) beside "
+                           "train/; there is neither val/ nor test/")
+    classes = {split: sorted(e.name for e in os.scandir(where) if e.is_dir()) for split, where in splits.items()}
+    names = classes["train"]
+    if not names:
+        raise HpcyoloError(f"{splits['train']}: no class folders (train/CLASS/*.jpg: one folder per class)")
+    missing = [name for name in names if name not in classes["val"]]
+    extra = [name for name in classes["val"] if name not in names]
+    if missing or extra:
+        what = f"no folder for class {missing[0]!r}" if missing else f"class {extra[0]!r} is not among train/'s"
+        raise HpcyoloError(f"{splits['val']}: {what} (its class folders must be train/'s: {', '.join(names)})")
+    lists = {}
+    for split, where in splits.items():
+        files = []
+        for name in names:
+            images = _image_files(where / name)
+            if listed and not images:
+                raise HpcyoloError(f"{where / name}: no images ({', '.join(sorted(IMG_EXTS))}) for class {name!r}")
+            files += images
+        lists[split] = ImagePaths(files) if listed else None
+    return DataSpec(root=folder, names=names, yaml=str(folder), folders=True, test=None, **lists)
+
+
+def folder_class(image: str, names: list[str]) -> int:
+    """The class of an image of a class-folder dataset: its folder's name's index."""
+    return names.index(os.path.basename(os.path.dirname(image)))
 
 
 def _names(file: str, spec: dict) -> list[str]:
@@ -310,6 +378,8 @@ def check_labels(spec: DataSpec, keys: tuple[str, ...], labelled: dict[str, int]
     how many of a split's images have one where that is known already (the
     trainer's dataset index has stat'ed every label file): not listed again."""
     warnings = []
+    if spec.folders:  # a class-folder dataset: the folders are the labels (classify_spec checked them)
+        return warnings
     for key in keys:
         images = getattr(spec, key) or []
         known = (labelled or {}).get(key)
@@ -334,9 +404,20 @@ def check_data(data: str | Path) -> list[str]:
     return check_labels(load_data_spec(data), ("train", "val"))
 
 
-def training_files(files: list, fraction: float) -> list:
+def training_files(files: list, fraction: float, spread: bool = False) -> list:
     """The training images: all of them, or (fraction < 1) the first share
-    in file-name order, as ultralytics takes them; the same on every rank."""
+    in file-name order, as ultralytics takes them; the same on every rank.
+    `spread` (a class-folder dataset, whose files run class by class): that
+    share evenly spaced over them, as ultralytics' ClassificationDataset
+    takes it (numpy's linspace over the indices, truncated)."""
     if fraction >= 1:
         return files
-    return sorted(files)[:max(1, round(len(files) * fraction))]
+    count = max(1, round(len(files) * fraction))
+    if not spread:
+        return sorted(files)[:count]
+    if count >= len(files):
+        return files
+    if count == 1:
+        return files[:1]
+    step = (len(files) - 1) / (count - 1)
+    return [files[int(k * step) if k < count - 1 else len(files) - 1] for k in range(count)]  # the last: the end

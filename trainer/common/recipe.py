@@ -34,7 +34,7 @@ mode data device project name exist_ok save save_dir verbose deterministic profi
 resume split save_json conf iou max_det half dnn agnostic_nms source vid_stride stream_buffer visualize augment
 retina_masks embed show save_frames save_txt save_conf save_crop show_labels show_conf show_boxes line_width format
 optimize dynamic simplify opset workspace quantize int8 tracker cfg pose kobj rle angle dis
-dlog dgrad dlam auto_augment erasing dropout cls_remap pretrained
+dlog dgrad dlam dropout cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.
 NOT_YET = {"cls_pw": 0.0, "distill_model": None}
@@ -65,6 +65,12 @@ def read_recipe(path: str | Path) -> tuple[dict[str, Any], list[str]]:
                 raise ConfigError(file, key, f"{value!r} changes training, and hpcyolo does not implement {key} "
                                              f"yet; remove it (ultralytics' default: {NOT_YET[key]!r}) to train "
                                              "without it")
+            continue
+        if key == "auto_augment":  # ultralytics' null or empty: none (its default is randaugment)
+            if value not in (None, "", False, "randaugment"):
+                raise ConfigError(file, key, f"{value!r}: hpcyolo has randaugment and none (null), not this policy "
+                                             "yet")
+            taken[key] = value or "none"
             continue
         if value is None and key in BY_NAME and key not in NOT_FROM_A_RECIPE:
             continue  # unset: the default, as in ultralytics (time, freeze, ...)

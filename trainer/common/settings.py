@@ -214,14 +214,16 @@ def U(name: str, default: Any, type_: Any, doc: str, same_run: bool, why: str, c
 SETTINGS: tuple[Setting, ...] = (
     S("run_dir", REQUIRED, str, "Run directory (shared).", False, "the same directory, however it is spelled",
       flag="--run-dir", path="folder"),
-    S("data", REQUIRED, str, "Ultralytics-style data YAML (path, train, val, names); relative to this file.", True,
+    S("data", REQUIRED, str, "Ultralytics-style data YAML (path, train, val, names), or for train.task classify a folder of "
+      "train/CLASS/*.jpg and val/CLASS/*.jpg; relative to this file.", True,
       "the images and classes the weights learnt; the results would mix two datasets (compared as the dataset: a "
-      "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML.",
+      "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML (classify: a folder of class folders).",
       compare=_dataset),
     S("task", DEFAULT_TASK, Literal[TASKS], f"The task, as ultralytics names it: {', '.join(TASKS)}.", True,
       "its model's head, labels and checkpoints are the task's", key="train.task", flag="--task"),
     S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
-      "empty: n, or the architecture of train.weights.", True, "the checkpoints hold this architecture's weights",
+      "empty: n, or the architecture of train.weights; with train.task segment or classify, that model's -seg or "
+      "-cls form.", True, "the checkpoints hold this architecture's weights",
       key="train.model", flag="--model", compare=_model,
       help=f"Detector: {_FAMILIES} ({_ALIASES}: the YOLOv8 sizes).  [default: n, or the architecture of --weights]"),
     S("weights", None, str | None, "Start from these weights: an ultralytics checkpoint (read without running its "
@@ -306,6 +308,12 @@ SETTINGS: tuple[Setting, ...] = (
     U("copy_paste_mode", "flip", Literal["flip", "mixup"], "Where pasted instances come from: flip, the sample "
       "itself mirrored left-right (between the mosaic and the warp); mixup, a second sample made the same way "
       "(mosaic and warp), pasted after the warp.", True, _AUGMENT),
+    U("auto_augment", "randaugment", Literal["randaugment", "none"], "Classification: randaugment, torchvision's "
+      "RandAugment (2 operations an image at magnitude 9 of 31) in place of the colour jitter (hsv_h, hsv_s, "
+      "hsv_v), as ultralytics' default; none: the colour jitter (ultralytics' augmix and autoaugment are not "
+      "built).", True, _AUGMENT),
+    U("erasing", 0.4, float, "Classification: probability of erasing a random rectangle (2-33% of the image, "
+      "filled with 0) of a training image, as ultralytics' random erasing.", True, _AUGMENT, check_fraction),
     U("bgr", 0.0, float, "Probability of swapping the colour channels (RGB to BGR).", True, _AUGMENT, check_fraction),
     S("multi_scale", 0.0, float, "Multi-scale training: each step's image size drawn from imgsz x [1 - f, 1 + f], a "
       "multiple of 32, the same on every rank; 0: off.", True, "the image size of every step", check_multi_scale,

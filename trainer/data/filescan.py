@@ -170,10 +170,10 @@ def _encode(spec: DataSpec, fraction: float) -> bytes:
     """A header line (JSON) and then, in the header's order, each listed
     split's paths (NUL-separated, no path holds a NUL) and the stats."""
     lists = {split: getattr(spec, split) for split in SPLITS if getattr(spec, split) is not None}
-    counted = {"train": stats(training_files(spec.train, fraction)), "val": stats(spec.val)}
+    counted = {"train": stats(training_files(spec.train, fraction, spec.folders)), "val": stats(spec.val)}
     blobs = [("\0".join(lists[s].strings)).encode("utf-8", "surrogateescape") for s in lists]
     blobs += [counted[s].tobytes() for s in counted]
-    header = {"root": str(spec.root), "names": spec.names, "yaml": spec.yaml, "lists": list(lists),
+    header = {"root": str(spec.root), "names": spec.names, "yaml": spec.yaml, "folders": spec.folders, "lists": list(lists),
               "stats": list(counted), "sizes": [len(b) for b in blobs]}
     return json.dumps(header).encode() + b"\n" + b"".join(blobs)
 
@@ -195,5 +195,5 @@ def _decode(raw: bytes) -> Scan | None:
     lists = {s: ImagePaths(b.decode("utf-8", "surrogateescape").split("\0")) for s, b in zip(header["lists"], blobs)}
     counted = {s: np.frombuffer(b, np.int64).reshape(-1, 4) for s, b in zip(header["stats"], blobs[len(lists):])}
     spec = DataSpec(root=Path(header["root"]), names=header["names"], yaml=header["yaml"],
-                    **{s: lists.get(s) for s in SPLITS})
+                    folders=header.get("folders", False), **{s: lists.get(s) for s in SPLITS})
     return Scan(spec, counted)

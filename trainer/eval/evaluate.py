@@ -307,6 +307,9 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
     w = as_weights(weights)
     weights = w.path
     spec = load_data_spec(data)
+    if spec.folders:
+        raise HpcyoloError(f"{data}: a folder of class folders is a classification dataset; {weights} holds a "
+                           f"{w.task} model, measured on a data YAML")
     if len(spec.names) != w.nc:
         raise HpcyoloError(f"{weights}: has {w.nc} classes, {data} names {len(spec.names)}")
     size = imgsz or w.imgsz or 640

@@ -8,7 +8,8 @@ ultralytics' ONNX export gives. `dynamic`: batch, height and width are free
 `output0` [B, 4 + nc + 32, anchors], each anchor's 32 mask coefficients after
 its class scores, and `output1` [B, 32, H/4, W/4], the prototypes. The file
 is checked with onnx's checker and run once with onnxruntime against torch
-(every output) before it is written (atomically).
+(every output) before it is written (atomically). A classifier's, as
+ultralytics': `output0` [B, nc], the classes' softmax probabilities.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Predict(torch.nn.Module):
         self.model, self.end2end = model, end2end
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model.predict(images, end2end=self.end2end)
+        return self.model.predict(images, end2end=True) if self.end2end else self.model.predict(images)
 
 
 def _need_onnx():
@@ -81,7 +82,8 @@ def export_onnx(weights: str | Weights, output: str | None = None, *, imgsz: int
     check_end2end(model, end2end, weights)
     graph = Predict(model, end2end).eval()
     example = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
-    output_axes = {0: "batch"} if end2end else {0: "batch", 2: "anchors"}  # end2end: [B, 300, 6]
+    # end2end: [B, 300, 6]; a classifier's: [B, nc]
+    output_axes = {0: "batch"} if end2end or w.task == "classify" else {0: "batch", 2: "anchors"}
     axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": output_axes}
     outputs = ["output0"]
     if w.task == "segment":  # the prototypes, as ultralytics' second output

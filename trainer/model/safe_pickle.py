@@ -56,9 +56,22 @@ _REBUILD = {
     ("builtins", "frozenset"): frozenset,
     ("torch", "Size"): torch.Size,
 }
-# Modules whose classes become inert stand-ins: the model's own classes and
-# torch's layers. Their code never runs here; only their recorded state is read.
-_INERT_PREFIXES = ("ultralytics.", "torch.nn.modules.")
+# Modules whose classes become inert stand-ins: the model's own classes,
+# torch's layers, and the torchvision transforms an ultralytics classifier
+# records as its `transforms` (Compose, Resize, CenterCrop, ToTensor,
+# Normalize). Their code never runs here; only their recorded state is read.
+_INERT_PREFIXES = ("ultralytics.", "torch.nn.modules.", "torchvision.transforms.transforms")
+
+
+def _enum_value(value):
+    """An enum member a pickle rebuilds as Enum(value) (torchvision's
+    InterpolationMode('bilinear')), read as its plain value: a str or int, nothing callable."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise _Refused("an enum rebuilt from something other than a str or int")
+    return value
+
+
+_ENUMS = {("torchvision.transforms.functional", "InterpolationMode")}
 # torch's legacy storage classes, by the name a pickle gives them.
 _STORAGE_DTYPES = {
     "FloatStorage": torch.float32, "HalfStorage": torch.float16, "BFloat16Storage": torch.bfloat16,
@@ -139,6 +152,8 @@ class _Unpickler(pickle.Unpickler):
                 return _StorageType(_STORAGE_DTYPES[name])
         if module.startswith(_INERT_PREFIXES) and name.isidentifier():
             return _standin(module, name)
+        if (module, name) in _ENUMS:
+            return _enum_value
         raise _Refused(f"{module}.{name}")
 
     def persistent_load(self, pid):

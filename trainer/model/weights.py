@@ -109,9 +109,11 @@ def _canonical(name: str, path: str) -> str:
 
 
 def _head_classes(state: dict, path: str) -> int:
-    bias = state.get("head.cls.0.2.bias")
+    """The classes of a checkpoint's head: a detector's class conv, or a classifier's linear layer."""
+    bias = state.get("head.cls.0.2.bias", state.get("head.linear.bias"))
     if bias is None:
-        raise HpcyoloError(f"{path}: a checkpoint without a detection head (head.cls.0.2.bias)")
+        raise HpcyoloError(f"{path}: a checkpoint without a detection or classification head (head.cls.0.2.bias, "
+                           "head.linear.bias)")
     return int(bias.shape[0])
 
 
@@ -315,7 +317,9 @@ def build_from(weights: Weights) -> DetectionModel:
 
 def class_convs(model: DetectionModel) -> list[str]:
     """The tensors whose shape follows the class count: the last conv (weight
-    and bias) of each level's class branch."""
+    and bias) of each level's class branch; a classifier's linear layer."""
+    if getattr(model, "task", None) == "classify":
+        return ["head.linear.weight", "head.linear.bias"]
     heads = ("cls", "one2one_cls") if model.end2end else ("cls",)
     return [f"head.{head}.{i}.{len(b) - 1}.{p}" for head in heads for i, b in enumerate(getattr(model.head, head))
             for p in ("weight", "bias")]

@@ -240,15 +240,16 @@ def with_masks(img: np.ndarray, masks, cls) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-def plot_confusion(matrix: np.ndarray, names: list[str], path: str | os.PathLike, normalize: bool) -> None:
+def plot_confusion(matrix: np.ndarray, names: list[str], path: str | os.PathLike, normalize: bool,
+                   background: bool = True) -> None:
     """Ultralytics' confusion_matrix.png (counts) or
     confusion_matrix_normalized.png (each true class's column summing to 1):
-    rows predicted, columns true, background last."""
+    rows predicted, columns true, background last (a classifier's: none)."""
     m = matrix.astype(np.float64)
     if normalize:
         m = m / (m.sum(0, keepdims=True) + 1e-9)
     shown = np.where(m < (0.005 if normalize else 1), np.nan, m)
-    labels = [*names, "background"]
+    labels = [*names, "background"] if background else list(names)
     side = max(6.0, 0.45 * len(labels) + 3)
     fig = _figure(side, side * 0.85)
     ax = fig.subplots()

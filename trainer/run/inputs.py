@@ -57,10 +57,11 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None, stats: di
     and validation images, by split, where taken already (filescan.Prescan)."""
     task = task or load_task(cfg.task)
     spec = spec or load_data_spec(cfg.data, listed=d.is_main)
+    check_layout(cfg, spec, task)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
-    train_files = training_files(spec.train, cfg.fraction) if d.is_main else None  # others: from the index
+    train_files = training_files(spec.train, cfg.fraction, spec.folders) if d.is_main else None  # others: the index
     with indexed(d, spec, nc, Path(cfg.run_dir), {"train": train_files, "val": spec.val}, stats) as checked:
         if d.is_main:  # refused there, the other ranks stop with its words (see indexed)
             # Label files counted from the index's stats where it holds the whole split, not listed again.
@@ -69,11 +70,12 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None, stats: di
             for warning in check_labels(spec, ("train", "val"), known):
                 warn0(d, warning)
         train_set = task.train_set(cfg, train_files, nc, cache_dir=cache_folder(cfg) / "train",
-                                   hsv_on_device=d.device.type == "cuda", checked=checked["train"])
+                                   hsv_on_device=d.device.type == "cuda", checked=checked["train"],
+                                   names=list(spec.names))
         # Validated as ultralytics' trainer does: rectangular batches of twice the training batch per rank.
         val_batches = task.val_batches(spec.val, nc, cfg.imgsz, 2 * batch_per_rank,
                                        cache_dir=cache_folder(cfg) / "val" if cfg.cache != "none" else None,
-                                       checked=checked["val"])
+                                       checked=checked["val"], names=list(spec.names))
         for problem in train_set.problems + val_batches.problems:
             warn0(d, problem)
         refuse_unlearnable(cfg.data, train_set, nc)
@@ -83,6 +85,17 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None, stats: di
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
     assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
     return Data(spec, names, train_set, val_batches, sampler, batches, batch_per_rank)
+
+
+def check_layout(cfg: TrainConfig, spec: DataSpec, task: Task) -> None:
+    """A dataset of class folders is a classifier's, a data YAML with label
+    files the other tasks': the other one is refused in one line."""
+    if spec.folders and not task.folders:
+        raise HpcyoloError(f"{cfg.data}: a folder of class folders is a classification dataset (train.task "
+                           f"classify); train.task {task.name} takes a data YAML")
+    if task.folders and not spec.folders:
+        raise HpcyoloError(f"{cfg.data}: train.task {task.name} takes a dataset folder in ultralytics' layout "
+                           "(train/CLASS/*.jpg, val/CLASS/*.jpg), not a data YAML")
 
 
 def select_classes(cfg: TrainConfig, names: list[str], train_set, val_batches) -> list[str]:
@@ -204,7 +217,7 @@ def refuse_unlearnable(data: str, train_set, nc: int) -> None:
     """Label files whose every line was dropped as malformed (class ids from
     1, or beyond `names`; coordinates in pixels) leave only background: an
     error, where ultralytics would warn and train a detector of nothing."""
-    if train_set.counts["malformed label lines"] and not any(len(labels) for labels in train_set.labels):
+    if train_set.counts.get("malformed label lines") and not any(len(labels) for labels in train_set.labels):
         raise HpcyoloError(f"{data}: train: no label line is usable ({train_set.summary()}; see the warnings "
                            f"above): class ids run 0..{nc - 1} for the {nc} names, coordinates are fractions "
                            "of the image in [0, 1]")

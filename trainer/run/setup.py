@@ -109,7 +109,10 @@ def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
 def freeze(model, layers: int) -> str:
     """Stop the weights of ultralytics' layers 0..layers-1 from training
     (no gradient, so neither the optimizer nor DDP holds them); the line that says so."""
-    prefixes = tuple(f"{name}." for name in families.load(model.family).ULTRALYTICS_LAYERS[:layers] if name)
+    from ..model.heads import classifier_layers, detector_layers
+
+    table = classifier_layers if getattr(model, "task", None) == "classify" else detector_layers
+    prefixes = tuple(f"{name}." for name in table(model.family)[:layers] if name)
     frozen = [p for name, p in model.named_parameters() if name.startswith(prefixes)]
     if len(frozen) == len(list(model.parameters())):
         raise HpcyoloError(f"freeze: {layers} layers are the whole {model.arch}; nothing would train")

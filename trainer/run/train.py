@@ -28,7 +28,6 @@ from ..data.filescan import Prescan
 from ..eval.evaluate import INTERRUPTED
 from ..parallel.dist import Dist, broadcast_module, gather_objects, print0, setup
 from ..report.background import Background
-from ..report.plots import plot_labels
 from ..report.progress import Progress, Throughput, describe, merge_figures
 from ..report.tboard import EventWriter, StepLosses
 from ..report.tracking import Tracking, check_installed
@@ -154,8 +153,8 @@ def prepare(r: Run, settings: dict, prescan: Prescan | None) -> None:
         r.side.tracking = Tracking(r.folder, cfg.mlflow, cfg.wandb, {**cfg.to_dict(), "world_size": d.world_size})
     if d.is_main and cfg.plots:
         r.side.drawings = Background()
-        if state is None:  # a new run: its training labels, as ultralytics' labels.jpg shows them
-            r.side.drawings.submit(plot_labels, r.data.train_set.labels, r.data.names, r.folder / "labels.jpg")
+        if state is None and r.task.draw_labels is not None:  # a new run: its labels, as ultralytics' labels.jpg
+            r.side.drawings.submit(r.task.draw_labels, r.data.train_set.labels, r.data.names, r.folder / "labels.jpg")
     attach(r.side, cfg, d)
 
 

@@ -47,6 +47,11 @@ class Task:
     export: Callable[..., dict]
     # why the task cannot train the architecture `arch` (yolov8n ...), or None: asked before a file is written
     untrainable: Callable[[str], str | None] = lambda arch: None
+    # its datasets: True, a folder of class folders (classify: train/CLASS/*.jpg, val/CLASS/*.jpg, the
+    # class an image's folder); False, a data YAML with a label file per image
+    folders: bool = False
+    # report/: a new run's training labels as ultralytics' labels.jpg draws them (labels, names, path), or None
+    draw_labels: Callable[..., None] | None = None
 
     @property
     def not_validated(self) -> dict:

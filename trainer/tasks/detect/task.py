@@ -14,7 +14,7 @@ from ...eval.export import export_onnx
 from ...eval.predict import predict
 from ...model.detector import build_model
 from ...optim.loss import DetectionLoss, EndToEndLoss
-from ...report.plots import write_val_plots
+from ...report.plots import plot_labels, write_val_plots
 from ..task import Task
 
 CLASS_BIAS = "head.cls.0.2.bias"  # the last class conv's bias: one value per class
@@ -25,7 +25,7 @@ def augment_hyp(cfg) -> AugmentHyp:
     return AugmentHyp(**{f.name: getattr(cfg, f.name) for f in fields(AugmentHyp) if f.name != "close_mosaic"})
 
 
-def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked) -> YoloDataset:
+def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked, names=None) -> YoloDataset:
     """The training images of `files` with their boxes, augmented as cfg says
     (mosaic, affine, flips, mixup, cutmix, copy-paste; HSV on the device
     where `hsv_on_device`), rectangular batches with cfg.rect."""
@@ -34,7 +34,8 @@ def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, chec
                        hsv_on_device=hsv_on_device, checked=checked)
 
 
-def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | None, checked) -> ValBatches:
+def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | None, checked,
+                names=None) -> ValBatches:
     """The validation images in rectangular batches of `batch`, letterboxed to `imgsz`."""
     return ValBatches(files, nc, imgsz, batch, cache_dir=cache_dir, checked=checked)
 
@@ -110,5 +111,5 @@ TASK = Task(
     fitness=fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=write_val_plots,
     batch_drawer=batch_drawer,
-    evaluate=evaluate, predict=predict, export=export_onnx,
+    evaluate=evaluate, predict=predict, export=export_onnx, draw_labels=plot_labels,
 )

@@ -25,7 +25,7 @@ BOX = ("precision", "recall", "map50", "map50_95")
 BOX_COLUMNS = (rundir.PRECISION, rundir.RECALL, rundir.MAP50, rundir.MAP50_95)  # (B): the boxes'
 
 
-def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked) -> YoloDataset:
+def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked, names=None) -> YoloDataset:
     """The training images with their polygons, augmented as detection's
     (every augmentation moves the outlines with the boxes), each item's
     masks rasterised as cfg.mask_ratio and cfg.overlap_mask say."""
@@ -35,7 +35,8 @@ def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, chec
                        overlap_mask=cfg.overlap_mask)
 
 
-def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | None, checked) -> ValBatches:
+def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | None, checked,
+                names=None) -> ValBatches:
     return ValBatches(files, nc, imgsz, batch, cache_dir=cache_dir, checked=checked, segments=True)
 
 
@@ -114,4 +115,5 @@ TASK = Task(
     draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=detect.batch_drawer,
     evaluate=seg_evaluate, predict=predict, export=export_onnx, untrainable=untrainable,
+    draw_labels=detect.plot_labels,
 )
