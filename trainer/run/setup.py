@@ -109,10 +109,10 @@ def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
 def freeze(model, layers: int) -> str:
     """Stop the weights of ultralytics' layers 0..layers-1 from training
     (no gradient, so neither the optimizer nor DDP holds them); the line that says so."""
-    from ..model.heads import classifier_layers, detector_layers
+    from ..model.heads import HEADS
 
-    table = classifier_layers if getattr(model, "task", None) == "classify" else detector_layers
-    prefixes = tuple(f"{name}." for name in table(model.family)[:layers] if name)
+    # Ultralytics' layers of this model's kind (a classifier's differ from a detector's), as checkpoints map them.
+    prefixes = tuple(f"{name}." for name in HEADS[model.task].layers(model.family)[:layers] if name)
     frozen = [p for name, p in model.named_parameters() if name.startswith(prefixes)]
     if len(frozen) == len(list(model.parameters())):
         raise HpcyoloError(f"freeze: {layers} layers are the whole {model.arch}; nothing would train")
