@@ -218,7 +218,8 @@ def compare(runs: tuple[str, ...], output: str, as_json: bool) -> None:
     Writes one PNG with every run's mAP50-95, mAP50 and training-loss curves
     against epoch, and prints the runs ranked by their best fitness (0.1
     mAP50 + 0.9 mAP50-95, ultralytics' measure) with the settings of their
-    config.yaml that differ between them.
+    config.yaml that differ between them. Classifiers' runs show top1 and
+    top5 instead, ranked by their mean (ultralytics' fitness there).
 
     \b
     Examples:

@@ -36,8 +36,19 @@ class Run:
         return [_number(r.get(name, "")) for r in self.rows]
 
     @property
+    def classifier(self) -> bool:
+        return bool(self.rows) and rundir.TOP1 in self.rows[0]
+
+    @property
+    def figures(self) -> tuple[tuple[str, str], ...]:
+        """(key, results.csv column) of the two figures the run's kind is
+        judged by: a classifier's top-1 and top-5, else its boxes' mAP50 and mAP50-95."""
+        return (("top1", rundir.TOP1), ("top5", rundir.TOP5)) if self.classifier else \
+            (("map50", rundir.MAP50), ("map50_95", rundir.MAP50_95))
+
+    @property
     def fitness(self) -> list[float]:
-        if self.rows and rundir.TOP1 in self.rows[0]:  # a classifier's: ultralytics' mean of top-1 and top-5
+        if self.classifier:  # ultralytics' mean of top-1 and top-5
             return [(a + b) / 2 for a, b in zip(self.column(rundir.TOP1), self.column(rundir.TOP5))]
         return [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
 
@@ -94,22 +105,28 @@ def differing(runs: list[Run]) -> list[str]:
 
 def ranking(runs: list[Run]) -> list[dict]:
     """The runs by best fitness, best first: name, best fitness, its epoch,
-    mAP50 and mAP50-95 there, epochs trained, and the differing settings."""
+    the run's two figures there (mAP50 and mAP50-95; a classifier's top1 and
+    top5), epochs trained, and the differing settings."""
     keys = differing(runs)
     table = []
     for r in runs:
         b = r.best
         table.append({"run": r.name, "path": str(r.path), "fitness": r.fitness[b], "epoch": int(r.rows[b]["epoch"]),
-                      "map50": r.column(rundir.MAP50)[b], "map50_95": r.column(rundir.MAP50_95)[b],
+                      **{key: r.column(column)[b] for key, column in r.figures},
                       "epochs": len(r.rows), "settings": {k: r.config.get(k) for k in keys}})
     return sorted(table, key=lambda row: -row["fitness"])
 
 
+FIGURE_HEADS = {"map50": "mAP50", "map50_95": "mAP50-95", "top1": "top1", "top5": "top5"}
+
+
 def text_table(rows: list[dict]) -> str:
     keys = list(rows[0]["settings"]) if rows else []
-    head = ["#", "run", "fitness", "at", "mAP50", "mAP50-95", "trained", *keys]
-    body = [[str(k + 1), r["run"], f"{r['fitness']:.4f}", str(r["epoch"]), f"{r['map50']:.4f}",
-             f"{r['map50_95']:.4f}", str(r["epochs"]), *(_shown(r["settings"][key]) for key in keys)]
+    figures = [f for f in FIGURE_HEADS if any(f in r for r in rows)]  # detectors' and classifiers' side by side
+    head = ["#", "run", "fitness", "at", *(FIGURE_HEADS[f] for f in figures), "trained", *keys]
+    body = [[str(k + 1), r["run"], f"{r['fitness']:.4f}", str(r["epoch"]),
+             *(f"{r[f]:.4f}" if f in r else "-" for f in figures), str(r["epochs"]),
+             *(_shown(r["settings"][key]) for key in keys)]
             for k, r in enumerate(rows)]
     widths = [max(len(line[j]) for line in [head, *body]) for j in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [head, *body])
@@ -120,13 +137,14 @@ def _shown(value) -> str:
 
 
 def plot(runs: list[Run], path: Path) -> None:
-    """mAP50-95, mAP50 and the training losses of every run against epoch, one figure."""
+    """mAP50-95, mAP50 (a classifier's top1, top5) and the training losses
+    of every run against epoch, one figure."""
     from hpcyolo_trainer.common.fsutil import atomic_file
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     losses = [c for c in runs[0].rows[0] if c.startswith("train/")]
-    panels = [rundir.MAP50_95, rundir.MAP50, *losses]
+    panels = list(dict.fromkeys(column for r in runs for _, column in reversed(r.figures))) + losses
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(5 * cols, 3.6 * rows + 0.6), dpi=100, layout="constrained")
@@ -134,7 +152,8 @@ def plot(runs: list[Run], path: Path) -> None:
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, name in zip(axes, panels):
         for r in runs:
-            ax.plot(r.column("epoch"), r.column(name), marker="o", markersize=2.5, linewidth=1.3, label=r.name)
+            if name in r.rows[0]:
+                ax.plot(r.column("epoch"), r.column(name), marker="o", markersize=2.5, linewidth=1.3, label=r.name)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("epoch", fontsize=8)
         ax.grid(True, alpha=0.3)

@@ -85,6 +85,24 @@ def test_results_csv_has_ultralytics_classify_columns_and_the_run_its_plots(runs
     assert saved["task"] == "classify" and saved["names"] == ["circle", "square", "triangle"]
 
 
+def test_compare_ranks_classifiers_by_top1_and_top5(runs, tmp_path):
+    from PIL import Image
+
+    from hpcyolo.login.compare import find_runs, plot, ranking, text_table
+
+    found = find_runs([runs["a"], runs["b"]])
+    table = ranking(found)
+    for row in table:
+        best = max(rows(runs[row["run"]])[1:], key=lambda r: (float(r[2]) + float(r[3])) / 2)  # first of equals
+        assert (f"{row['top1']:.5f}", f"{row['top5']:.5f}") == (best[2], best[3])
+        assert row["fitness"] == pytest.approx((row["top1"] + row["top5"]) / 2) and "map50" not in row
+    head = text_table(table).splitlines()[0].split()
+    assert head[4:6] == ["top1", "top5"] and "mAP50" not in head and "nan" not in text_table(table)
+    plot(found, tmp_path / "cmp.png")
+    with Image.open(tmp_path / "cmp.png") as im:
+        im.verify()
+
+
 def test_val_of_the_last_weights_gives_the_last_epochs_figures(runs, tmp_path):
     r = subprocess.run([HPCYOLO, "val", str(runs["a"] / "weights" / "last.pt"), "--data", str(runs["data"]),
                         "--imgsz", "64", "--json", "--plots", str(tmp_path)], capture_output=True, text=True, env=env())
