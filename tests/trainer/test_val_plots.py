@@ -105,3 +105,25 @@ def test_the_plots_agree_with_the_metrics_and_hpcyolo_val_writes_them(tmp_path):
         with Image.open(out / name) as im:
             im.verify()
             assert min(im.size) >= 300, name
+
+
+def test_a_segmenters_val_batch_pred_shows_the_masks_of_the_predictions_drawn(tmp_path):
+    """val_batchN_pred.jpg of a segmentation: each prediction above 0.25
+    confidence with its mask blended in (masks at a quarter of the canvas, as
+    validation makes them); a prediction below it neither boxed nor masked."""
+    from hpcyolo_trainer.eval.evaluate import batch_drawer
+
+    imgs = torch.full((1, 3, 64, 64), 128, dtype=torch.uint8)
+    det = torch.tensor([[4.0, 4.0, 60.0, 60.0, 0.9, 0.0], [4.0, 4.0, 60.0, 60.0, 0.1, 1.0]])
+    masks = torch.zeros(2, 16, 16, dtype=torch.bool)
+    masks[0, 4:8, 4:8] = True  # pixels 16..31 of the canvas: the sure prediction's
+    masks[1, 10:14, 10:14] = True  # pixels 40..55: the unsure one's, not drawn
+    meta = ((0, 0), np.zeros((0, 5), np.float32), (64, 64), torch.zeros((0, 16, 16)))
+    draw = batch_drawer(["a", "b"], tmp_path, batches=1)
+    draw(imgs, [meta], [(det, masks)])
+    with Image.open(tmp_path / "val_batch0_pred.jpg") as im:
+        px = np.asarray(im.convert("RGB")).astype(int)
+    scale = px.shape[0] / 64
+    at = lambda y, x: px[int(y * scale), int(x * scale)]  # noqa: E731
+    assert np.abs(at(24, 24) - 128).max() > 30  # inside the sure mask: tinted
+    assert np.abs(at(48, 48) - 128).max() < 12 and np.abs(at(36, 20) - 128).max() < 12  # elsewhere: grey

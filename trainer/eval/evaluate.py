@@ -167,11 +167,12 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
 
 def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
                         end2end: bool = False, confusion: ConfusionMatrix | None = None, loss_fn=None):
-    """batch_stats of a segmenter: (SegStats, predictions [n, 6], loss items
-    or None). Its masks as ultralytics' process_mask makes them
+    """batch_stats of a segmenter: (SegStats, predictions (each image's
+    [n, 6] and its masks [n, h/4, w/4]), loss items or None). Its masks as
+    ultralytics' process_mask makes them
     (model/segment.py predicted_masks), matched by mask IoU against the
     ground truth's at a quarter of the canvas."""
-    stats = SegStats(method="ultralytics")
+    stats, drawn = SegStats(method="ultralytics"), []
     x = x.to(device).float() / 255
     if loss_fn is None:
         (raw, proto), items = model.predict(x, end2end=end2end), None
@@ -188,7 +189,8 @@ def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, con
         stats.update(det, masks, gt, lab[:, 0], meta[3])
         if confusion is not None:
             confusion.update(det, gt, lab[:, 0])
-    return stats, [p[:, :6] for p in preds], items
+        drawn.append((det, masks))
+    return stats, drawn, items
 
 
 def loss_targets(metas, canvas: tuple[int, int]) -> torch.Tensor:
@@ -397,14 +399,22 @@ def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None):
             lab, xyxy = canvas_labels(meta)
             masks = meta[3].numpy() if len(meta) > 3 else None  # a segmentation's
             labels.append((xyxy.numpy(), lab[:, 0].numpy().astype(int), None, masks))
-        kept = [p[p[:, 4] > 0.25].float().cpu().numpy() for p in preds]
+        kept = [(det[:, :4], det[:, 5].astype(int), det[:, 4], masks) for det, masks in map(drawn_prediction, preds)]
         x = imgs.numpy().copy()  # the loader's batch: drawn maybe later
         run(batch_grid, x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
-        run(batch_grid, x, [(p[:, :4], p[:, 5].astype(int), p[:, 4]) for p in kept], names,
-            Path(folder) / f"val_batch{drawn}_pred.jpg")
+        run(batch_grid, x, kept, names, Path(folder) / f"val_batch{drawn}_pred.jpg")
         drawn += 1
 
     return draw
+
+
+def drawn_prediction(pred, conf: float = 0.25) -> tuple[np.ndarray, np.ndarray | None]:
+    """What the validation images show of one image's predictions, [n, 6]
+    or a segmenter's ([n, 6], masks [n, h, w]): those above `conf`, as numpy
+    (ultralytics draws those above 0.25), with their masks or None."""
+    det, masks = pred if isinstance(pred, tuple) else (pred, None)
+    sure = det[:, 4] > conf
+    return det[sure].float().cpu().numpy(), None if masks is None else masks[sure].cpu().numpy()
 
 
 def table(result: dict) -> str:

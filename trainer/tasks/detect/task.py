@@ -9,7 +9,7 @@ import numpy as np
 
 from ...common import rundir
 from ...data.dataset import AugmentHyp, YoloDataset
-from ...eval.evaluate import ValBatches, batch_drawer, evaluate, report, table, validate
+from ...eval.evaluate import ValBatches, batch_drawer, drawn_prediction, evaluate, report, table, validate
 from ...eval.export import export_onnx
 from ...eval.predict import predict
 from ...model.detector import build_model
@@ -88,13 +88,15 @@ def draw_train_batch(imgs: np.ndarray, targets: np.ndarray, names: list[str], pa
 
 def draw_predictions(imgs, preds, names, run: Path, offset: int, limit: int) -> int:
     """val_pred_N.jpg: up to `limit` images of a validation batch with their
-    detections above 0.25; returns how many were drawn."""
-    from ...report.plots import draw_detections, save_image
+    detections above 0.25 (a segmenter's with their masks); returns how many were drawn."""
+    from ...report.plots import draw_detections, save_image, with_masks
 
     count = min(limit, len(preds))
     for j in range(count):
-        det = preds[j][preds[j][:, 4] > 0.25].cpu().numpy()
+        det, masks = drawn_prediction(preds[j])
         img = imgs[j].permute(1, 2, 0).numpy()
+        if masks is not None:
+            img = with_masks(img, masks, det[:, 5].astype(int))
         save_image(draw_detections(img, det[:, :4], det[:, 5].astype(int), det[:, 4], names),
                    run / f"val_pred_{offset + j}.jpg")
     return count
