@@ -19,11 +19,12 @@ from torch.utils.data import DataLoader
 
 from ..common.errors import HpcyoloError
 from ..common.fsutil import write_atomic
-from ..data.classify import ClassifyBatches, read_rgb, val_transform
+from ..data.classify import ClassifyBatches, val_transform
 from ..data.dataset import load_data_spec
 from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist, gather_objects
 from .evaluate import INTERRUPTED, as_is, indexed_split
+from .predict import read_image
 
 TOP = 5  # ultralytics' top-5 accuracy, and the classes predict reports
 
@@ -156,9 +157,10 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
     (out_dir / "labels" if fmt == "txt" else out_dir).mkdir(parents=True, exist_ok=True)
     results = []
     for path in map(Path, inputs):
-        img = read_rgb(path)
-        if img is None:
-            warn(f"warning: {path}: cannot be read as an image; skipped")
+        try:
+            img = read_image(path)
+        except ValueError as e:
+            warn(f"warning: {path}: corrupt image skipped ({e})")
             continue
         x = torch.from_numpy(np.ascontiguousarray(val_transform(img, size).transpose(2, 0, 1)))[None]
         probs = model.predict(x.to(dev).float() / 255)[0].float().cpu()
