@@ -40,8 +40,12 @@ from pathlib import Path
 
 BIN = Path(sys.executable).parent
 UL_PYTHON = "/work/bench-ul-venv/bin/python"
-MAP_COLUMNS = ("metrics/mAP50(B)", "metrics/mAP50-95(B)")  # in each side's results.csv: ultralytics' names
-OPTIMIZERS = {"SGD": "sgd", "AdamW": "adamw", "MuSGD": "musgd"}  # ultralytics' name: ours
+# Per task: the model suffix of ultralytics' YAML, the two columns of each side's results.csv (ultralytics' names)
+# and the figure compared, read from `hpcyolo val --json`.
+TASKS = {"detect": ("", ("metrics/mAP50(B)", "metrics/mAP50-95(B)"), ("map50_95",), "mAP50-95"),
+         "segment": ("-seg", ("metrics/mAP50(M)", "metrics/mAP50-95(M)"), ("masks", "map50_95"), "mask mAP50-95"),
+         "classify": ("-cls", ("metrics/accuracy_top1", "metrics/accuracy_top5"), ("top1",), "top-1")}
+OPTIMIZERS = {"SGD": "sgd", "AdamW": "adamw", "MuSGD": "musgd", "auto": "auto"}  # ultralytics' name: ours
 
 UL_TRAIN = """
 import json, sys
@@ -53,8 +57,8 @@ YOLO(args.pop("model")).train(**args)
 
 def settings(args, data: Path, project: Path) -> dict:
     """Ultralytics' train() arguments: the settings both sides run with."""
-    model = str(args.weights) if args.weights else f"{args.model}.yaml"
-    return {"model": model, "data": str(data), "epochs": args.epochs, "imgsz": 160, "batch": 32,
+    model = str(args.weights) if args.weights else f"{args.model}{TASKS[args.task][0]}.yaml"
+    return {"model": model, "data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": 32,
             "nbs": 32, "optimizer": args.optimizer, "lr0": args.lr0, "close_mosaic": 3, "seed": 0,
             "deterministic": True, "workers": 1, "device": "cpu", "amp": False, "plots": False, "val": True,
             "project": str(project), "name": "ultralytics", "exist_ok": True, "pretrained": bool(args.weights),
@@ -86,15 +90,17 @@ def last_row(results: Path) -> dict:
     return rows[-1]
 
 
-def measured(weights: Path, data: Path) -> dict:
-    """mAP of `weights` by `hpcyolo val` (ultralytics' checkpoints are read without running their pickle)."""
-    out = subprocess.run([str(BIN / "hpcyolo"), "val", str(weights), "--data", str(data), "--imgsz", "160",
+def measured(weights: Path, data: Path, imgsz: int) -> dict:
+    """`hpcyolo val --json` of `weights` (ultralytics' checkpoints are read without running their pickle)."""
+    out = subprocess.run([str(BIN / "hpcyolo"), "val", str(weights), "--data", str(data), "--imgsz", str(imgsz),
                           "--batch", "16", "--json"], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="detect", choices=TASKS, help="The task both sides train (the model "
+                        "from ultralytics' YAML of it: yolo11n-seg.yaml for --model yolo11n --task segment).")
     parser.add_argument("--model", default="yolo26n")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--optimizer", default="SGD", choices=OPTIMIZERS)
@@ -105,6 +111,7 @@ def main() -> None:
                         "classes of its training); default: --model from scratch.")
     parser.add_argument("--set", type=recipe_setting, action="append", default=[], metavar="KEY=VALUE",
                         help="An ultralytics training setting for both sides, e.g. --set degrees=10 --set cos_lr=true.")
+    parser.add_argument("--imgsz", type=int, default=160, help="The images' size, made and trained at.")
     parser.add_argument("--train", type=int, default=800, help="Training images (a quarter as many to validate).")
     parser.add_argument("--skip-ultralytics", action="store_true", help="Our side only (no benchmark venv needed).")
     parser.add_argument("--ul-python", default=UL_PYTHON)
@@ -117,12 +124,18 @@ def main() -> None:
     threads = str(os.cpu_count())
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
-        data = root / "shapes" / "data.yaml"
-        if not data.is_file():
-            make_shapes(root / "shapes", n_train=args.train, n_val=max(1, args.train // 4), imgsz=160)
-        absolute = root / "shapes" / "data.abs.yaml"  # ultralytics resolves a relative path: against its own folders
-        absolute.write_text(data.read_text().replace("path: .", f"path: {data.parent}"))
-        print(f"data: {data.parent} ({args.train} train / {max(1, args.train // 4)} val, 160 px, 4 classes); "
+        folder = root / f"shapes-{args.task}"
+        if not folder.is_dir():
+            make_shapes(folder, n_train=args.train, n_val=max(1, args.train // 4), imgsz=args.imgsz,
+                        task=args.task)
+        if args.task == "classify":  # a classifier's dataset is its folder, on both sides
+            data = absolute = folder
+        else:
+            data = folder / "data.yaml"
+            absolute = folder / "data.abs.yaml"  # ultralytics resolves a relative path: against its own folders
+            absolute.write_text(data.read_text().replace("path: .", f"path: {folder}"))
+        print(f"data: {folder} ({args.task}, {args.train} train / {max(1, args.train // 4)} val, {args.imgsz} px, 4 "
+              f"classes); "
               f"{threads} CPU threads each side; seeds 0..{args.seeds - 1}")
         sides = ("hpcyolo",) if args.skip_ultralytics else ("ultralytics", "hpcyolo")
         figures: dict[str, list[float]] = {side: [] for side in sides}
@@ -130,19 +143,21 @@ def main() -> None:
             for side in sides:
                 figures[side].append(train_and_measure(side, seed, args, root, data, absolute, threads))
         means = {side: statistics.mean(values) for side, values in figures.items()}
+        name = TASKS[args.task][3]
         for side, values in figures.items():
-            print(f"{side:12s} last.pt mAP50-95 by hpcyolo val, seeds 0..{args.seeds - 1}: "
+            print(f"{side:12s} last.pt {name} by hpcyolo val, seeds 0..{args.seeds - 1}: "
                   f"{' '.join(f'{v:.3f}' for v in values)}; mean {means[side]:.3f}, spread {min(values):.3f} .. "
                   f"{max(values):.3f}")
         if args.skip_ultralytics:
             return
         gap = means["hpcyolo"] - means["ultralytics"]
-        print(f"hpcyolo - ultralytics: {gap:+.3f} mAP50-95, means over {args.seeds} seeds "
+        print(f"hpcyolo - ultralytics: {gap:+.3f} {name}, means over {args.seeds} seeds "
               f"({'within' if gap >= -0.02 else 'OUTSIDE'} the goal: >= -0.02)")
 
 
 def train_and_measure(side: str, seed: int, args, root: Path, data: Path, absolute: Path, threads: str) -> float:
-    """Train one side with `seed`; print what it ran with and its figures; return last.pt's mAP50-95 by hpcyolo val."""
+    """Train one side with `seed`; print what it ran with and its figures; return last.pt's figure (TASKS) by
+    hpcyolo val."""
     run = root / f"{side}-seed{seed}"
     env = {**os.environ, "OMP_NUM_THREADS": threads}
     if side == "ultralytics":
@@ -153,8 +168,9 @@ def train_and_measure(side: str, seed: int, args, root: Path, data: Path, absolu
         env.update(YOLO_CONFIG_DIR=str(root / "ul-config"), YOLO_OFFLINE="1")
     else:
         start_from = ["--weights", str(args.weights)] if args.weights else ["--model", args.model]
-        argv = [str(BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), *start_from,
-                "--epochs", str(args.epochs), "--imgsz", "160", "--batch", "32", "--nbs", "32", "--optimizer",
+        argv = [str(BIN / "hpcyolo"), "train", "--task", args.task, "--run-dir", str(run), "--data", str(data),
+                *start_from,
+                "--epochs", str(args.epochs), "--imgsz", str(args.imgsz), "--batch", "32", "--nbs", "32", "--optimizer",
                 OPTIMIZERS[args.optimizer], "--lr0", str(args.lr0), "--close-mosaic", "3", "--seed", str(seed),
                 "--workers", "1", *our_options(args.set)]
         print("hpcyolo:     " + " ".join(argv[1:]), flush=True)
@@ -166,13 +182,15 @@ def train_and_measure(side: str, seed: int, args, root: Path, data: Path, absolu
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wall = time.perf_counter() - start
     own = last_row(run / "results.csv")
-    own_map50, own_map = (float(own[c]) for c in MAP_COLUMNS)
-    val = measured(run / "weights" / "last.pt", data)
-    print(f"  {side} seed {seed}, epoch {own['epoch']}: own validator mAP50 {own_map50:.3f} mAP50-95 {own_map:.3f}; "
-          f"last.pt by hpcyolo val: mAP50 {val['map50']:.3f} mAP50-95 {val['map50_95']:.3f}"
-          + ("" if done else f"; training {wall:.0f} s"),
-          flush=True)
-    return val["map50_95"]
+    _, columns, key, _ = TASKS[args.task]
+    val = measured(run / "weights" / "last.pt", data, args.imgsz)
+    figure = val
+    for k in key:
+        figure = figure[k]
+    own_figures = " ".join(f"{c} {float(own[c]):.3f}" for c in columns)
+    print(f"  {side} seed {seed}, epoch {own['epoch']}: own validator {own_figures}; last.pt by hpcyolo val: "
+          f"{TASKS[args.task][3]} {figure:.3f}" + ("" if done else f"; training {wall:.0f} s"), flush=True)
+    return figure
 
 if __name__ == "__main__":
     main()

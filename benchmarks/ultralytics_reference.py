@@ -68,16 +68,18 @@ fixtures on their own data, at imgsz 160 and the validation batch of a
 training batch of 16 (32, rectangular), the weights as stored (fp16, in
 float32) and ultralytics' default gains.
 
-`classify DATA` writes tests/reference/ultralytics/trained/yolo11n-cls/:
-transforms.npz (ultralytics' classify_transforms of a few images of other
-shapes, at two sizes; the steps of its classify_augmentations at given
-parameters, as torchvision's functional API does them: resized crops and
-each colour-jitter operation; each of RandAugment's operations at its
-magnitude), model.pt (a yolo11n-cls it trained from its YAML on
-DATA, a folder `hpcyolo make-dataset shapes DIR --task classify` wrote: the
-command line is in CLASSIFY_DATA) and val.json (its top-1, top-5 and val/loss
-on DATA's val split, and its top 5 predictions on 4 val images). Needs the
-bench venv's torchvision transforms (benchmarks/ultralytics_venv.sh)."""
+`classify DATA [--models ...]` writes tests/reference/ultralytics/trained/
+yolo11n-cls/transforms.npz (ultralytics' classify_transforms of a few images
+of other shapes, at two sizes; the steps of its classify_augmentations at
+given parameters, as torchvision's functional API does them: resized crops
+and each colour-jitter operation; each of RandAugment's operations at its
+magnitude) and, for each classifier of CLASSIFIERS (yolo11n-cls,
+yolo26n-cls), trained/NAME/: model.pt (the classifier it trained from its
+YAML on DATA, a folder `hpcyolo make-dataset shapes DIR --task classify`
+wrote: the command line is in CLASSIFY_DATA) and val.json (its top-1, top-5
+and val/loss on DATA's val split, and its top 5 predictions on 4 val
+images). Needs the bench venv's torchvision transforms
+(benchmarks/ultralytics_venv.sh)."""
 
 from __future__ import annotations
 
@@ -590,11 +592,15 @@ def classify_transforms_reference() -> Path:
     return dest
 
 
-def classify_reference(data: Path) -> dict:
+CLASSIFIERS = ("yolo11n-cls", "yolo26n-cls")
+
+
+def classify_reference(data: Path, name: str) -> dict:
     """Ultralytics' classify_transforms on transform_inputs at each of
-    CLASSIFY_IMGSZ (transforms.npz: the inputs and the outputs as uint8, x 255,
-    exactly the bytes ToTensor divided), and a yolo11n-cls trained from its
-    YAML on DATA with CLASSIFY_SETTINGS: model.pt (its best.pt), its `val`
+    CLASSIFY_IMGSZ (transforms.npz, in trained/yolo11n-cls: the inputs and the
+    outputs as uint8, x 255, exactly the bytes ToTensor divided), and the
+    classifier `name` (CLASSIFIERS) trained from its YAML on DATA with
+    CLASSIFY_SETTINGS, in trained/NAME: model.pt (its best.pt), its `val`
     top-1 and top-5 on DATA's val split at imgsz 64, batch 16, the val/loss
     its validator would log (v8ClassificationLoss, each batch's mean, averaged
     over the batches of 16 in ImageFolder's order) and its predictions' top 5
@@ -604,10 +610,12 @@ def classify_reference(data: Path) -> dict:
     from ultralytics.cfg import get_cfg
     from ultralytics.data.dataset import ClassificationDataset
 
-    dest = classify_transforms_reference()
+    classify_transforms_reference()
+    dest = OUT / "trained" / name
+    dest.mkdir(parents=True, exist_ok=True)
     images = sorted(p for p in (data / "val").rglob("*.jpg"))[:4]
     with tempfile.TemporaryDirectory() as tmp:
-        model = YOLO("yolo11n-cls.yaml")
+        model = YOLO(f"{name}.yaml")
         model.train(data=str(data), project=tmp, name="train", exist_ok=True, **CLASSIFY_SETTINGS)
         best = Path(tmp) / "train" / "weights" / "best.pt"
         (dest / "model.pt").write_bytes(best.read_bytes())
@@ -625,7 +633,7 @@ def classify_reference(data: Path) -> dict:
         predictions = [{"image": str(Path(r.path).relative_to(data)), "top5": [int(c) for c in r.probs.top5],
                         "conf": [float(c) for c in r.probs.top5conf]}
                        for r in YOLO(str(best)).predict([str(i) for i in images], imgsz=64, verbose=False)]
-    figures = {"ultralytics": __import__("ultralytics").__version__, "model": "yolo11n-cls", "data": CLASSIFY_DATA,
+    figures = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": CLASSIFY_DATA,
                "settings": CLASSIFY_SETTINGS, "top1": float(metrics.top1), "top5": float(metrics.top5),
                "images": len(dataset), "val_loss": sum(losses) / len(losses), "predictions": predictions}
     (dest / "val.json").write_text(json.dumps(figures, indent=1) + "\n")
@@ -639,6 +647,8 @@ def main() -> None:
                                          "val-loss", "classify", "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
+    parser.add_argument("--models", nargs="+", choices=CLASSIFIERS, default=CLASSIFIERS,
+                        help="classify: the classifiers to train (default: all)")
     args = parser.parse_args()
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp())  # ultralytics' settings file, not the home's
     OUT.mkdir(parents=True, exist_ok=True)
@@ -679,8 +689,9 @@ def main() -> None:
     elif args.what == "classify":
         if not args.data:
             parser.error(f"classify needs DATA, a folder written by: {CLASSIFY_DATA}")
-        classify_reference(Path(args.data).resolve())
-        print(f"wrote {OUT / 'trained' / 'yolo11n-cls'}")
+        for name in args.models:
+            classify_reference(Path(args.data).resolve(), name)
+            print(f"wrote {OUT / 'trained' / name}")
     elif args.what == "classify-transforms":
         print(f"wrote {classify_transforms_reference() / 'transforms.npz'}")
     elif args.what == "forward":
