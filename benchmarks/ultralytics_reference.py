@@ -29,7 +29,14 @@ v8SegmentationLoss (its default gains) on the inputs `segment_loss_inputs`
 makes from a seed (random head outputs of a 3-class YOLOv8n-seg at 64 x 96
 px, a few objects with masks inside their boxes), with overlapping masks and
 with one mask per object, at the prototypes' resolution and at the input's
-(mask_ratio 1: the prototypes upsampled).
+(mask_ratio 1: the prototypes upsampled). And, under `segment26`, YOLO26's
+segmentation loss on the same cases (`segment26_loss_inputs`: random outputs
+of both heads of a 3-class yolo26n-seg at 64 x 96 px, the prototypes, the
+semantic map and the semantic targets as ultralytics' Format makes them):
+SegmentLoss26 alone as each head's (the one-to-many head's top 10, the
+one-to-one head's top 7 then 1), E2ELoss over both as training computes it
+(its first epoch's weights), and E2ELoss on outputs without the semantic
+map, as validation computes it.
 
 `masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
@@ -262,6 +269,79 @@ def segment_loss() -> dict:
         total, items = criterion.loss(preds, batch)
         out[case] = {"items": {k: float(v) for k, v in items.items()}, "total": float(total.sum()),
                      "hyp": {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl")}}
+        print(f"{case}: {out[case]}", file=sys.stderr)
+    return out
+
+
+
+def segment26_loss_inputs(case: str) -> dict:
+    """segment_loss_inputs' objects and masks with the outputs of a YOLO26
+    segmenter's two heads instead, from torch's generator alone: per head the
+    box distances (grid units, 0.25 to 3.25: reg_max 1 regresses them
+    directly), class logits and mask coefficients ([B, C, anchors]); the
+    prototypes and the semantic map (logits of each class at an eighth of the
+    input); and each image's semantic targets (`sem_masks`) as ultralytics'
+    Format makes them from the image's masks and classes."""
+    import torch
+
+    x = segment_loss_inputs(case)
+    g = torch.Generator().manual_seed(26)
+    h, w = LOSS_HW
+    anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
+    for head in ("one2many", "one2one"):
+        x[head] = {"boxes": torch.rand(2, 4, anchors, generator=g) * 3 + 0.25,
+                   "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+                   "coefficients": torch.randn(2, 32, anchors, generator=g)}
+    x["proto"] = torch.randn(2, 32, h // 4, w // 4, generator=g)
+    x["semantic"] = torch.randn(2, 3, h // 8, w // 8, generator=g)
+    sem = []
+    for i in range(2):  # Format.apply_instances, one image at a time
+        cls = x["cls"][x["batch_idx"] == i]
+        if x["overlap"]:
+            sem.append(cls[x["masks"][i].long() - 1])
+        else:
+            masks = x["masks"][x["batch_idx"] == i]
+            weights = masks.sum(axis=(1, 2))
+            key = torch.where(masks.bool(), weights[:, None, None], weights.max() + 1)
+            sem.append(cls[key.min(0).indices] * masks.any(0))
+    x["sem_masks"] = torch.stack(sem).float()
+    return x
+
+
+def segment26_loss() -> dict:
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import SegmentationModel
+    from ultralytics.utils.loss import E2ELoss, SegmentLoss26
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        model = SegmentationModel("yolo26n-seg.yaml", nc=3, verbose=False)
+    out = {}
+    h, w = LOSS_HW
+    for case in LOSS_CASES:
+        x = segment26_loss_inputs(case)
+        model.args = get_cfg(overrides={"overlap_mask": x["overlap"]})
+        batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["bboxes"],
+                 "masks": x["masks"], "sem_masks": x["sem_masks"]}
+        feats = [torch.zeros(2, 4 + 3, h // s, w // s) for s in LOSS_STRIDES]
+
+        def preds(semantic: bool) -> dict:
+            proto = (x["proto"], x["semantic"]) if semantic else x["proto"]
+            return {head: {"boxes": x[head]["boxes"], "scores": x[head]["scores"], "feats": feats,
+                           "mask_coefficient": x[head]["coefficients"], "proto": proto}
+                    for head in ("one2many", "one2one")}
+
+        def figures(total, items) -> dict:
+            return {"items": {k: float(v) for k, v in items.items()}, "total": float(total.sum())}
+
+        trained = preds(True)
+        out[case] = {
+            "one2many": figures(*SegmentLoss26(model, tal_topk=10).loss(trained["one2many"], batch)),
+            "one2one": figures(*SegmentLoss26(model, tal_topk=7, tal_topk2=1).loss(trained["one2one"], batch))}
+        e2e = E2ELoss(model, SegmentLoss26)
+        out[case]["end2end"] = {**figures(*e2e(trained, batch)), "one2many_share": e2e.o2m}
+        out[case]["validation"] = figures(*E2ELoss(model, SegmentLoss26)(preds(False), batch))
+        out[case]["hyp"] = {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl")}
         print(f"{case}: {out[case]}", file=sys.stderr)
     return out
 
@@ -649,7 +729,8 @@ def main() -> None:
     elif args.what == "loss":
         path = OUT / "loss.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
-                                    "segment": segment_loss()}, indent=1) + "\n")
+                                    "segment": segment_loss(), "segment26": segment26_loss()}, indent=1)
+                        + "\n")
         print(f"wrote {path}")
     elif args.what == "val":
         path = OUT / "val.json"
