@@ -107,28 +107,30 @@ def test_a_box_row_in_a_segmentations_labels_is_refused_in_one_line(seg_yaml, tm
     assert not copy.exists()
 
 
-@pytest.mark.parametrize("case", ["box-row", "yolo26"])
+@pytest.mark.parametrize("case", ["box-row", "yolo26-end2end"])
 def test_a_segment_run_that_cannot_train_is_one_line_before_anything_is_written(seg_yaml, tmp_path, case):
-    """A box among the polygons, or a YOLO26 segmenter (its loss is not built
-    yet): `hpcyolo train --task segment` says so in one line and leaves no run
-    directory."""
+    """A box among the polygons, or a YOLO26 segmenter asked to validate
+    NMS-free (--end2end: not built for segmentation; a YOLO26 segmenter
+    trains, validating with NMS): `hpcyolo train --task segment` says so in
+    one line and leaves no run directory."""
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
-    data, model = seg_yaml, "yolo11n"
+    data, model, extra = seg_yaml, "yolo11n", []
     if case == "box-row":
         shutil.copytree(seg_yaml.parent, tmp_path / "set")
         label = sorted((tmp_path / "set" / "labels" / "train").glob("*.txt"))[0]
         label.write_text(label.read_text() + "2 0.5 0.5 0.25 0.25\n")
         data = tmp_path / "set" / "data.yaml"
     else:
-        model = "yolo26n"
+        model, extra = "yolo26n", ["--end2end"]
     r = subprocess.run([str(Path(sys.executable).parent / "hpcyolo"), "train", "--run-dir", str(tmp_path / "run"),
                         "--data", str(data), "--task", "segment", "--model", model, "--epochs", "1", "--imgsz", "96",
-                        "--batch", "4", "--workers", "0"], capture_output=True, text=True)
+                        "--batch", "4", "--workers", "0", *extra], capture_output=True, text=True)
     assert r.returncode == 1 and not (tmp_path / "run").exists(), r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("hpcyolo: error:")]
     assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert (": a box (class cx cy w h)" in errors[0]) if case == "box-row" else ("YOLO26 segmenter" in errors[0])
+    assert (": a box (class cx cy w h)" in errors[0]) if case == "box-row" else \
+        ("NMS-free validation of a segment model is not built" in errors[0])

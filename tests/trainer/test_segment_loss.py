@@ -57,3 +57,66 @@ def test_the_mask_term_is_zero_but_attached_without_a_foreground(one_thread):
     assert items[1] == 0
     total.backward()
     assert proto.grad is not None and coefficients[0].grad is not None and not proto.grad.any()
+
+
+def segment26_preds(x: dict, head: str, semantic: bool, script) -> tuple:
+    """One head's outputs of `segment26_loss_inputs` as our model gives them: (maps, coefficients, proto, semantic)."""
+    maps = as_levels(torch.cat([x[head]["boxes"], x[head]["scores"]], 1), script.LOSS_HW, script.LOSS_STRIDES)
+    coefficients = as_levels(x[head]["coefficients"], script.LOSS_HW, script.LOSS_STRIDES)
+    return maps, coefficients, x["proto"], x["semantic"] if semantic else None
+
+
+def close_to(ours: dict, theirs: dict, what: str) -> float:
+    """Asserts every item within 1e-5 relative of ultralytics'; returns the largest relative difference."""
+    assert list(ours) == list(theirs), (what, list(ours), list(theirs))
+    worst = 0.0
+    for name, value in ours.items():
+        assert value == pytest.approx(theirs[name], rel=1e-5, abs=1e-7 if theirs[name] == 0 else 0), \
+            (what, name, ours, theirs)
+        worst = max(worst, abs(value - theirs[name]) / abs(theirs[name]) if theirs[name] else 0.0)
+    return worst
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE["segment26"]))
+def test_equals_ultralytics_yolo26_segmentation_loss(case, one_thread):
+    """YOLO26's loss (ultralytics' SegmentLoss26 of each head, E2ELoss over
+    both): the mask-aware assignment, the semantic map's term, the one-to-one
+    head's items; in training (the semantic map) and in validation (none)."""
+    from hpcyolo_trainer.optim.segment_loss import EndToEndSegmentationLoss
+
+    script = reference_script()
+    x = script.segment26_loss_inputs(case)
+    expected = REFERENCE["segment26"][case]
+    gains = expected["hyp"]
+    targets = (torch.cat([x["batch_idx"][:, None].float(), x["cls"][:, None].float(), x["bboxes"]], 1), x["masks"])
+    common = dict(reg_max=1, strides=script.LOSS_STRIDES, overlap=x["overlap"], min_side=16, assign_ciou=True,
+                  mask_aware=True, **gains)
+    worst = {}
+    for head, topk in (("one2many", dict(topk=10)), ("one2one", dict(topk=7, topk2=1))):
+        loss_fn = SegmentationLoss(3, **topk, **common)
+        total, items = loss_fn(segment26_preds(x, head, True, script), targets)
+        worst[head] = close_to(dict(zip(loss_fn.names, items.tolist())), expected[head]["items"], head)
+        assert float(total) == pytest.approx(expected[head]["total"], rel=1e-5)
+    e2e = EndToEndSegmentationLoss(3, epochs=100, strides=script.LOSS_STRIDES, overlap=x["overlap"], **gains)
+    assert e2e.names == ("box_loss", "seg_loss", "cls_loss", "l1_loss", "sem_loss")
+    assert e2e.one2many_share == expected["end2end"]["one2many_share"]
+    for key, semantic in (("end2end", True), ("validation", False)):
+        preds = tuple(segment26_preds(x, head, semantic, script) for head in ("one2many", "one2one"))
+        total, items = e2e(preds, targets)
+        worst[key] = close_to(dict(zip(e2e.names, items.tolist())), expected[key]["items"], key)
+        assert float(total) == pytest.approx(expected[key]["total"], rel=1e-5), key
+        worst[f"{key} total"] = abs(float(total) / expected[key]["total"] - 1)
+    assert expected["end2end"]["items"]["sem_loss"] > 0 and expected["validation"]["items"]["sem_loss"] == 0
+    print(case, "max relative difference", worst)
+
+
+def test_the_mask_aware_assignment_changes_what_is_learnt():
+    """Not a no-op on the reference's inputs: without the masks' IoU the one-to-many head's figures differ."""
+    script = reference_script()
+    x = script.segment26_loss_inputs("overlap")
+    targets = (torch.cat([x["batch_idx"][:, None].float(), x["cls"][:, None].float(), x["bboxes"]], 1), x["masks"])
+    preds = segment26_preds(x, "one2many", True, script)
+    kwargs = dict(reg_max=1, strides=script.LOSS_STRIDES, min_side=16, assign_ciou=True, topk=10)
+    _, aware = SegmentationLoss(3, mask_aware=True, **kwargs)(preds, targets)
+    _, boxes_only = SegmentationLoss(3, **kwargs)(preds, targets)
+    assert not torch.allclose(aware[:4], boxes_only[:4], rtol=1e-3) and torch.equal(aware[4], boxes_only[4])

@@ -58,9 +58,25 @@ def test_segmentation_outputs(name, one_thread):
     if model.end2end:
         assert tuple(model.head.proto.semantic(feats).shape) == (2, 3, 8, 12)
         assert [c.shape for c in model.head.coefficients(feats, one2one=True)] == [c.shape for c in coefficients]
-    maps, coefficients_trained, prototypes = model(x)  # what the loss trains on
+    out = model(x)  # what the loss trains on
+    if model.end2end:  # both heads' outputs; eval mode: no semantic map (as ultralytics validates)
+        (maps, coefficients_trained, prototypes, semantic), one2one = out
+        assert semantic is None and one2one[3] is None and torch.equal(one2one[2], prototypes)
+        assert all(torch.equal(a, b) for a, b in zip(one2one[0], model.head.one2one(feats)))
+        assert all(torch.equal(a, b) for a, b in zip(one2one[1], model.head.coefficients(feats, one2one=True)))
+    else:
+        maps, coefficients_trained, prototypes = out
     assert [m.shape for m in maps] == [m.shape for m in model.head(feats)]
     assert all(torch.equal(a, b) for a, b in zip(coefficients_trained, coefficients))
+    assert torch.equal(prototypes, model.head.prototypes(feats))
+    if model.end2end:  # training mode: the semantic map too, the one-to-one head's detached
+        model.train()
+        (_, _, prototypes, semantic), (_, _, one2one_proto, one2one_semantic) = model(x)
+        feats = model.neck(model.backbone(x))
+        assert torch.allclose(semantic, model.head.proto.semantic(feats), rtol=1e-5, atol=1e-6)
+        assert torch.allclose(prototypes, model.head.prototypes(feats), rtol=1e-5, atol=1e-6)
+        assert semantic.requires_grad and not one2one_semantic.requires_grad and not one2one_proto.requires_grad
+        assert torch.equal(one2one_semantic, semantic) and torch.equal(one2one_proto, prototypes)
     if not model.end2end:  # the detector's decoded boxes and scores, then each anchor's coefficients
         preds, proto = model.predict(x)
         assert tuple(preds.shape) == (2, 4 + 3 + MASKS, 8 * 12 + 4 * 6 + 2 * 3)

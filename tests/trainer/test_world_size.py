@@ -12,7 +12,8 @@ global batch together (syncbn.py: torch's SyncBatchNorm is GPU-only). And
 once for ultralytics' YOLO26n checkpoint: both heads' losses (EndToEndLoss).
 And once for ultralytics' yolo11n-seg trained on a shapes set with polygons
 (tests/reference/ultralytics/trained): its loss's mask term too
-(SegmentationLoss). And once for a yolo11n classifier, freshly initialised,
+(SegmentationLoss); and for its yolo26n-seg: both heads, the mask-aware
+assignment and the semantic map's term (EndToEndSegmentationLoss). And once for a yolo11n classifier, freshly initialised,
 on a shapes set of class folders, BatchNorm frozen: the cross entropy over
 the global batch (ClassificationLoss).
 """
@@ -33,9 +34,9 @@ from hpcyolo.node.local import free_port
 FIXTURES = SHARED / "fixtures" / "ultralytics"
 # (fixture, BatchNorm, clip_norm) of each step compared
 # Not a fixture: ultralytics' yolo11n-seg trained on shapes (tests/reference), on the set `steps` writes (SEGMENT_DATA).
-SEGMENT = "yolo11n-segment-shapes"
-SEGMENT_WEIGHTS = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained" / "yolo11n-seg" / \
-    "model.pt"
+SEGMENT, SEGMENT26 = "yolo11n-segment-shapes", "yolo26n-segment-shapes"
+SEGMENT_WEIGHTS = {name: Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained" / model /
+                   "model.pt" for name, model in ((SEGMENT, "yolo11n-seg"), (SEGMENT26, "yolo26n-seg"))}
 SEGMENT_DATA = "HPCYOLO_TEST_SEGMENT_DATA"
 # Not a fixture either: a yolo11n classifier from its seeded initialisation, on the class folders `steps` writes,
 # its BatchNorm training, in float64: in float32 this fresh classifier's gradient is itself 2.2e-5 (relative) from
@@ -43,7 +44,8 @@ SEGMENT_DATA = "HPCYOLO_TEST_SEGMENT_DATA"
 # they agree to 1.6e-12, so the row holds the classifier's loss scaling and cross-rank BatchNorm, not its rounding.
 CLASSIFY, CLASSIFY_DATA = "yolo11n-classify-shapes", "HPCYOLO_TEST_CLASSIFY_DATA"
 CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in (10.0, 0.0)] + \
-        [("yolo26n-shapes", "train", 10.0), (SEGMENT, "train", 10.0), (CLASSIFY, "train", 0.0)]
+        [("yolo26n-shapes", "train", 10.0), (SEGMENT, "train", 10.0), (SEGMENT26, "train", 10.0),
+         (CLASSIFY, "train", 0.0)]
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
 STEP = 5  # an optimizer step at batch 5, inside the warm-up (18 batches here): warm-up LR and momentum apply
 
@@ -77,8 +79,9 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     from hpcyolo_trainer.model.weights import read_weights
     from hpcyolo_trainer.tasks.task import load
 
-    task = load("segment" if fixture == SEGMENT else "classify" if fixture == CLASSIFY else "detect")
-    data = os.environ[SEGMENT_DATA] if fixture == SEGMENT else os.environ[CLASSIFY_DATA] if fixture == CLASSIFY \
+    segment = fixture in SEGMENT_WEIGHTS
+    task = load("segment" if segment else "classify" if fixture == CLASSIFY else "detect")
+    data = os.environ[SEGMENT_DATA] if segment else os.environ[CLASSIFY_DATA] if fixture == CLASSIFY \
         else str(FIXTURES / fixture / "data.yaml")
     cfg = TrainConfig(run_dir="unused", data=data, batch=GLOBAL_BATCH, nbs=NBS, task=task.name,
                       imgsz=IMGSZ, clip_norm=clip, epochs=10, optimizer="sgd")
@@ -90,8 +93,8 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
         model, _ = initial_model("yolo11n", len(spec.names), cfg.seed, None, task.build_model)
     else:
         dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names),
-                              segments=fixture == SEGMENT)
-        weights = read_weights(SEGMENT_WEIGHTS if fixture == SEGMENT else FIXTURES / fixture / "model.pt")
+                              segments=segment)
+        weights = read_weights(SEGMENT_WEIGHTS[fixture] if segment else FIXTURES / fixture / "model.pt")
         model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights, task.build_model)
     model = place_model(model, d)
     dtype = torch.float64 if fixture == CLASSIFY else torch.float32

@@ -177,7 +177,8 @@ def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, con
     if loss_fn is None:
         (raw, proto), items = model.predict(x, end2end=end2end), None
     else:
-        maps, coefficients, proto = out = model(x)
+        out = model(x)  # YOLO26's: both heads', without the semantic map (eval), as ultralytics validates
+        maps, coefficients, proto = (out[0] if model.end2end else out)[:3]
         items = loss_fn(out, (loss_targets(metas, x.shape[2:]), loss_masks(metas, loss_fn.overlap)))[1]
         raw = torch.cat([model.decode(maps), torch.cat([c.flatten(2) for c in coefficients], 2)], 1)
     preds = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, multi_label=True, nc=model.nc)

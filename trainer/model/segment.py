@@ -65,6 +65,11 @@ class Proto26(Proto):
         """[B, nc, H/8, W/8] class logits of every pixel of the finest level (a training loss only)."""
         return self.semseg(self.fused(feats))
 
+    def with_semantic(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward's prototypes, semantic's map), the levels summed once."""
+        fused = self.fused(feats)
+        return super().forward(self.feat_fuse(fused)), self.semseg(fused)
+
 
 class SegmentHead(Detect):
     """Detect's branches, a mask-coefficient branch per level (`mask`, with
@@ -103,10 +108,25 @@ class SegmentationModel(DetectionModel):
 
     def forward(self, x: torch.Tensor):
         """(the detector's maps per level, the coefficient maps per level, the
-        prototypes): what SegmentationLoss trains on. YOLO26's one-to-one
-        maps are not trained yet (its segmentation loss is not built)."""
+        prototypes): what SegmentationLoss trains on. YOLO26's (end2end):
+        ((those, the semantic map), (the one-to-one head's maps and
+        coefficients, the prototypes, the semantic map)), what
+        EndToEndSegmentationLoss trains on; the semantic map only in training
+        mode (None in eval, as ultralytics' validation has none). The
+        one-to-one branches see detached features and get detached prototypes
+        and map, as ultralytics': their loss trains those branches only."""
         feats = self.neck(self.backbone(x))
-        return self.head(feats), self.head.coefficients(feats), self.head.prototypes(feats)
+        maps, coefficients = self.head(feats), self.head.coefficients(feats)
+        if not self.end2end:
+            return maps, coefficients, self.head.prototypes(feats)
+        if self.training:
+            proto, semantic = self.head.proto.with_semantic(feats)
+        else:
+            proto, semantic = self.head.prototypes(feats), None
+        detached = [f.detach() for f in feats]
+        one2one = (self.head.one2one(detached), self.head.coefficients(detached, one2one=True), proto.detach(),
+                   None if semantic is None else semantic.detach())
+        return (maps, coefficients, proto, semantic), one2one
 
     def predict(self, x: torch.Tensor, end2end: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """([B, 4 + nc + 32, A]: the detector's decoded boxes and scores, then

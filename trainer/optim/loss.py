@@ -62,18 +62,20 @@ class TaskAlignedAssigner(nn.Module):
         gt_labels: Tensor,
         gt_bboxes: Tensor,
         mask_gt: Tensor,
+        **extra: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Assign anchors to gts -> (target_bboxes [B,A,4], target_scores [B,A,nc], fg_mask [B,A] bool,
         gt_idx [B,A]: each anchor's gt among its image's, 0 for the background).
 
         pd_scores [B,A,nc] are probabilities; pd_bboxes [B,A,4], anc_points [A,2]
         and gt_bboxes [B,M,4] (xyxy) share one unit; gt_labels and mask_gt are [B,M,1].
-        Background anchors get zero boxes and zero scores.
+        Background anchors get zero boxes and zero scores. `extra`: what a
+        subclass's _alignment reads besides (segment_loss.py's mask-aware one).
         """
         if gt_bboxes.shape[1] == 0:
             return self._empty(pd_scores, gt_bboxes)
         candidates = self._inside_gts(anc_points, self._widened(gt_bboxes)) & mask_gt.bool()  # [B,M,A]
-        align, overlaps = self._alignment(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates)
+        align, overlaps = self._alignment(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, **extra)
         mask_pos = self._topk(align, candidates)
         mask_pos = self._one_gt_per_anchor(mask_pos, overlaps)
         if self.topk2 < self.topk:
@@ -225,10 +227,21 @@ class DetectionLoss:
         parts, _ = self.detection(feats, gts)
         return parts.sum() * (feats[0].shape[0] * self.world_size), parts.detach()
 
-    def detection(self, feats: list[Tensor], gts: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, tuple]:
+    def prepare(self, preds: list[Tensor], targets: Tensor):
+        """The targets as from_prepared reads them (here gts()): made once
+        for the two heads of an end-to-end loss."""
+        return self.gts(preds, targets)
+
+    def from_prepared(self, preds: list[Tensor], prepared) -> tuple[Tensor, Tensor]:
+        """The loss and items of `preds` against targets made by prepare()."""
+        return self.from_gts(preds, prepared)
+
+    def detection(self, feats: list[Tensor], gts: tuple[Tensor, Tensor, Tensor],
+                  extra: dict | None = None) -> tuple[Tensor, tuple]:
         """The three terms (box, cls, dfl; each times its gain) of `feats`
         against targets made by gts(), and the assignment: (foreground [B,A],
-        each anchor's gt index [B,A], its gt box [B,A,4] xyxy in pixels)."""
+        each anchor's gt index [B,A], its gt box [B,A,4] xyxy in pixels).
+        `extra`: handed on to the assigner (a mask-aware one's inputs)."""
         pred_dist, pred_logits = self._flatten(feats)
         points, strides, whwh = self._anchors(feats, pred_dist.dtype)
         gt_labels, gt_bboxes, mask_gt = gts
@@ -236,7 +249,7 @@ class DetectionLoss:
         # The assigner compares boxes in pixels, like the gts.
         target_bboxes, target_scores, fg, gt_idx = self.assigner.assign(
             pred_logits.detach().sigmoid(), pred_bboxes.detach() * strides, points * strides,
-            gt_labels, gt_bboxes, mask_gt,
+            gt_labels, gt_bboxes, mask_gt, **(extra or {}),
         )
         assigned = fg, gt_idx, target_bboxes
         # Normalise by the soft target mass, as in YOLOv8, so the loss scale
@@ -351,17 +364,21 @@ class EndToEndLoss:
     the rest; call set_epoch at the start of each epoch (a pure function of
     the epoch: a resumed run weighs as the uninterrupted one). The items are
     the one-to-one head's (box, cls, l1), as ultralytics logs them.
+
+    `head_loss`: each head's loss (DetectionLoss; segment_loss.py's
+    SegmentationLoss for a segmenter, whose outputs and targets it reads),
+    made with `options` besides the gains.
     """
 
     start, end = 0.8, 0.1  # the one-to-many share in the first and the last epoch
 
     def __init__(self, nc: int, epochs: int, strides: Sequence[float] = (8, 16, 32), world_size: int = 1,
-                 **gains: float):
+                 head_loss: type = DetectionLoss, options: dict | None = None, **gains: float):
         # STAL: widened to the middle stride, 16 px.
         common = dict(nc=nc, reg_max=1, strides=strides, world_size=world_size, min_side=strides[1],
-                      assign_ciou=True, **gains)
-        self.one2many = DetectionLoss(topk=10, **common)
-        self.one2one = DetectionLoss(topk=7, topk2=1, **common)
+                      assign_ciou=True, **(options or {}), **gains)
+        self.one2many = head_loss(topk=10, **common)
+        self.one2one = head_loss(topk=7, topk2=1, **common)
         self.epochs, self.epoch = epochs, 0
         self.names = self.one2one.names
 
@@ -378,12 +395,12 @@ class EndToEndLoss:
         left = max(1 - self.epoch / max(self.epochs - 1, 1), 0.0)  # 1 in the first epoch, 0 in the last
         return self.end + (self.start - self.end) * left
 
-    def __call__(self, feats: tuple[list[Tensor], list[Tensor]], targets: Tensor) -> tuple[Tensor, Tensor]:
+    def __call__(self, feats: tuple, targets) -> tuple[Tensor, Tensor]:
         maps, one2one_maps = feats
         share = self.one2many_share
-        gts = self.one2many.gts(maps, targets)  # the same targets for both heads: made once
-        many, _ = self.one2many.from_gts(maps, gts)
-        one, items = self.one2one.from_gts(one2one_maps, gts)
+        prepared = self.one2many.prepare(maps, targets)  # the same targets for both heads: made once
+        many, _ = self.one2many.from_prepared(maps, prepared)
+        one, items = self.one2one.from_prepared(one2one_maps, prepared)
         return many * share + one * (1 - share), items
 
 

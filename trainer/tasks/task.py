@@ -47,6 +47,8 @@ class Task:
     export: Callable[..., dict]
     # why the task cannot train the architecture `arch` (yolov8n ...), or None: asked before a file is written
     untrainable: Callable[[str], str | None] = lambda arch: None
+    # whether its validation can take an end2end head's detections without NMS (train.end2end, YOLO26's)
+    nms_free: bool = True
     # its datasets: True, a folder of class folders (classify: train/CLASS/*.jpg, val/CLASS/*.jpg, the
     # class an image's folder); False, a data YAML with a label file per image
     folders: bool = False

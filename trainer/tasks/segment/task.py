@@ -9,15 +9,13 @@ from pathlib import Path
 import numpy as np
 
 from ...common import rundir
-from ...common.errors import HpcyoloError
 from ...data.dataset import YoloDataset
 from ...eval.evaluate import ValBatches, evaluate, report, segment_batch_stats, table, validate
 from ...eval.metrics import SegStats
 from ...eval.export import export_onnx
 from ...eval.predict import predict
-from ...model import families
 from ...model.segment import build_model
-from ...optim.segment_loss import SegmentationLoss
+from ...optim.segment_loss import EndToEndSegmentationLoss, SegmentationLoss
 from ..detect import task as detect
 from ..task import Task
 
@@ -40,23 +38,18 @@ def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | Non
     return ValBatches(files, nc, imgsz, batch, cache_dir=cache_dir, checked=checked, segments=True)
 
 
-def loss(model, nc: int, world_size: int, cfg) -> SegmentationLoss:
-    """ultralytics' v8SegmentationLoss with cfg's gains, its assignment as
-    detection's; YOLO26's segmentation loss (one-to-one head, semantic map)
-    is not built yet, so a YOLO26 segmenter is refused here, in one line."""
-    if (why := untrainable(model.arch)) is not None:
-        raise HpcyoloError(why)
-    strides = tuple(model.stride.tolist())
+def loss(model, nc: int, world_size: int, cfg) -> SegmentationLoss | EndToEndSegmentationLoss:
+    """ultralytics 8.4's segmentation loss of `model` with cfg's gains and
+    overlap_mask, scaled for the world size: v8SegmentationLoss (its
+    assignment detection's) for YOLOv8 and YOLO11; for YOLO26 (end2end),
+    E2ELoss of SegmentLoss26, both heads' (their weights change over
+    cfg.epochs), the assignment mask-aware, the semantic map's term too."""
+    strides, gains = tuple(model.stride.tolist()), dict(box=cfg.box, cls=cfg.cls, dfl=cfg.dfl)
+    if model.end2end:
+        return EndToEndSegmentationLoss(nc, cfg.epochs, strides=strides, world_size=world_size,
+                                        overlap=cfg.overlap_mask, **gains)
     return SegmentationLoss(nc, reg_max=model.reg_max, strides=strides, world_size=world_size, min_side=strides[1],
-                            assign_ciou=True, overlap=cfg.overlap_mask, box=cfg.box, cls=cfg.cls, dfl=cfg.dfl)
-
-
-def untrainable(arch: str) -> str | None:
-    """YOLO26's segmentation loss (its mask-aware assignment, the semantic map) is not built yet."""
-    if families.load(arch[:-1]).END2END:
-        return (f"train.model {arch}: training a YOLO26 segmenter is not supported yet (its loss); choose a "
-                "yolov8 or yolo11 model for train.task segment (a YOLO26 segmenter's weights val, predict and export)")
-    return None
+                            assign_ciou=True, overlap=cfg.overlap_mask, **gains)
 
 
 def seg_validate(*args, **kwargs) -> dict | None:
@@ -114,6 +107,6 @@ TASK = Task(
     fitness=SegStats.fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=detect.batch_drawer,
-    evaluate=seg_evaluate, predict=predict, export=export_onnx, untrainable=untrainable,
+    evaluate=seg_evaluate, predict=predict, export=export_onnx, nms_free=False,
     draw_labels=detect.plot_labels,
 )
