@@ -5,11 +5,11 @@ results.csv with ultralytics' classify columns; `hpcyolo val`, `predict`
 and `export` of its weights, each against another path (the last epoch's
 row, the validation's top-1, torch); the task and the dataset's layout refused in one line where they
 do not go together. The two runs are shared by the tests (module scope).
-Against ultralytics (tests/reference/ultralytics/trained/yolo11n-cls, made
-by benchmarks/ultralytics_reference.py classify): the validation
-transform's bytes, its classifier's top-1, top-5 and val/loss through
-`hpcyolo val` on one rank and two, its top-5 predictions, and its weights
-fine-tuned to other classes."""
+Against ultralytics (tests/reference/ultralytics/trained/yolo11n-cls and
+yolo26n-cls, made by benchmarks/ultralytics_reference.py classify): the
+validation transform's bytes, each classifier's top-1, top-5 and val/loss
+through `hpcyolo val` on one rank and two, its top-5 predictions, and
+yolo11n-cls's weights fine-tuned to other classes."""
 
 from __future__ import annotations
 
@@ -208,15 +208,19 @@ def test_task_and_dataset_layout_that_do_not_go_together_are_one_line(runs, tmp_
 
 # == against ultralytics ==========================================================================================
 
-TRAINED = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained" / "yolo11n-cls"
+REFERENCES = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained"
+TRAINED = REFERENCES / "yolo11n-cls"  # and its transforms.npz
+CLASSIFIERS = ("yolo11n-cls", "yolo26n-cls")  # trained by ultralytics on REFERENCE_DATA, one per family
 # The set ultralytics trained and validated its reference classifier on (its val.json says so).
 REFERENCE_DATA = "hpcyolo make-dataset shapes DIR --task classify --train 120 --val 36 --imgsz 64 --classes 6 --seed 7"
 
 
 @pytest.fixture(scope="module")
 def reference_set(tmp_path_factory) -> Path:
-    reference = json.loads((TRAINED / "val.json").read_text())
-    assert reference["data"] == REFERENCE_DATA and reference["ultralytics"] == "8.4.190"
+    for name in CLASSIFIERS:
+        reference = json.loads((REFERENCES / name / "val.json").read_text())
+        assert reference["data"] == REFERENCE_DATA and reference["ultralytics"] == "8.4.190"
+        assert reference["model"] == name
     return make_shapes(tmp_path_factory.mktemp("cls-ref") / "shapes", n_train=120, n_val=36, imgsz=64, classes=6,
                        seed=7, task="classify")
 
@@ -272,12 +276,15 @@ def test_randaugment_operations_give_torchvisions_bytes():
             assert op in ("Identity", "Posterize", "AutoContrast") or not np.array_equal(want, img), (op, sign)
 
 
-def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_rank_and_two(reference_set, capfd):
-    """Ultralytics' own yolo11n-cls checkpoint (read by the restricted
-    unpickler), on the set it was trained on: its top-1 and top-5 as its
-    `val` measured them, its loss as its validator logs val/loss."""
-    reference = json.loads((TRAINED / "val.json").read_text())
-    args = [HPCYOLO, "val", str(TRAINED / "model.pt"), "--data", str(reference_set), "--imgsz", "64", "--batch", "16",
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_rank_and_two(name, reference_set,
+                                                                                              capfd):
+    """Ultralytics' own yolo11n-cls and yolo26n-cls checkpoints (read by the
+    restricted unpickler), on the set they were trained on: their top-1 and
+    top-5 as its `val` measured them, their loss as its validator logs
+    val/loss."""
+    reference = json.loads((REFERENCES / name / "val.json").read_text())
+    args = [HPCYOLO, "val", str(REFERENCES / name / "model.pt"), "--data", str(reference_set), "--imgsz", "64", "--batch", "16",
             "--json"]
     r = subprocess.run(args, capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
@@ -294,9 +301,10 @@ def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_r
     assert len(out) == 1 and json.loads(out[0]) == ours
 
 
-def test_predict_gives_ultralytics_top5_and_probabilities(reference_set, tmp_path):
-    reference = json.loads((TRAINED / "val.json").read_text())["predictions"]
-    r = subprocess.run([HPCYOLO, "predict", str(TRAINED / "model.pt"), *(str(reference_set / p["image"])
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_predict_gives_ultralytics_top5_and_probabilities(name, reference_set, tmp_path):
+    reference = json.loads((REFERENCES / name / "val.json").read_text())["predictions"]
+    r = subprocess.run([HPCYOLO, "predict", str(REFERENCES / name / "model.pt"), *(str(reference_set / p["image"])
                         for p in reference), "--imgsz", "64", "--out", str(tmp_path), "--format", "json"],
                        capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
