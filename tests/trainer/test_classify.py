@@ -313,3 +313,26 @@ def test_predict_gives_ultralytics_top5_and_probabilities(name, reference_set, t
     for mine, theirs in zip(ours, reference):
         assert [t["class"] for t in mine["top5"]] == theirs["top5"], mine["image"]
         assert [t["confidence"] for t in mine["top5"]] == pytest.approx(theirs["conf"], abs=1e-4)
+
+
+def test_dropout_is_a_setting_that_reaches_the_classifiers_head(tmp_path):
+    """`dropout` from the command line or an ultralytics args.yaml sets the
+    head's Dropout, which then acts while training only."""
+    import torch
+
+    from hpcyolo_trainer.common.recipe import read_recipe
+    from hpcyolo_trainer.model.classify import build_classifier
+    from hpcyolo_trainer.run.setup import set_dropout
+
+    recipe = tmp_path / "args.yaml"
+    recipe.write_text("dropout: 0.5\nerasing: 0.4\n")
+    taken, ignored = read_recipe(recipe)
+    assert taken["dropout"] == 0.5 and "dropout" not in ignored
+    model = build_classifier("yolo11n", 3)
+    set_dropout(model, 0.5)
+    assert model.head.drop.p == 0.5
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    model.train()
+    assert not torch.equal(model(x), model(x))  # two draws of the mask
+    model.eval()
+    assert torch.equal(model(x)[0], model(x)[0])

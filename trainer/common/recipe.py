@@ -34,7 +34,7 @@ mode data device project name exist_ok save save_dir verbose deterministic profi
 resume split save_json conf iou max_det half dnn agnostic_nms source vid_stride stream_buffer visualize augment
 retina_masks embed show save_frames save_txt save_conf save_crop show_labels show_conf show_boxes line_width format
 optimize dynamic simplify opset workspace quantize int8 tracker cfg pose kobj rle angle dis
-dlog dgrad dlam dropout cls_remap pretrained
+dlog dgrad dlam cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.
 NOT_YET = {"cls_pw": 0.0, "distill_model": None}

@@ -315,6 +315,9 @@ SETTINGS: tuple[Setting, ...] = (
     U("erasing", 0.4, float, "Classification: probability of erasing a random rectangle (2-33% of the image, "
       "filled with 0) of a training image, as ultralytics' random erasing.", True, _AUGMENT, check_fraction),
     U("bgr", 0.0, float, "Probability of swapping the colour channels (RGB to BGR).", True, _AUGMENT, check_fraction),
+    U("dropout", 0.0, float, "Classification: probability of zeroing each of the head's 1280 pooled features "
+      "before its linear layer while training, as ultralytics' dropout; other tasks' models have no dropout.", True,
+      "the steps of the classifier's training", check_fraction),
     S("multi_scale", 0.0, float, "Multi-scale training: each step's image size drawn from imgsz x [1 - f, 1 + f], a "
       "multiple of 32, the same on every rank; 0: off.", True, "the image size of every step", check_multi_scale,
       key="train.multi_scale", flag="--multi-scale"),

@@ -77,6 +77,7 @@ def build(task: Task, cfg: TrainConfig, d: Dist, data: Data, state: dict | None,
     model, report = initial_model(arch, data.nc, cfg.seed, weights, task.build_model)
     if report:
         print0(d, report)
+    set_dropout(model, cfg.dropout)
     model = place_model(model, d, layout(cfg, d.device))
     if cfg.freeze:  # after place_model: its BatchNorm layers for several ranks are new modules
         print0(d, freeze(model, cfg.freeze))
@@ -107,6 +108,14 @@ def resume(parts: Parts, state: dict | None, d: Dist) -> Position:
     print0(d, f"resumed from {Path(state['path']).name}: epoch {pos.epoch + 1}, batch {pos.batch}, "
               f"step {pos.global_step}")
     return pos
+
+
+def set_dropout(model, p: float) -> None:
+    """Every Dropout of `model` (a classifier's head has one) at probability
+    p, as ultralytics' classification trainer sets the `dropout` setting."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = p
 
 
 def freeze(model, layers: int) -> str:
