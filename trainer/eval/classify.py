@@ -15,15 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from ..common.errors import HpcyoloError
 from ..common.fsutil import write_atomic
 from ..data.classify import ClassifyBatches, val_transform
 from ..data.dataset import load_data_spec
 from ..model.weights import Weights, as_weights, build_from
-from ..parallel.dist import Dist, gather_objects
-from .evaluate import INTERRUPTED, as_is, indexed_split
+from ..parallel.dist import Dist
+from .evaluate import INTERRUPTED, indexed_split, mean_items, share_batches
 from .predict import read_image
 
 TOP = 5  # ultralytics' top-5 accuracy, and the classes predict reports
@@ -53,35 +52,27 @@ def validate(d: Dist, model, batches: ClassifyBatches, *, workers: int = 0, work
     where `interrupted()` said so before a batch). `on_batch(images, classes,
     probabilities)` sees each of this rank's batches."""
     model.eval()
-    mine = range(d.rank, len(batches), d.world_size)
-    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
-                        worker_init_fn=worker_init, collate_fn=as_is)
     device = next(model.parameters()).device
-    states, stopped = [], False
-    for k, (x, classes) in zip(mine, loader):
-        if interrupted is not None and interrupted():
-            stopped = True
-            break
+
+    def one(x, classes):
         logits = model(x.to(device).float() / 255)
         probs = logits.float().softmax(1)
         top = probs.argsort(1, descending=True)[:, :TOP].cpu().numpy()
         items = None if loss_fn is None else loss_fn(logits, torch.stack([torch.zeros_like(classes), classes], 1))[1]
-        states.append((k, top, classes.numpy(), None if items is None else items.cpu()))
         if on_batch is not None:
             on_batch(x, classes, probs.cpu())
-    gathered = gather_objects(d, (states, stopped))
-    if any(s for _, s in gathered):
-        return INTERRUPTED
-    if not d.is_main:
-        return None
-    ordered = sorted((entry for rank, _ in gathered for entry in rank), key=lambda e: e[0])
-    top = np.concatenate([t for _, t, _, _ in ordered]) if ordered else np.zeros((0, TOP), np.int64)
-    targets = np.concatenate([c for _, _, c, _ in ordered]) if ordered else np.zeros(0, np.int64)
+        return top, classes.numpy(), None if items is None else items.cpu()
+
+    shared = share_batches(d, batches, one, workers=workers, worker_init=worker_init, interrupted=interrupted)
+    if shared is None or shared is INTERRUPTED:
+        return shared
+    ordered = shared[0]
+    top = np.concatenate([t for t, _, _ in ordered]) if ordered else np.zeros((0, TOP), np.int64)
+    targets = np.concatenate([c for _, c, _ in ordered]) if ordered else np.zeros(0, np.int64)
     top1, top5 = accuracy(top, targets)
     summary = {"top1": top1, "top5": top5, "images": int(len(targets))}
     if loss_fn is not None:  # ultralytics' val/loss: the batches' mean losses, averaged
-        total = sum((items for *_, items in ordered), torch.zeros(len(loss_fn.names)))
-        summary["val_losses"] = (total / max(len(ordered), 1)).tolist()
+        summary["val_losses"] = mean_items([items for *_, items in ordered], loss_fn.names)
     if plots:  # rows predicted (top-1), columns true, as ultralytics' classify confusion matrix
         matrix = np.zeros((batches.nc, batches.nc), np.int64)
         if len(targets):

@@ -240,6 +240,37 @@ def as_is(item):
 INTERRUPTED = {"interrupted": True}  # what validate() returns on every rank when a rank was asked to stop
 
 
+def share_batches(d: Dist, batches, per_batch, *, workers: int = 0, worker_init=None, interrupted=None,
+                  extra=None):
+    """A validation's distribution, for every task: each rank runs
+    `per_batch(*batch)` on every world_size-th batch of `batches` (read by a
+    loader of `workers` processes) and rank 0 gets every rank's results in
+    batch order, whatever the ranks: (results, [each rank's `extra()`,
+    called after its last batch]) on rank 0, None on the others, INTERRUPTED
+    on every rank where `interrupted()`, asked before each batch, said so."""
+    mine = range(d.rank, len(batches), d.world_size)
+    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
+                        worker_init_fn=worker_init, collate_fn=as_is)
+    results, stopped = [], False
+    for k, batch in zip(mine, loader):
+        if interrupted is not None and interrupted():
+            stopped = True
+            break
+        results.append((k, per_batch(*batch)))
+    gathered = gather_objects(d, (results, None if extra is None else extra(), stopped))
+    if any(s for _, _, s in gathered):
+        return INTERRUPTED
+    if not d.is_main:
+        return None
+    ordered = sorted((entry for rank, _, _ in gathered for entry in rank), key=lambda e: e[0])
+    return [result for _, result in ordered], [x for _, x, _ in gathered]
+
+
+def mean_items(items: list, names: tuple[str, ...]) -> list[float]:
+    """ultralytics' val/ losses: each batch's loss items, added in batch order, over the batches."""
+    return (sum(items, torch.zeros(len(names))) / max(len(items), 1)).tolist()
+
+
 @torch.no_grad()
 def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: float = 0.7, workers: int = 0,
              worker_init=None, on_batch=None, end2end: bool = False, plots: bool = False,
@@ -260,32 +291,26 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     `val_losses`, its items averaged over the batches, as ultralytics' val/
     columns."""
     model.eval()
-    mine = range(d.rank, len(batches), d.world_size)
-    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
-                        worker_init_fn=worker_init, collate_fn=as_is)
-    states, confusion, stopped = [], ConfusionMatrix(batches.nc) if plots else None, False
-    for k, (x, metas) in zip(mine, loader):
-        if interrupted is not None and interrupted():
-            stopped = True
-            break
+    confusion = ConfusionMatrix(batches.nc) if plots else None
+
+    def one(x, metas):
         stats, preds, items = measure(model, x, metas, d.device, conf, iou, end2end, confusion, loss_fn)
-        states.append((k, stats.state(), None if items is None else items.cpu()))
         if on_batch is not None:
             on_batch(x, metas, preds)
-    gathered = gather_objects(d, (states, None if confusion is None else confusion.matrix, stopped))
-    if any(s for _, _, s in gathered):
-        return INTERRUPTED
-    if not d.is_main:
-        return None
-    ordered = sorted((entry for rank, _, _ in gathered for entry in rank), key=lambda e: e[0])
+        return stats.state(), None if items is None else items.cpu()
+
+    shared = share_batches(d, batches, one, workers=workers, worker_init=worker_init, interrupted=interrupted,
+                           extra=None if confusion is None else lambda: confusion.matrix)
+    if shared is None or shared is INTERRUPTED:
+        return shared
+    ordered, matrices = shared
     kind = SegStats if batches.outlines is not None else DetStats
-    merged = kind.merge([state for _, state, _ in ordered])
+    merged = kind.merge([state for state, _ in ordered])
     summary = kind.summary(merged, batches.nc, method="ultralytics")
-    if loss_fn is not None:  # added in batch order, whatever the ranks
-        total = sum((items for _, _, items in ordered), torch.zeros(len(loss_fn.names)))
-        summary["val_losses"] = (total / max(len(ordered), 1)).tolist()
+    if loss_fn is not None:
+        summary["val_losses"] = mean_items([items for _, items in ordered], loss_fn.names)
     if plots:
-        summary["confusion"] = sum(matrix for _, matrix, _ in gathered)
+        summary["confusion"] = sum(matrices)
         summary["curves"] = curves(merged["boxes"] if kind is SegStats else merged, batches.nc)
         if kind is SegStats:
             summary["mask_curves"] = curves(merged["masks"], batches.nc)
