@@ -261,11 +261,7 @@ def requeued_tracked_run(tmp_path_factory):
     Returns a namespace: run (the run directory), result ({"interfaces",
     "codes"} as the namespace saw them), stdout (both jobs), job1 and job2
     (each job's own output), stderr."""
-    import json
-    import types
-
     from hpcyolo.login.shapes import make_shapes
-    from hpcyolo_trainer.common.preemption import DRILL_ENV
 
     tmp = tmp_path_factory.mktemp("requeued-tracked")
     data = make_shapes(tmp / "shapes", n_train=48, n_val=4, imgsz=64, classes=3, seed=0)
@@ -273,7 +269,20 @@ def requeued_tracked_run(tmp_path_factory):
     argv = [str(VENV_BIN / "hpcyolo"), "train", "--run-dir", str(run), "--data", str(data), "--model", "n",
             "--epochs", "3", "--batch", "4", "--nbs", "4", "--imgsz", "64", "--workers", "2", "--seed", "3",
             "--close-mosaic", "1", "--save-every", "4", "--mlflow", "local", "--wandb", "shapes-sweep"]
-    r = subprocess.run(["unshare", "-n", sys.executable, "-c", _TWO_JOBS, json.dumps(argv), DRILL_ENV, "17"],
+    return requeued_offline(argv, 17, run)
+
+
+def requeued_offline(argv: list[str], step: int, run: Path):
+    """Two jobs of the two-rank run `argv` (its run directory `run`) in a
+    network namespace of its own whose one interface is loopback: the first
+    stopped by the preemption drill after optimizer step `step`, the second
+    resuming it to the end. The namespace requeued_tracked_run returns."""
+    import json
+    import types
+
+    from hpcyolo_trainer.common.preemption import DRILL_ENV
+
+    r = subprocess.run(["unshare", "-n", sys.executable, "-c", _TWO_JOBS, json.dumps(argv), DRILL_ENV, str(step)],
                        capture_output=True, text=True, timeout=900)
     lines = r.stdout.splitlines(keepends=True)
     result = next((json.loads(line[7:]) for line in lines if line.startswith("RESULT ")), None)

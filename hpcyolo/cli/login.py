@@ -216,10 +216,12 @@ def compare(runs: tuple[str, ...], output: str, as_json: bool) -> None:
     """Compare RUNS: run directories, or folders of them (a sweep's runs).
 
     Writes one PNG with every run's mAP50-95, mAP50 and training-loss curves
-    against epoch, and prints the runs ranked by their best fitness (0.1
-    mAP50 + 0.9 mAP50-95, ultralytics' measure) with the settings of their
-    config.yaml that differ between them. Classifiers' runs show top1 and
-    top5 instead, ranked by their mean (ultralytics' fitness there).
+    against epoch, and prints the runs ranked by their best fitness
+    (mAP50-95, ultralytics 8.4's measure) with the settings of their
+    config.yaml that differ between them. Segmentation runs show the masks'
+    mAP50 and mAP50-95 too, ranked by the boxes' mAP50-95 plus the masks'
+    (ultralytics' fitness there); classifiers' runs show top1 and top5
+    instead, ranked by their mean (ultralytics' fitness there).
 
     \b
     Examples:

@@ -1,8 +1,9 @@
 """`hpcyolo compare`: runs side by side, a sweep's above all.
 
 One PNG with every run's mAP50-95, mAP50 and training-loss curves, and a
-table ranking the runs by their best fitness (ultralytics 8.4's: mAP50-95)
-with the settings that differ between them. Read from the runs'
+table ranking the runs by their best fitness (ultralytics 8.4's: mAP50-95; a
+segmentation's, the boxes' plus the masks'; a classifier's, the mean of
+top-1 and top-5) with the settings that differ between them. Read from the runs'
 results.csv and config.yaml; no torch.
 """
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import HpcyoloError
 
+# A segmentation's masks' figures, as ultralytics names them.
+MASK_MAP50, MASK_MAP50_95 = (c.replace("(B)", "(M)") for c in (rundir.MAP50, rundir.MAP50_95))
 # Settings that say where or how a run ran, not what it trained: never "differing".
 NOT_COMPARED = {"run_dir", "cache_dir", "signal", "dist_timeout", "log_every", "save_every", "keep", "val_images",
                 "tensorboard", "dataset", "workers", "cfg", "hang_factor", "hang_min", "straggler_every",
@@ -40,17 +43,28 @@ class Run:
         return bool(self.rows) and rundir.TOP1 in self.rows[0]
 
     @property
+    def segmenter(self) -> bool:
+        return bool(self.rows) and MASK_MAP50_95 in self.rows[0]
+
+    @property
     def figures(self) -> tuple[tuple[str, str], ...]:
-        """(key, results.csv column) of the two figures the run's kind is
-        judged by: a classifier's top-1 and top-5, else its boxes' mAP50 and mAP50-95."""
-        return (("top1", rundir.TOP1), ("top5", rundir.TOP5)) if self.classifier else \
-            (("map50", rundir.MAP50), ("map50_95", rundir.MAP50_95))
+        """(key, results.csv column) of the figures the run's kind is judged
+        by: a classifier's top-1 and top-5, else its boxes' mAP50 and
+        mAP50-95 (and a segmentation's masks' too)."""
+        if self.classifier:
+            return ("top1", rundir.TOP1), ("top5", rundir.TOP5)
+        boxes = ("map50", rundir.MAP50), ("map50_95", rundir.MAP50_95)
+        return boxes + (("map50_mask", MASK_MAP50), ("map50_95_mask", MASK_MAP50_95)) if self.segmenter else boxes
 
     @property
     def fitness(self) -> list[float]:
         if self.classifier:  # ultralytics' mean of top-1 and top-5
             return [(a + b) / 2 for a, b in zip(self.column(rundir.TOP1), self.column(rundir.TOP5))]
-        return [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
+        boxes = [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
+        if not self.segmenter:
+            return boxes
+        masks = [rundir.fitness(a, b) for a, b in zip(self.column(MASK_MAP50), self.column(MASK_MAP50_95))]
+        return [a + b for a, b in zip(boxes, masks)]  # ultralytics' of a segmentation: the boxes' plus the masks'
 
     @property
     def best(self) -> int:
@@ -105,8 +119,8 @@ def differing(runs: list[Run]) -> list[str]:
 
 def ranking(runs: list[Run]) -> list[dict]:
     """The runs by best fitness, best first: name, best fitness, its epoch,
-    the run's two figures there (mAP50 and mAP50-95; a classifier's top1 and
-    top5), epochs trained, and the differing settings."""
+    the run's figures there (mAP50 and mAP50-95, a segmentation's masks'
+    too; a classifier's top1 and top5), epochs trained, and the differing settings."""
     keys = differing(runs)
     table = []
     for r in runs:
@@ -117,7 +131,8 @@ def ranking(runs: list[Run]) -> list[dict]:
     return sorted(table, key=lambda row: -row["fitness"])
 
 
-FIGURE_HEADS = {"map50": "mAP50", "map50_95": "mAP50-95", "top1": "top1", "top5": "top5"}
+FIGURE_HEADS = {"map50": "mAP50", "map50_95": "mAP50-95", "map50_mask": "mAP50(M)", "map50_95_mask": "mAP50-95(M)",
+                "top1": "top1", "top5": "top5"}
 
 
 def text_table(rows: list[dict]) -> str:

@@ -88,9 +88,10 @@ def test_a_slow_rank_is_named_after_a_streak_and_a_noisy_one_is_not():
     assert len(lines) == 1 and "rank 1 on b" in lines[0] and "waiting on data" in lines[0]
 
 
-def two_ranks(tmp_path: Path, env: dict, *extra: str, timeout: float = 300) -> tuple[int, str, float]:
-    data = make_shapes(tmp_path / "shapes", n_train=64, n_val=4, imgsz=64, classes=2, seed=0)
-    argv = [HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(data), "--model", "n",
+def two_ranks(tmp_path: Path, env: dict, *extra: str, timeout: float = 300,
+              task: str = "detect") -> tuple[int, str, float]:
+    data = make_shapes(tmp_path / "shapes", n_train=64, n_val=4, imgsz=64, classes=2, seed=0, task=task)
+    argv = [HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(data), "--task", task, "--model", "n",
             "--epochs", "1", "--batch", "4", "--nbs", "4", "--imgsz", "64", "--workers", "0", "--no-plots",
             "--no-tensorboard", *extra]
     out = tmp_path / "out.txt"

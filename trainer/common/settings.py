@@ -368,8 +368,9 @@ SETTINGS: tuple[Setting, ...] = (
     U("freeze", None, int | None, "Freeze the first N layers (ultralytics' layer numbers: 10 is YOLOv8's or YOLO11's "
       "backbone): their weights stay as they are (BatchNorm statistics still follow the data, as in ultralytics).",
       True, "which weights train", check_non_negative),
-    U("patience", 100, int, "Stop early after this many epochs without a better fitness (mAP50-95, as "
-      "ultralytics 8.4 measures it), decided on every rank at once; 0: never.", False, "when the run stops early", check_non_negative),
+    U("patience", 100, int, "Stop early after this many epochs without a better fitness (as ultralytics 8.4 "
+      "measures it: mAP50-95; a segmentation's, the boxes' plus the masks'; a classifier's, the mean of top-1 and "
+      "top-5), decided on every rank at once; 0: never.", False, "when the run stops early", check_non_negative),
     U("save_period", -1, int, "Also keep the weights of every Nth epoch as weights/epochE.pt (E counted from 0, as "
       "ultralytics names them); below 1: off.", False, "which epochs' weights are kept"),
     S("end2end", False, bool, "Validate each epoch with YOLO26's one-to-one head, NMS-free (ultralytics' "
