@@ -68,9 +68,10 @@ class Run:
 
     @property
     def best(self) -> int:
-        """The index of the row with the best fitness (the first of equals)."""
+        """The index of the row with the best fitness (the last of equals: the epoch best.pt holds, as
+        ultralytics writes it)."""
         f = self.fitness
-        return max(range(len(f)), key=lambda k: (f[k], -k))
+        return max(range(len(f)), key=lambda k: (f[k], k))
 
 
 def _number(text: str) -> float:

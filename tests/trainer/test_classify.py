@@ -93,7 +93,7 @@ def test_compare_ranks_classifiers_by_top1_and_top5(runs, tmp_path):
     found = find_runs([runs["a"], runs["b"]])
     table = ranking(found)
     for row in table:
-        best = max(rows(runs[row["run"]])[1:], key=lambda r: (float(r[2]) + float(r[3])) / 2)  # first of equals
+        best = max(rows(runs[row["run"]])[1:][::-1], key=lambda r: (float(r[2]) + float(r[3])) / 2)  # last of equals
         assert (f"{row['top1']:.5f}", f"{row['top5']:.5f}") == (best[2], best[3])
         assert row["fitness"] == pytest.approx((row["top1"] + row["top5"]) / 2) and "map50" not in row
     head = text_table(table).splitlines()[0].split()

@@ -188,10 +188,12 @@ def test_patience_stops_where_ultralytics_early_stopping_says_on_the_runs_own_re
             break
     assert stop is not None and stop == len(rows) < PATIENCE_EPOCHS[task], (fitness, stop)
     assert out.count(f"stopping early: no better fitness in the 2 epochs after epoch {best_epoch} (patience 2); "
-                     f"weights/best.pt holds epoch {best_epoch}") == 1, out[-2000:]
-    # best.pt is the best epoch's weights (save_period's epochN.pt counts epochs from 0), not the last's.
+                     f"weights/best.pt holds the last epoch of that fitness") == 1, out[-2000:]
+    # best.pt is the best epoch's weights (save_period's epochN.pt counts epochs from 0), not the last's; of equal
+    # fitness the last, as ultralytics' trainer writes best.pt whenever an epoch's fitness equals the best so far.
+    saved = max(k for k, f in enumerate(fitness, start=1) if f == max(fitness))
     best_pt = weights(run / "weights" / "best.pt")
-    kept = weights(run / "weights" / f"epoch{best_epoch - 1}.pt")
+    kept = weights(run / "weights" / f"epoch{saved - 1}.pt")
     assert best_pt.keys() == kept.keys() and all(torch.equal(best_pt[k], kept[k]) for k in best_pt)
     last = weights(run / "weights" / "last.pt")
     assert any(not torch.equal(best_pt[k], last[k]) for k in best_pt)
@@ -213,7 +215,7 @@ def test_compare_ranks_segmentation_runs_by_boxes_plus_masks_and_shows_the_masks
     for row in table:
         rows = results(runs[row["run"]])
         fitness = [fitness_of("segment", x) for x in rows]
-        best = fitness.index(max(fitness))  # the first of equals, as best.pt
+        best = len(fitness) - 1 - fitness[::-1].index(max(fitness))  # the last of equals, as best.pt
         assert row["epoch"] == int(rows[best]["epoch"]) and row["epochs"] == len(rows)
         assert row["fitness"] == pytest.approx(fitness[best], abs=1e-9)
         shown = {"map50": "metrics/mAP50(B)", "map50_95": "metrics/mAP50-95(B)", "map50_mask": "metrics/mAP50(M)",

@@ -170,8 +170,8 @@ def train_epochs(r: Run) -> int:
         while pos.epoch < pos.epochs:
             if patience_spent(cfg, pos):
                 print0(r.d, f"stopping early: no better fitness in the {pos.epoch - pos.best_epoch} epochs after "
-                            f"epoch {pos.best_epoch} (patience {cfg.patience}); weights/best.pt holds epoch "
-                            f"{pos.best_epoch}")
+                            f"epoch {pos.best_epoch} (patience {cfg.patience}); weights/best.pt holds the last "
+                            f"epoch of that fitness")
                 break
             planned = pos.epochs
             stopped = train_epoch(r, batches)
@@ -251,7 +251,7 @@ def end_epoch(r: Run) -> int | None:
     """After an epoch's last batch (or the last the time budget allowed):
     validate the EMA weights, plan the epochs anew where `time` is set,
     checkpoint the start of the next epoch, and on rank 0 the results.csv
-    row, last.pt, best.pt (when fitness improved) and the epoch's line.
+    row, last.pt, best.pt (when fitness is the best so far, ties too) and the epoch's line.
     A stop asked for during the validation ends it within a batch: the
     checkpoint then holds the epoch's trained end, and a resumed run
     validates the epoch from its start. Returns the exit code of such a
@@ -270,7 +270,8 @@ def end_epoch(r: Run) -> int | None:
         return stopped
     # Rank 0's, on every rank: the ranks decide patience's early stop and time's plan alike.
     fitness, seconds = gather_objects(d, (r.task.fitness(metrics), r.clock.seconds(pos.global_step)))[0]
-    improved = fitness > pos.best_fitness
+    improved = fitness > pos.best_fitness  # patience's best epoch moves; best.pt is written on a tie too, as
+    best_weights = fitness >= pos.best_fitness  # ultralytics' (its best.pt: the last epoch of the best fitness)
     pos.epoch, pos.batch, pos.epoch_seconds = pos.epoch + 1, 0, 0.0
     pos.run_seconds = pos.plan_seconds = seconds
     # A run the budget stopped is done: started again with the same budget, it trains no further.
@@ -283,7 +284,7 @@ def end_epoch(r: Run) -> int | None:
         save_state(r)
     r.side.ledger.checkpointed(pos.global_step)
     if d.is_main:
-        epoch_outputs(r, train_loss, metrics, validated, improved, last, train_seconds, speed)
+        epoch_outputs(r, train_loss, metrics, validated, best_weights, last, train_seconds, speed)
     # Rank 0's, which decides when the budget is spent: validation, checkpoint and weights.
     pos.end_seconds = max(pos.end_seconds, r.clock.phase() - started)
     return None
@@ -307,7 +308,7 @@ def validate_epoch(r: Run, last: bool) -> tuple[dict | None, bool, int | None]:
     return metrics, validated, None
 
 
-def epoch_outputs(r: Run, train_loss, metrics: dict, validated: bool, improved: bool, last: bool,
+def epoch_outputs(r: Run, train_loss, metrics: dict, validated: bool, best: bool, last: bool,
                   train_seconds: float, speed) -> None:
     """Rank 0, at an epoch's end: results.csv's row (and its numbers in
     TensorBoard and the trackers), the weights, the last validation's plots,
@@ -318,7 +319,7 @@ def epoch_outputs(r: Run, train_loss, metrics: dict, validated: bool, improved: 
     values = numbers(row)  # results.csv's row, each parameter group's learning rate in it
     for sink in r.side.sinks():
         sink.scalars(pos.epoch, values)
-    names = ["last.pt", *(["best.pt"] if improved else [])]
+    names = ["last.pt", *(["best.pt"] if best else [])]
     if cfg.save_period > 0 and (pos.epoch - 1) % cfg.save_period == 0:
         names.append(f"epoch{pos.epoch - 1}.pt")  # ultralytics' name: the epoch counted from 0
     with r.side.ledger.timed("checkpoint"):
