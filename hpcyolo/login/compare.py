@@ -58,8 +58,8 @@ class Run:
 
     @property
     def fitness(self) -> list[float]:
-        if self.classifier:  # ultralytics' mean of top-1 and top-5
-            return [(a + b) / 2 for a, b in zip(self.column(rundir.TOP1), self.column(rundir.TOP5))]
+        if self.classifier:
+            return [rundir.classify_fitness(a, b) for a, b in zip(self.column(rundir.TOP1), self.column(rundir.TOP5))]
         boxes = [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
         if not self.segmenter:
             return boxes

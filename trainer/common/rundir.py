@@ -74,6 +74,11 @@ def fitness(map50: float, map50_95: float) -> float:
     return map50_95
 
 
+def classify_fitness(top1: float, top5: float) -> float:
+    """Ultralytics' measure of a classifier's epoch: the mean of top-1 and top-5."""
+    return (top1 + top5) / 2
+
+
 def results_columns(losses: tuple[str, ...], metrics: tuple[str, ...] = RESULTS_COLUMNS[4:8],
                     groups: int = LR_GROUPS) -> tuple[str, ...]:
     """results.csv's header, as ultralytics 8.4 orders it, for a loss with

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..common import rundir
 from ..common.errors import HpcyoloError
 from ..common.fsutil import write_atomic
 from ..data.classify import ClassifyBatches, val_transform
@@ -41,7 +42,7 @@ def accuracy(top: np.ndarray, targets: np.ndarray) -> tuple[float, float]:
 
 def fitness(metrics: dict) -> float:
     """Ultralytics' fitness of a classifier: the mean of top-1 and top-5."""
-    return (metrics["top1"] + metrics["top5"]) / 2
+    return rundir.classify_fitness(metrics["top1"], metrics["top5"])
 
 
 @torch.no_grad()
