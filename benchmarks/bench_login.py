@@ -81,8 +81,8 @@ def synthetic_run(run: Path, requeues: int) -> None:
                   "steps": steps, "updated": t + 3555}
         times.with_suffix(".json").write_text(json.dumps(record) + "\n")
         times.with_suffix(".step").write_text(f"{steps['reached']:>12}\n")
-        rundir.write_result(run, (restart + 1, 1.2, 0.9, 1.1, 0.5, 0.4, 0.45, 0.3, 1.3, 1.0, 1.2, 0.01, 0.01, 0.01,
-                                  3500.0, 120.0, 0.05, "n/a"))  # rundir.RESULTS_COLUMNS
+        rundir.write_result(run, (restart + 1, 3500.0, 1.2, 0.9, 1.1, 0.5, 0.4, 0.45, 0.3, 1.3, 1.0, 1.2, 0.01, 0.01,
+                                  0.01, 120.0, 0.05, "n/a"))  # rundir.RESULTS_COLUMNS
         rundir.append_row(run / rundir.STRAGGLERS, rundir.STRAGGLER_COLUMNS,
                           {"time": "2026-01-01T00:00:00", "job": job, "step": steps["reached"], "rank": 3,
                            "host": host, "ms": 900, "median_ms": 300, "on": "forward"})

@@ -219,12 +219,13 @@ def test_a_results_csv_of_the_names_before_ultralytics_reads_and_resumes_under_i
     assert rows[0][rundir.MAP50_95] == "0.125" and rows[0][rundir.PRECISION] == "0.5"
     assert rundir.scores(rows[0]) == "mAP50 0.375, mAP50-95 0.125"
     assert rows[0]["lr/pg0"] == "0.01"  # `lr` was the first group's
-    rundir.write_result(tmp_path, (2, 1.0, 2.0, 1.0, 0.75, 0.5, 0.5, 0.25, 1.5, 2.5, 1.0, 0.01, 0.02, 0.03, 3.0, 9.0,
+    rundir.write_result(tmp_path, (2, 3.0, 1.0, 2.0, 1.0, 0.75, 0.5, 0.5, 0.25, 1.5, 2.5, 1.0, 0.01, 0.02, 0.03, 9.0,
                                    0.1, "n/a"))
     text = (tmp_path / rundir.RESULTS).read_text().splitlines()
-    assert text[0].split(",")[4:14] == ["metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
+    assert text[0].split(",")[:2] == ["epoch", "time"]  # ultralytics' order
+    assert text[0].split(",")[5:15] == ["metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
                                        "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss", "val/dfl_loss",
                                        "lr/pg0", "lr/pg1", "lr/pg2"]
     # the old row under the new header: its values where the columns are the same, empty where new
-    assert text[1] == "1,1.5,2.5,1.25,0.5,0.25,0.375,0.125,,,,0.01,,,3.0,9.0,0.1,n/a"
-    assert text[2].startswith("2,1.0,2.0")
+    assert text[1] == "1,3.0,1.5,2.5,1.25,0.5,0.25,0.375,0.125,,,,0.01,,,9.0,0.1,n/a"
+    assert text[2].startswith("2,3.0,1.0,2.0")

@@ -21,7 +21,7 @@ def test_the_job_journal_reads_back(tmp_path):
 
 def test_a_resumed_epoch_replaces_its_row(tmp_path):
     def row(epoch, map50):
-        return (epoch, "1", "2", "3", "0.5", "0.5", map50, "0.25", "1.5", "2.5", "3.5", "0.01", "0.02", "0.03", "9.0",
+        return (epoch, "9.0", "1", "2", "3", "0.5", "0.5", map50, "0.25", "1.5", "2.5", "3.5", "0.01", "0.02", "0.03",
                 "120.5", "0.125", "n/a")
 
     assert rundir.read_results(tmp_path) == []

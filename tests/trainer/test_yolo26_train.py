@@ -74,7 +74,8 @@ def test_end2end_validates_each_epoch_as_hpcyolo_val_end2end_measures(tmp_path):
     r = subprocess.run([*argv(tmp_path / "run", data), *common, "--end2end"], capture_output=True, text=True,
                        env=env())
     assert r.returncode == 0, r.stderr
-    row = (tmp_path / "run" / "results.csv").read_text().splitlines()[1].split(",")
+    header, row = (line.split(",") for line in (tmp_path / "run" / "results.csv").read_text().splitlines()[:2])
+    row = dict(zip(header, row))
 
     def val(*extra: str) -> dict:
         out = subprocess.run([HPCYOLO, "val", str(tmp_path / "run" / "weights" / "last.pt"), "--data", str(data),
@@ -84,8 +85,8 @@ def test_end2end_validates_each_epoch_as_hpcyolo_val_end2end_measures(tmp_path):
         return json.loads(out.stdout)
 
     e2e, default = val("--end2end"), val()
-    assert float(row[7]) == pytest.approx(e2e["map50_95"], abs=1e-5) and float(row[6]) == pytest.approx(
-        e2e["map50"], abs=1e-5)
+    assert float(row["metrics/mAP50-95(B)"]) == pytest.approx(e2e["map50_95"], abs=1e-5)
+    assert float(row["metrics/mAP50(B)"]) == pytest.approx(e2e["map50"], abs=1e-5)
     assert e2e["map50_95"] > 0.1 and abs(e2e["map50_95"] - default["map50_95"]) > 1e-3
 
 
@@ -142,6 +143,7 @@ def test_a_musgd_run_stopped_by_a_signal_resumes_bit_identical(tmp_path, shapes3
 
     def measured(run: Path) -> list[list[str]]:
         rows = (run / "results.csv").read_text().splitlines()
-        return [row.split(",")[:14] for row in rows]  # epoch, the losses, P, R, mAPs, val losses, lrs: not the timing
+        # epoch, the losses, P, R, mAPs, val losses, lrs: not the timing (time second)
+        return [(cells := row.split(","))[:1] + cells[2:15] for row in rows]
 
     assert measured(tmp_path / "a") == measured(tmp_path / "b") and len(measured(tmp_path / "a")) == 4

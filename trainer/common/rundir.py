@@ -60,8 +60,9 @@ LR_GROUPS = 3  # the optimizer's parameter groups, as ultralytics': biases, deca
 RENAMED = {"metrics/mAP50": MAP50, "metrics/mAP50-95": MAP50_95, "metrics/precision": PRECISION,
            "metrics/recall": RECALL, "lr": "lr/pg0"}
 
-RESULTS_COLUMNS = ("epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", PRECISION, RECALL, MAP50, MAP50_95,
-                   "val/box_loss", "val/cls_loss", "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2", *TIMING_COLUMNS)
+RESULTS_COLUMNS = ("epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", PRECISION, RECALL, MAP50,
+                   MAP50_95, "val/box_loss", "val/cls_loss", "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
+                   *TIMING_COLUMNS[1:])
 # The plots a run directory ends with (ultralytics' names, and val_pred_N.jpg), as glob patterns.
 PLOT_FILES = (RESULTS_PLOT, "labels.jpg", "train_batch*.jpg", "val_batch*.jpg", "confusion_matrix*.png",
               "Box*_curve.png", "Mask*_curve.png", "val_pred_*.jpg")
@@ -79,14 +80,15 @@ def classify_fitness(top1: float, top5: float) -> float:
     return (top1 + top5) / 2
 
 
-def results_columns(losses: tuple[str, ...], metrics: tuple[str, ...] = RESULTS_COLUMNS[4:8],
+def results_columns(losses: tuple[str, ...], metrics: tuple[str, ...] = RESULTS_COLUMNS[5:9],
                     groups: int = LR_GROUPS) -> tuple[str, ...]:
     """results.csv's header, as ultralytics 8.4 orders it, for a loss with
     these items (train/ and val/ each), a task with these metric columns and
     an optimizer of `groups` parameter groups (lr/pgN): RESULTS_COLUMNS for
-    detection; YOLO26's third loss is l1_loss, as ultralytics names it."""
-    return ("epoch", *(f"train/{name}" for name in losses), *metrics, *(f"val/{name}" for name in losses),
-            *(f"lr/pg{k}" for k in range(groups)), *TIMING_COLUMNS)
+    detection; YOLO26's third loss is l1_loss, as ultralytics names it.
+    `time` second, as ultralytics'; hpcyolo's speed columns last."""
+    return ("epoch", "time", *(f"train/{name}" for name in losses), *metrics, *(f"val/{name}" for name in losses),
+            *(f"lr/pg{k}" for k in range(groups)), *TIMING_COLUMNS[1:])
 
 
 JOB_NEW_RUN = "run.name, or another job name"  # how a job spec names another run directory

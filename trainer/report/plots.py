@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..common.fsutil import atomic_file
+from ..common.rundir import TIMING_COLUMNS
 
 # Distinct, print-safe colours (RGB); class i uses PALETTE[i % len(PALETTE)].
 PALETTE = [
@@ -81,7 +82,8 @@ def plot_results(csv_path: str | os.PathLike, png_path: str | os.PathLike) -> No
     columns = _read_columns(csv_path)
     n_rows = max((len(v) for v in columns.values()), default=0)
     x = columns.pop("epoch", list(range(1, n_rows + 1)))
-    names = list(columns) or ["(no numeric columns)"]
+    # the losses and figures first, the timing (time second in the file, as ultralytics') last
+    names = sorted(columns, key=lambda name: name in TIMING_COLUMNS) or ["(no numeric columns)"]
     ncols = min(GRID_COLUMNS, len(names))
     nrows = math.ceil(len(names) / ncols)
     width, height = 3.2 * ncols, 2.6 * nrows

@@ -50,10 +50,9 @@ def write_results(run: Path, epoch: int, loss: torch.Tensor, losses: tuple[str, 
     rate, wait, memory = speed
     columns = rundir.results_columns(losses, tuple(column for _, column in task.metrics), len(lrs))
     val_losses = metrics.get("val_losses") or [0.0] * len(losses)  # none: not validated, 0 as ultralytics writes
-    values = (epoch + 1, *(f"{value:.5f}" for value in loss[:len(losses)]),
+    values = (epoch + 1, f"{seconds:.1f}", *(f"{value:.5f}" for value in loss[:len(losses)]),
               *(f"{metrics[key]:.5f}" for key, _ in task.metrics), *(f"{value:.5f}" for value in val_losses),
-              *(f"{lr:.6g}" for lr in lrs),
-              f"{seconds:.1f}", f"{rate:.1f}", f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}")
+              *(f"{lr:.6g}" for lr in lrs), f"{rate:.1f}", f"{wait:.3f}", "n/a" if memory is None else f"{memory:.3f}")
     row = dict(zip(columns, values, strict=True))
     rundir.write_result(run, tuple(row.values()), columns)
     return row
