@@ -44,16 +44,19 @@ def two_ranks(args: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """{data, a: the uninterrupted run, b: the stopped and resumed one, stopped and resumed: b's outputs}."""
+    """{data, a: the uninterrupted run, b: the stopped and resumed one, its images from the shared image cache
+    (`cache`: its folder), stopped and resumed: b's outputs}."""
     tmp = tmp_path_factory.mktemp("classify")
     data = make_shapes(tmp / "shapes", n_train=16, n_val=8, imgsz=64, classes=3, seed=1, task="classify")
     a = two_ranks(argv(tmp / "a", data, *ARGS))
     assert a.returncode == 0, a.stdout + a.stderr
-    code, stopped = hold_then_signal(argv(tmp / "b", data, *ARGS), 5)
+    cached = [*ARGS, "--cache", "disk", "--cache-dir", str(tmp / "cache")]
+    code, stopped = hold_then_signal(argv(tmp / "b", data, *cached), 5)
     assert code == EXIT_CODE, stopped
-    b = two_ranks(argv(tmp / "b", data, *ARGS))
+    b = two_ranks(argv(tmp / "b", data, *cached))
     assert b.returncode == 0, b.stdout + b.stderr
-    return {"data": data, "a": tmp / "a", "b": tmp / "b", "stopped": stopped, "resumed": b.stdout, "out": a.stdout}
+    return {"data": data, "a": tmp / "a", "b": tmp / "b", "stopped": stopped, "resumed": b.stdout, "out": a.stdout,
+            "cache": tmp / "cache"}
 
 
 def rows(run: Path) -> list[list[str]]:
@@ -72,6 +75,15 @@ def test_a_classify_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(r
         return [row[:1] + row[2:9] for row in rows(run)]
 
     assert measured(runs["a"]) == measured(runs["b"]) and len(measured(runs["a"])) == 3
+
+
+def test_the_image_cache_is_built_once_and_trains_as_the_files_do(runs):
+    """Run b read its training images from one cache for both ranks and
+    their loader workers (and the resumed job used it again); run a decoded
+    the files: the two are bit-identical (the test above)."""
+    caches = [p for p in runs["cache"].rglob("imgcache-*") if p.is_dir()]
+    assert len(caches) == 1 and (caches[0] / "images.u8").stat().st_size > 0, list(runs["cache"].rglob("*"))
+    assert "no image cache" not in runs["stopped"] + runs["resumed"]
 
 
 def test_results_csv_has_ultralytics_classify_columns_and_the_run_its_plots(runs):

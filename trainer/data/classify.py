@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
 
 from ..common.datayaml import folder_class
-from .dataset import check_files, sift
+from .dataset import cache_digest, check_files, sift, use_cache
 
 
 @dataclass(frozen=True)
@@ -291,13 +292,22 @@ class ClassifyDataset(torch.utils.data.Dataset):
     batch, class). `augment`: the training transforms drawn per (seed, epoch,
     index); else the validation transform. `checked`: the dataset index's
     results for `files` (dataindex), else the images are checked here;
-    images that do not decode are dropped (problems says which)."""
+    images that do not decode are dropped (problems says which). `cache`
+    ram or disk: the images decoded once, as they are (the transforms crop
+    and resize each epoch), into detection's shared cache in `cache_dir`:
+    one per node for every rank and loader worker there."""
 
     def __init__(self, files, names: list[str], imgsz: int, *, augment: bool = False, hyp=None, seed: int = 0,
-                 checked=None):
+                 checked=None, cache: str = "none", cache_dir: Path | None = None):
         items, self.problems, self.counts = sift(checked) if checked is not None else check_files(list(files),
                                                                                                   len(names))
         self.paths = [str(p) for p in items.paths]
+        self.slots = np.arange(len(self.paths))  # each image's place in the cache (keep_classes drops some)
+        self.cache, self.cache_built = None, False
+        if cache != "none" and len(self.paths):
+            # imgsz 0 in the digest: the images as decoded, never a detection cache of the same files
+            self.cache, self.cache_built = use_cache(cache, Path(cache_dir), cache_digest(items, 0), list(items.paths),
+                                                     list(items.shapes), self.problems)
         self.classes = np.array([folder_class(p, names) for p in self.paths], dtype=np.int64)
         self.names, self.nc, self.imgsz, self.augment, self.hyp, self.seed = names, len(names), imgsz, augment, \
             hyp, seed
@@ -317,7 +327,7 @@ class ClassifyDataset(torch.utils.data.Dataset):
         """Only the images of the classes `keep` (train.classes)."""
         mask = np.isin(self.classes, keep)
         self.paths = [p for p, m in zip(self.paths, mask) if m]
-        self.classes = self.classes[mask]
+        self.classes, self.slots = self.classes[mask], self.slots[mask]
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -327,7 +337,7 @@ class ClassifyDataset(torch.utils.data.Dataset):
 
     def image(self, i: int, epoch: int | None = None) -> np.ndarray:
         """Image i as the model takes it (uint8 [imgsz, imgsz, 3] RGB)."""
-        img = read_rgb(self.paths[i])
+        img = self.cache.get(self.slots[i]) if self.cache is not None else read_rgb(self.paths[i])
         if img is None:  # it decoded when checked: changed since; a black image keeps the batch whole
             img = np.zeros((self.imgsz, self.imgsz, 3), np.uint8)
         if not self.augment:

@@ -393,6 +393,20 @@ def open_cache(cache_dir: Path, digest: str, paths: list[Path],
     return ImageCache(final), True, None
 
 
+def use_cache(kind: str, cache_dir: Path, digest: str, paths: list[Path], shapes: list[tuple[int, int]],
+              problems: list[str]) -> tuple[ImageCache | None, bool]:
+    """open_cache for a dataset's `kind` of cache (ram or disk), with a line
+    in `problems` for a ram cache off tmpfs and for a cache that could not be
+    built (then None: the images are decoded from their files)."""
+    if kind == "ram" and (fs := _filesystem_type(cache_dir)) not in ("", "tmpfs", "ramfs"):
+        problems.append(f"ram cache in {cache_dir} is on {fs}, not tmpfs: pass a node-local tmpfs "
+                        "such as /dev/shm/... as cache_dir")
+    cache, built, why_not = open_cache(cache_dir, digest, paths, shapes)
+    if why_not:
+        problems.append(why_not)
+    return cache, built
+
+
 def _lock(lock) -> bool:
     """Exclusive lock; False where the file system has none (Lustre mounted
     without `flock`): then builders may race, which the rename step survives."""
@@ -553,12 +567,8 @@ class YoloDataset(Dataset):
             self.problems.append(summary(self.counts))
 
     def _use_cache(self, kind: str, cache_dir: Path, digest: str) -> None:
-        if kind == "ram" and (fs := _filesystem_type(cache_dir)) not in ("", "tmpfs", "ramfs"):
-            self.problems.append(f"ram cache in {cache_dir} is on {fs}, not tmpfs: pass a node-local tmpfs "
-                                 "such as /dev/shm/... as cache_dir")
-        self.cache, self.cache_built, why_not = open_cache(cache_dir, digest, self.paths, self.resized)
-        if why_not:
-            self.problems.append(why_not)
+        self.cache, self.cache_built = use_cache(kind, cache_dir, digest, self.paths, self.resized, self.problems)
+        if self.cache is None:
             return
         # From the index, not from the build, so that every process (rank 0
         # too, whichever built it) reports the same problems.

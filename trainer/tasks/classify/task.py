@@ -34,12 +34,8 @@ def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, chec
     if cfg.classes is not None:
         raise HpcyoloError("classes (train.classes, --classes) keeps some classes' labels in detection; a "
                            "classifier trains on its dataset's class folders: remove the others' folders")
-    data = ClassifyDataset(files, names, cfg.imgsz, augment=cfg.augment, hyp=hyp(cfg), seed=cfg.seed,
-                           checked=checked)
-    if cfg.cache != "none":
-        data.problems.append(f"cache {cfg.cache} (data.cache, --cache): a classifier's images are read and decoded "
-                             "every epoch; no image cache is built for classification yet")
-    return data
+    return ClassifyDataset(files, names, cfg.imgsz, augment=cfg.augment, hyp=hyp(cfg), seed=cfg.seed,
+                           checked=checked, cache=cfg.cache, cache_dir=cache_dir)
 
 
 def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | None, checked,
