@@ -23,6 +23,14 @@ History (2-core VM, ultralytics 8.4.190, yolo26n, the defaults above, seeds
 hpcyolo 0.213 0.217 0.189 (mean 0.206). Before hpcyolo took ultralytics
 8.4's schedule (the LR held per epoch, a warm-up without the 100-batch floor)
 seed 0 gave 0.166.
+
+--task segment --model yolo11n (2026-11-29, mask mAP50-95 of last.pt by
+hpcyolo val, seeds 0-2): ultralytics 0.260 0.243 0.197 (mean 0.233), hpcyolo
+0.255 0.244 0.263 (mean 0.254). --task classify --model yolo11n (top-1):
+ultralytics 0.275 0.255 0.250 (mean 0.260), hpcyolo 0.255 0.240 0.245 (mean
+0.247): both at chance (4 classes), train/loss at ln 4; neither side learns
+the shapes class folders from scratch in 12 epochs, so that comparison shows
+no more than parity of runs that do not learn.
 """
 
 from __future__ import annotations
