@@ -4,8 +4,9 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, metrics, val, trained, val-loss, classify or
-classify-transforms (transforms.npz of `classify` alone), each below.
+WHAT is parameters, forward, loss, masks, metrics, val, trained, end2end (of
+`trained` alone), val-loss, classify or classify-transforms (transforms.npz
+of `classify` alone), each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -66,7 +67,9 @@ DATA's val split at imgsz 160, batch 16: boxes, and masks for a segmenter)
 and predict.json (its predictions at conf 0.3, or TRAINED_PREDICT_CONF's, on the first 4 val images:
 class, confidence, box xyxy and, for a segmenter, `Results.masks.xy`'s
 polygon, in image pixels); val.json also holds the columns of the
-results.csv its training wrote. `trained DATA --models NAME ...` trains only
+results.csv its training wrote. For a YOLO26 model, end2end.json holds the
+same figures and predictions with ultralytics' nms=False (the one-to-one
+head, no NMS); `end2end DATA` writes it alone. `trained DATA --models NAME ...` trains only
 those of TRAINED.
 
 `val-loss DATA` writes tests/reference/ultralytics/val_loss.json: the loss
@@ -523,15 +526,50 @@ TRAINED_SETTINGS = dict(epochs=20, imgsz=160, batch=16, workers=0, seed=0, deter
 # predict.json's confidence threshold: 0.3, but yolo26n-seg's 20 epochs leave it no prediction that sure on the
 # first 4 val images (its best there: 0.28, 0.133, 0.127, 0.107)
 TRAINED_PREDICT_CONF = {"yolo26n-seg": 0.1}
+# end2end.json's: yolo26n-seg's one-to-one head is less sure still (none at 0.1 on those images)
+END2END_PREDICT_CONF = 0.05
+
+
+def absolute_yaml(data: Path) -> Path:
+    """DATA's data.yaml with `path` absolute: ultralytics reads a relative one against its datasets folder."""
+    yaml_file = Path(tempfile.mkdtemp()) / "data.yaml"
+    yaml_file.write_text("".join(f"path: {data}\n" if line.startswith("path:") else line
+                                 for line in (data / "data.yaml").read_text().splitlines(keepends=True)))
+    return yaml_file
+
+
+def measured(weights: Path, yaml_file: Path, images: list[Path], conf: float, tmp: str, **how) -> tuple[dict, list]:
+    """(ultralytics' `val` figures of `weights`: boxes, and masks for a
+    segmenter; its predictions on `images` at `conf`: class, confidence, box
+    xyxy and `Results.masks.xy`'s polygon), `how`: more val/predict arguments
+    (nms=False: YOLO26's NMS-free head)."""
+    from ultralytics import YOLO
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = YOLO(str(weights)).val(data=str(yaml_file), imgsz=160, batch=16, plots=False, verbose=False,
+                                         project=tmp, name="val", exist_ok=True, **how)
+    figures = {"box": {"map50": float(metrics.box.map50), "map50_95": float(metrics.box.map),
+                       "precision": float(metrics.box.mp), "recall": float(metrics.box.mr)}}
+    if hasattr(metrics, "seg"):
+        figures["mask"] = {"map50": float(metrics.seg.map50), "map50_95": float(metrics.seg.map),
+                           "precision": float(metrics.seg.mp), "recall": float(metrics.seg.mr)}
+    predictions = []
+    for result in YOLO(str(weights)).predict([str(i) for i in images], imgsz=160, conf=conf, verbose=False, **how):
+        objects = []
+        for k in range(len(result.boxes)):
+            obj = {"class": int(result.boxes.cls[k]), "conf": float(result.boxes.conf[k]),
+                   "box": [float(v) for v in result.boxes.xyxy[k]]}
+            if result.masks is not None:
+                obj["polygon"] = [[float(x), float(y)] for x, y in result.masks.xy[k]]
+            objects.append(obj)
+        predictions.append({"image": Path(result.path).name, "objects": objects})
+    return figures, predictions
 
 
 def trained(data: Path, names: tuple[str, ...] = TRAINED) -> None:
     from ultralytics import YOLO
 
-    # `path` absolute: ultralytics reads a relative one against its datasets folder, not the file's
-    yaml_file = Path(tempfile.mkdtemp()) / "data.yaml"
-    yaml_file.write_text("".join(f"path: {data}\n" if line.startswith("path:") else line
-                                 for line in (data / "data.yaml").read_text().splitlines(keepends=True)))
+    yaml_file = absolute_yaml(data)
     images = sorted((data / "images" / "val").iterdir())[:4]
     for name in names:
         dest = OUT / "trained" / name
@@ -543,30 +581,35 @@ def trained(data: Path, names: tuple[str, ...] = TRAINED) -> None:
             (dest / "model.pt").write_bytes(best.read_bytes())
             # its results.csv's columns (the loss items' names as its trainer logs them for this model)
             columns = (Path(tmp) / "train" / "results.csv").read_text().splitlines()[0].split(",")
-            with contextlib.redirect_stdout(io.StringIO()):
-                metrics = YOLO(str(best)).val(data=str(yaml_file), imgsz=160, batch=16, plots=False, verbose=False,
-                                              project=tmp, name="val", exist_ok=True)
-            figures = {"columns": [c.strip() for c in columns], "box": {"map50": float(metrics.box.map50), "map50_95": float(metrics.box.map),
-                               "precision": float(metrics.box.mp), "recall": float(metrics.box.mr)}}
-            if hasattr(metrics, "seg"):
-                figures["mask"] = {"map50": float(metrics.seg.map50), "map50_95": float(metrics.seg.map),
-                                   "precision": float(metrics.seg.mp), "recall": float(metrics.seg.mr)}
-            predictions = []
             conf = TRAINED_PREDICT_CONF.get(name, 0.3)
-            for result in YOLO(str(best)).predict([str(i) for i in images], imgsz=160, conf=conf, verbose=False):
-                objects = []
-                for k in range(len(result.boxes)):
-                    obj = {"class": int(result.boxes.cls[k]), "conf": float(result.boxes.conf[k]),
-                           "box": [float(v) for v in result.boxes.xyxy[k]]}
-                    if result.masks is not None:
-                        obj["polygon"] = [[float(x), float(y)] for x, y in result.masks.xy[k]]
-                    objects.append(obj)
-                predictions.append({"image": Path(result.path).name, "objects": objects})
+            figures, predictions = measured(best, yaml_file, images, conf, tmp)
+            figures = {"columns": [c.strip() for c in columns], **figures}
         about = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": TRAINED_DATA,
                  "settings": TRAINED_SETTINGS}
         (dest / "val.json").write_text(json.dumps({**about, **figures}, indent=1) + "\n")
         (dest / "predict.json").write_text(json.dumps({**about, "conf": conf, "predictions": predictions}) + "\n")
         print(name, figures, file=sys.stderr)
+    end2end(data)
+
+
+def end2end(data: Path) -> None:
+    """trained/NAME/end2end.json for each YOLO26 model of TRAINED: its val
+    figures and predictions (as val.json's and predict.json's) with
+    ultralytics' nms=False, the one-to-one head's detections without NMS."""
+    yaml_file = absolute_yaml(data)
+    images = sorted((data / "images" / "val").iterdir())[:4]
+    for name in TRAINED:
+        if not name.startswith("yolo26"):
+            continue
+        conf = END2END_PREDICT_CONF
+        with tempfile.TemporaryDirectory() as tmp:
+            figures, predictions = measured(OUT / "trained" / name / "model.pt", yaml_file, images, conf, tmp,
+                                            nms=False)
+        about = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": TRAINED_DATA,
+                 "nms": False, "conf": conf}
+        (OUT / "trained" / name / "end2end.json").write_text(
+            json.dumps({**about, **figures, "predictions": predictions}) + "\n")
+        print(name, "nms=False", figures, file=sys.stderr)
 
 
 def val_loss_of(weights: Path, yaml_file: Path) -> dict:
@@ -732,7 +775,7 @@ def classify_reference(data: Path, name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
-                                         "val-loss", "classify", "classify-transforms"])
+                                         "end2end", "val-loss", "classify", "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
@@ -767,9 +810,15 @@ def main() -> None:
         if not args.data:
             parser.error(f"trained needs DATA, a folder written by: {TRAINED_DATA}")
         if set(args.models or ()) - set(TRAINED):
-            parser.error(f"trained trains {', '.join(TRAINED)}, not {' '.join(sorted(set(args.models) - set(TRAINED)))}")
+            others = " ".join(sorted(set(args.models) - set(TRAINED)))
+            parser.error(f"trained trains {', '.join(TRAINED)}, not {others}")
         trained(Path(args.data).resolve(), tuple(args.models or TRAINED))
         print(f"wrote {OUT / 'trained'}")
+    elif args.what == "end2end":
+        if not args.data:
+            parser.error(f"end2end needs DATA, a folder written by: {TRAINED_DATA}")
+        end2end(Path(args.data).resolve())
+        print(f"wrote {OUT / 'trained'}/*/end2end.json")
     elif args.what == "val-loss":
         if not args.data:
             parser.error(f"val-loss needs DATA, a folder written by: {TRAINED_DATA}")

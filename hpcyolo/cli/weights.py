@@ -145,15 +145,16 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
 @click.option("--dynamic", is_flag=True, help="Batch size, height and width free at run time.")
 @click.option("--opset", default=17, show_default=True, type=click.IntRange(min=11), help="ONNX opset version.")
 @click.option("--end2end", is_flag=True, help="YOLO26: the NMS-free one-to-one head, output [B, 300, 6] "
-              "(x1, y1, x2, y2, score, class; ultralytics' nms=False); without it the one-to-many head's "
-              "output before NMS.")
+              "(x1, y1, x2, y2, score, class; a segmenter's then its 32 mask coefficients; ultralytics' "
+              "nms=False); without it the one-to-many head's output before NMS.")
 def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch: int, dynamic: bool,
            opset: int, end2end: bool) -> None:
     """Write WEIGHTS (hpcyolo's or an ultralytics checkpoint) as an ONNX model.
 
     Input `images` [B, 3, H, W] float in [0, 1]; output `output0` [B, 4 + nc,
     anchors]: boxes (cx, cy, w, h) in input pixels and class scores, before
-    NMS (with --end2end, YOLO26's [B, 300, 6]); a classifier's [B, nc], the softmax probabilities.
+    NMS (with --end2end, YOLO26's [B, 300, 6]); a segmenter's adds its 32 mask coefficients to each
+    and `output1`, the prototypes; a classifier's [B, nc], the softmax probabilities.
     Checked with onnxruntime against torch before it is written. Needs
     the extra `pip install 'hpcyolo[export]'`.
 

@@ -107,12 +107,12 @@ def test_a_box_row_in_a_segmentations_labels_is_refused_in_one_line(seg_yaml, tm
     assert not copy.exists()
 
 
-@pytest.mark.parametrize("case", ["box-row", "yolo26-end2end"])
+@pytest.mark.parametrize("case", ["box-row", "yolo11-end2end"])
 def test_a_segment_run_that_cannot_train_is_one_line_before_anything_is_written(seg_yaml, tmp_path, case):
-    """A box among the polygons, or a YOLO26 segmenter asked to validate
-    NMS-free (--end2end: not built for segmentation; a YOLO26 segmenter
-    trains, validating with NMS): `hpcyolo train --task segment` says so in
-    one line and leaves no run directory."""
+    """A box among the polygons, or a YOLO11 segmenter asked to validate
+    NMS-free (--end2end: it has no one-to-one head, YOLO26's):
+    `hpcyolo train --task segment` says so in one line and leaves no run
+    directory."""
     import shutil
     import subprocess
     import sys
@@ -125,7 +125,7 @@ def test_a_segment_run_that_cannot_train_is_one_line_before_anything_is_written(
         label.write_text(label.read_text() + "2 0.5 0.5 0.25 0.25\n")
         data = tmp_path / "set" / "data.yaml"
     else:
-        model, extra = "yolo26n", ["--end2end"]
+        model, extra = "yolo11n", ["--end2end"]
     r = subprocess.run([str(Path(sys.executable).parent / "hpcyolo"), "train", "--run-dir", str(tmp_path / "run"),
                         "--data", str(data), "--task", "segment", "--model", model, "--epochs", "1", "--imgsz", "96",
                         "--batch", "4", "--workers", "0", *extra], capture_output=True, text=True)
@@ -133,4 +133,4 @@ def test_a_segment_run_that_cannot_train_is_one_line_before_anything_is_written(
     errors = [line for line in r.stderr.splitlines() if line.startswith("hpcyolo: error:")]
     assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
     assert (": a box (class cx cy w h)" in errors[0]) if case == "box-row" else \
-        ("NMS-free validation of a segment model is not built" in errors[0])
+        ("yolo11n has no one-to-one head" in errors[0])

@@ -374,7 +374,7 @@ SETTINGS: tuple[Setting, ...] = (
     U("save_period", -1, int, "Also keep the weights of every Nth epoch as weights/epochE.pt (E counted from 0, as "
       "ultralytics names them); below 1: off.", False, "which epochs' weights are kept"),
     S("end2end", False, bool, "Validate each epoch with YOLO26's one-to-one head, NMS-free (ultralytics' "
-      "nms=False; detection only); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
+      "nms=False; detectors and segmenters); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
       "best.pt is the best epoch by this measure", key="train.end2end", flag="--end2end/--nms"),
     S("cfg", None, str | None, "An ultralytics recipe: an args.yaml or hyperparameter YAML; its settings are "
       "taken where the job spec (or the command line) does not give them, keys with no meaning here are listed, "

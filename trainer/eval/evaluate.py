@@ -180,8 +180,15 @@ def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, con
         out = model(x)  # YOLO26's: both heads', without the semantic map (eval), as ultralytics validates
         maps, coefficients, proto = (out[0] if model.end2end else out)[:3]
         items = loss_fn(out, (loss_targets(metas, x.shape[2:]), loss_masks(metas, loss_fn.overlap)))[1]
-        raw = torch.cat([model.decode(maps), torch.cat([c.flatten(2) for c in coefficients], 2)], 1)
-    preds = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, multi_label=True, nc=model.nc)
+        if end2end:  # the one-to-one head's maps and coefficients
+            one2one_maps, one2one_coefficients = out[1][:2]
+            raw = model.decode_end2end(one2one_maps, extra=torch.cat([c.flatten(2) for c in one2one_coefficients], 2))
+        else:
+            raw = torch.cat([model.decode(maps), torch.cat([c.flatten(2) for c in coefficients], 2)], 1)
+    if end2end:  # the one-to-one head's 300, no NMS (ultralytics' nms=False)
+        preds = [p[p[:, 4] > conf] for p in raw]
+    else:
+        preds = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, multi_label=True, nc=model.nc)
     for det, prototypes, meta in zip(preds, proto, metas):
         det = det.float()
         masks = predicted_masks(prototypes, det[:, 6:], det[:, :4], tuple(x.shape[2:])).cpu()

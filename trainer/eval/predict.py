@@ -83,18 +83,19 @@ def read_image(path: Path) -> np.ndarray:
 
 @torch.no_grad()
 def segment(model, original: np.ndarray, imgsz: int, conf: float, iou: float,
-            device: torch.device) -> tuple[np.ndarray, list[np.ndarray]]:
+            device: torch.device, end2end: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
     """A segmenter's detections [n, 6] in `original`'s pixels and each one's
     mask outline [k, 2] there, as ultralytics' predict makes them: the masks
     upsampled to the input (bilinear), cut to their boxes, above 0; objects
     whose mask is empty dropped; each mask's outer contours (OpenCV), several
     joined into one outline at their nearest points; scaled and clipped to
-    the image as its boxes."""
+    the image as its boxes. `end2end`: the one-to-one head's, no NMS."""
     h, w = original.shape[:2]
     canvas, gain, (left, top) = rect_letterbox(original, imgsz)
     x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
-    raw, proto = model.predict(x)
-    pred = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, nc=model.nc)[0]
+    raw, proto = model.predict(x, end2end=end2end)
+    pred = raw[0][raw[0][:, 4] > conf] if end2end else \
+        non_max_suppression(raw, conf_thres=conf, iou_thres=iou, nc=model.nc)[0]
     masks = upsampled_masks(proto[0], pred[:, 6:], pred[:, :4], tuple(x.shape[2:]))
     keep = masks.flatten(1).amax(1) > 0 if len(masks) else torch.zeros(0, dtype=torch.bool)
     det, masks = pred[keep, :6].cpu().numpy(), masks[keep].cpu().numpy()
@@ -158,7 +159,7 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
         except ValueError as e:
             warn(f"warning: {path}: corrupt image skipped ({e})")
             continue
-        det, outlines = segment(model, img, size, conf, iou, dev) if masks else \
+        det, outlines = segment(model, img, size, conf, iou, dev, end2end) if masks else \
             (detect(model, img, size, conf, iou, dev, end2end), None)
         h, w = img.shape[:2]
         boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),

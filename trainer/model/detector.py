@@ -152,10 +152,13 @@ class DetectionModel(nn.Module):
         """Whether the head has a one-to-one copy (YOLO26): NMS-free inference."""
         return hasattr(self.head, "one2one_box")
 
-    def decode_end2end(self, feats: list[torch.Tensor], max_det: int = MAX_DET) -> torch.Tensor:
+    def decode_end2end(self, feats: list[torch.Tensor], max_det: int = MAX_DET,
+                       extra: torch.Tensor | None = None) -> torch.Tensor:
         """The one-to-one maps -> [B, max_det, 6]: (x1, y1, x2, y2) in input
         pixels, score, class; the max_det best over anchors x classes (the
-        anchors with the best class score first, then their best pairs)."""
+        anchors with the best class score first, then their best pairs).
+        `extra` [B, C, A] (a segmenter's mask coefficients): each pick's
+        anchor's C values appended, [B, max_det, 6 + C]."""
         boxes, scores = self.decode(feats).transpose(1, 2).split((4, self.nc), dim=-1)
         boxes = torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], dim=-1)
         k = min(max_det, boxes.shape[1])
@@ -163,8 +166,11 @@ class DetectionModel(nn.Module):
         boxes, scores = boxes.gather(1, best.expand(-1, -1, 4)), scores.gather(1, best.expand(-1, -1, self.nc))
         top, pair = scores.flatten(1).topk(k)
         rows = torch.arange(boxes.shape[0], device=boxes.device).unsqueeze(-1)
-        return torch.cat([boxes[rows, pair // self.nc], top.unsqueeze(-1), (pair % self.nc).unsqueeze(-1).to(top)],
-                         dim=-1)
+        out = [boxes[rows, pair // self.nc], top.unsqueeze(-1), (pair % self.nc).unsqueeze(-1).to(top)]
+        if extra is not None:
+            extra = extra.transpose(1, 2).gather(1, best.expand(-1, -1, extra.shape[1]))
+            out.append(extra[rows, pair // self.nc].to(top))
+        return torch.cat(out, dim=-1)
 
     def predict(self, x: torch.Tensor, end2end: bool = False) -> torch.Tensor:
         """[B, 4 + nc, A] from the one-to-many head (before NMS); with

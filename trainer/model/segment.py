@@ -130,10 +130,14 @@ class SegmentationModel(DetectionModel):
 
     def predict(self, x: torch.Tensor, end2end: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """([B, 4 + nc + 32, A]: the detector's decoded boxes and scores, then
-        each anchor's mask coefficients; the prototypes [B, 32, H/4, W/4])."""
-        if end2end:
-            raise NotImplementedError("end2end segmentation (YOLO26's one-to-one head) is not built yet")
+        each anchor's mask coefficients; the prototypes [B, 32, H/4, W/4]).
+        `end2end` (YOLO26, ultralytics' nms=False): the one-to-one head's
+        [B, 300, 6 + 32] instead, decode_end2end's picks with their anchors'
+        coefficients, as ultralytics' NMS-free output."""
         feats = self.neck(self.backbone(x))
+        if end2end:
+            coefficients = torch.cat([c.flatten(2) for c in self.head.coefficients(feats, one2one=True)], dim=2)
+            return self.decode_end2end(self.head.one2one(feats), extra=coefficients), self.head.prototypes(feats)
         coefficients = torch.cat([c.flatten(2) for c in self.head.coefficients(feats)], dim=2)
         return torch.cat([self.decode(self.head(feats)), coefficients], dim=1), self.head.prototypes(feats)
 

@@ -53,8 +53,8 @@ def checkpoint_to_resume(task: Task, cfg: TrainConfig, d: Dist, run: Path, setti
         raise HpcyoloError(f"end2end (--end2end, train.end2end): {arch} has no one-to-one head; NMS-free "
                            "validation is for YOLO26")
     if cfg.end2end and not task.nms_free:
-        raise HpcyoloError(f"end2end (--end2end, train.end2end): NMS-free validation of a {task.name} model is not "
-                           "built; its runs validate with NMS (the one-to-many head's boxes, ultralytics' default)")
+        raise HpcyoloError(f"end2end (--end2end, train.end2end): NMS-free validation is for YOLO26 detectors and "
+                           f"segmenters; a {task.name} model's validation has no NMS to leave out")
     return state, weights
 
 

@@ -141,5 +141,5 @@ TASK = Task(
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=val_plots,
     batch_drawer=batch_drawer,
     evaluate=evaluate, predict=classify.predict, export=export_onnx,
-    folders=True,
+    folders=True, nms_free=False,
 )

@@ -107,6 +107,6 @@ TASK = Task(
     fitness=SegStats.fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=detect.batch_drawer,
-    evaluate=seg_evaluate, predict=predict, export=export_onnx, nms_free=False,
+    evaluate=seg_evaluate, predict=predict, export=export_onnx,
     draw_labels=detect.plot_labels,
 )
