@@ -353,3 +353,20 @@ def test_dropout_is_a_setting_that_reaches_the_classifiers_head(tmp_path):
     assert not torch.equal(model(x), model(x))  # two draws of the mask
     model.eval()
     assert torch.equal(model(x)[0], model(x)[0])
+
+
+@pytest.mark.parametrize("command", ["val", "predict", "export"])
+def test_end2end_with_a_classifier_is_one_line(command, reference_set, tmp_path):
+    """--end2end (NMS-free) means nothing to a classifier: val, predict and
+    export say so in one line, exit 1, and write nothing."""
+    weights = str(REFERENCES / "yolo26n-cls" / "model.pt")
+    args = {"val": ["--data", str(reference_set)],
+            "predict": [str(next((reference_set / "val").rglob("*.jpg"))), "--out", str(tmp_path / "out")],
+            "export": ["-o", str(tmp_path / "out.onnx")]}[command]
+    r = subprocess.run([HPCYOLO, command, weights, *args, "--imgsz", "64", "--end2end"], capture_output=True,
+                       text=True, env=env())
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [f"hpcyolo: error: {weights}: a classifier has no NMS to leave out; "
+                                             "--end2end (NMS-free, ultralytics' nms=False) is for YOLO26 detectors "
+                                             "and segmenters"]
+    assert not list(tmp_path.iterdir())

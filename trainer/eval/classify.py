@@ -21,6 +21,7 @@ from ..common.errors import HpcyoloError
 from ..common.fsutil import write_atomic
 from ..data.classify import ClassifyBatches, val_transform
 from ..data.dataset import load_data_spec
+from ..model.detector import check_end2end
 from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist
 from .evaluate import INTERRUPTED, indexed_split, mean_items, share_batches
@@ -95,7 +96,7 @@ def table(result: dict) -> str:
 @torch.no_grad()
 def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = None, batch: int = 16,
              split: str = "val", warn=print, plots: Path | None = None, workers: int = 0, loss_fn=None,
-             **_) -> dict | None:
+             end2end: bool = False, **_) -> dict | None:
     """`hpcyolo val` of a classifier: {weights, data, split, imgsz, images,
     top1, top5} of `weights` on `split` of the class-folder dataset `data`
     (rank 0; None elsewhere), and with `loss_fn` (a loss for one rank) `loss`,
@@ -112,6 +113,7 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
         raise HpcyoloError(f"{w.path}: has {w.nc} classes, {data} has {len(spec.names)} class folders")
     size = imgsz or w.imgsz or 224
     model = build_from(w).to(d.device)
+    check_end2end(model, end2end, w.path)
     files = getattr(spec, split)
     sets = ClassifyBatches(files, spec.names, size, batch,
                            checked=indexed_split(d, files, len(spec.names), spec.root, split, data))
@@ -136,7 +138,7 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
 
 @torch.no_grad()
 def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int | None = None, fmt: str = "txt",
-            device: str = "cpu", warn=print, **_) -> list[dict]:
+            device: str = "cpu", warn=print, end2end: bool = False, **_) -> list[dict]:
     """Each image's five most likely classes with their probabilities
     (ultralytics' Results.probs.top5), written to OUT: txt, one file per image
     of `probability name` lines as ultralytics' save_txt; json, one
@@ -144,6 +146,7 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
     w = as_weights(weights)
     dev = torch.device(device)
     model = build_from(w).to(dev).eval()
+    check_end2end(model, end2end, w.path)
     size = imgsz or w.imgsz or 224
     out_dir = Path(out)
     (out_dir / "labels" if fmt == "txt" else out_dir).mkdir(parents=True, exist_ok=True)

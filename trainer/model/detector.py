@@ -181,11 +181,14 @@ class DetectionModel(nn.Module):
         return self.decode(self.head(feats))
 
 
-def check_end2end(model: DetectionModel, end2end: bool, weights: object) -> None:
-    """--end2end asks for a one-to-one head: YOLO26's."""
-    if end2end and not model.end2end:
+def check_end2end(model, end2end: bool, weights: object) -> None:
+    """--end2end asks for a one-to-one head: a YOLO26 detector's or segmenter's."""
+    if end2end and not getattr(model, "end2end", False):
         from ..common.errors import HpcyoloError
 
+        if getattr(model, "task", "detect") == "classify":
+            raise HpcyoloError(f"{weights}: a classifier has no NMS to leave out; --end2end (NMS-free, ultralytics' "
+                               "nms=False) is for YOLO26 detectors and segmenters")
         raise HpcyoloError(f"{weights}: {model.arch} has no one-to-one head; --end2end (NMS-free, ultralytics' "
                            "nms=False) is for YOLO26 weights")
 
