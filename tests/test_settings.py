@@ -198,7 +198,7 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
               "warmup_momentum": 0.7, "warmup_bias_lr": 0.05, "cos_lr": True, "box": 5.0, "cls": 1.0, "dfl": 2.0,
               "overlap_mask": False, "mask_ratio": 2,
               "mosaic": 0.5, "hsv_h": 0.01, "hsv_s": 0.5, "hsv_v": 0.3, "degrees": 10.0, "translate": 0.2,
-              "scale": 0.3, "shear": 2.0, "flipud": 0.5, "fliplr": 0.3, "bgr": 0.1, "erasing": 0.2, "amp": False,
+              "scale": 0.3, "shear": 2.0, "flipud": 0.5, "fliplr": 0.3, "bgr": 0.1, "erasing": 0.2, "dropout": 0.25, "amp": False,
               "auto_augment": "none",
               "patience": 5,
               "save_period": 2, "fraction": 0.5, "freeze": 3, "perspective": 0.0005, "mixup": 0.2,

@@ -53,7 +53,7 @@ def test_ultralytics_yolo26n_fine_tunes_to_other_classes_with_both_class_branche
     assert "training yolo26n on 16 images (3 classes)" in r.stdout
     epoch_line = next(line for line in r.stdout.splitlines() if line.startswith("epoch 1/1: loss"))
     assert " l1 " in epoch_line  # the epoch line names YOLO26's third loss term
-    assert (tmp_path / "run" / "results.csv").read_text().startswith("epoch,train/box_loss,train/cls_loss,"
+    assert (tmp_path / "run" / "results.csv").read_text().startswith("epoch,time,train/box_loss,train/cls_loss,"
                                                                      "train/l1_loss,")
     saved = torch.load(tmp_path / "run" / "weights" / "last.pt", weights_only=True)["model"]
     source = read_weights(Y26).state
