@@ -17,8 +17,6 @@ from pathlib import Path
 from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import HpcyoloError
 
-# A segmentation's masks' figures, as ultralytics names them.
-MASK_MAP50, MASK_MAP50_95 = (c.replace("(B)", "(M)") for c in (rundir.MAP50, rundir.MAP50_95))
 # Settings that say where or how a run ran, not what it trained: never "differing".
 NOT_COMPARED = {"run_dir", "cache_dir", "signal", "dist_timeout", "log_every", "save_every", "keep", "val_images",
                 "tensorboard", "dataset", "workers", "cfg", "hang_factor", "hang_min", "straggler_every",
@@ -44,7 +42,7 @@ class Run:
 
     @property
     def segmenter(self) -> bool:
-        return bool(self.rows) and MASK_MAP50_95 in self.rows[0]
+        return bool(self.rows) and rundir.MASK_MAP50_95 in self.rows[0]
 
     @property
     def figures(self) -> tuple[tuple[str, str], ...]:
@@ -54,7 +52,8 @@ class Run:
         if self.classifier:
             return ("top1", rundir.TOP1), ("top5", rundir.TOP5)
         boxes = ("map50", rundir.MAP50), ("map50_95", rundir.MAP50_95)
-        return boxes + (("map50_mask", MASK_MAP50), ("map50_95_mask", MASK_MAP50_95)) if self.segmenter else boxes
+        masks = ("map50_mask", rundir.MASK_MAP50), ("map50_95_mask", rundir.MASK_MAP50_95)
+        return boxes + masks if self.segmenter else boxes
 
     @property
     def fitness(self) -> list[float]:
@@ -63,7 +62,8 @@ class Run:
         boxes = [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
         if not self.segmenter:
             return boxes
-        masks = [rundir.fitness(a, b) for a, b in zip(self.column(MASK_MAP50), self.column(MASK_MAP50_95))]
+        masks = [rundir.fitness(a, b)
+                 for a, b in zip(self.column(rundir.MASK_MAP50), self.column(rundir.MASK_MAP50_95))]
         return [a + b for a, b in zip(boxes, masks)]  # ultralytics' of a segmentation: the boxes' plus the masks'
 
     @property

@@ -51,7 +51,7 @@ from ..data.dataset import (
 )
 from ..data.masks import instance_masks, overlap_masks, resampled
 from ..model.boxes import non_max_suppression, xywh2xyxy, xyxy2xywh
-from ..model.detector import check_end2end, detections
+from ..model.detector import check_end2end, confident, detections
 from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist, gather_objects
@@ -152,7 +152,7 @@ def batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float
         out = model(x)  # the maps the loss reads, decoded as predict decodes them
         items = loss_fn(out, loss_targets(metas, x.shape[2:]))[1]
         if end2end:
-            preds = [p[p[:, 4] > conf] for p in model.decode_end2end(out[1])]
+            preds = confident(model.decode_end2end(out[1]), conf)
         else:
             preds = non_max_suppression(model.decode(out[0] if model.end2end else out), conf_thres=conf,
                                         iou_thres=iou, multi_label=True)
@@ -186,7 +186,7 @@ def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, con
         else:
             raw = torch.cat([model.decode(maps), torch.cat([c.flatten(2) for c in coefficients], 2)], 1)
     if end2end:  # the one-to-one head's 300, no NMS (ultralytics' nms=False)
-        preds = [p[p[:, 4] > conf] for p in raw]
+        preds = confident(raw, conf)
     else:
         preds = non_max_suppression(raw, conf_thres=conf, iou_thres=iou, multi_label=True, nc=model.nc)
     for det, prototypes, meta in zip(preds, proto, metas):

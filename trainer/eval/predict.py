@@ -20,7 +20,7 @@ from ..common.registry import MAX_STRIDE as STRIDE
 from ..data.augment import PAD_VALUE
 from ..data.dataset import IMG_EXTS, decode_resized, probe_image
 from ..model.boxes import non_max_suppression
-from ..model.detector import check_end2end, detections
+from ..model.detector import check_end2end, confident, detections
 from ..model.segment import upsampled_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..report.plots import draw_detections, save_image
@@ -94,7 +94,7 @@ def segment(model, original: np.ndarray, imgsz: int, conf: float, iou: float,
     canvas, gain, (left, top) = rect_letterbox(original, imgsz)
     x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
     raw, proto = model.predict(x, end2end=end2end)
-    pred = raw[0][raw[0][:, 4] > conf] if end2end else \
+    pred = confident(raw, conf)[0] if end2end else \
         non_max_suppression(raw, conf_thres=conf, iou_thres=iou, nc=model.nc)[0]
     masks = upsampled_masks(proto[0], pred[:, 6:], pred[:, :4], tuple(x.shape[2:]))
     keep = masks.flatten(1).amax(1) > 0 if len(masks) else torch.zeros(0, dtype=torch.bool)

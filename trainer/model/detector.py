@@ -200,8 +200,13 @@ def detections(model: DetectionModel, x: torch.Tensor, *, conf: float, iou: floa
     with `end2end` (ultralytics' nms=False), the one-to-one head's top 300
     whose confidence passes `conf`, no NMS."""
     if end2end:
-        return [p[p[:, 4] > conf] for p in model.predict(x, end2end=True)]
+        return confident(model.predict(x, end2end=True), conf)
     return non_max_suppression(model.predict(x), conf_thres=conf, iou_thres=iou, multi_label=multi_label)
+
+
+def confident(picks: torch.Tensor, conf: float) -> list[torch.Tensor]:
+    """Per image, an end2end head's picks ([B, 300, 6+], decode_end2end) whose confidence passes `conf`."""
+    return [p[p[:, 4] > conf] for p in picks]
 
 
 def build_model(scale: str, nc: int) -> DetectionModel:
