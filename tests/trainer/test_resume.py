@@ -45,9 +45,9 @@ def test_four_ranks_stopped_mid_epoch_resume_bit_identical(tmp_path):
     assert (stopped["epoch"], stopped["batch"], stopped["global_step"]) == (1, 2, 4)
     assert len(stopped["loss_sums"]) == 4 and not all(torch.equal(s, stopped["loss_sums"][0])
                                                        for s in stopped["loss_sums"])
-    # The resumed epoch's time must count the part before the stop: make that
-    # part unmistakable (the time column is the only thing it changes).
-    ckpt.save({**stopped, "epoch_seconds": 1000.0}, ckpt.path_for(tmp_path / "b" / "checkpoints", 4))
+    # results.csv's time is the run's seconds so far (ultralytics' seconds since training began), the
+    # first job's counted: make them unmistakable (the time column is the only thing they change).
+    ckpt.save({**stopped, "run_seconds": 1000.0}, ckpt.path_for(tmp_path / "b" / "checkpoints", 4))
     assert train(tmp_path / "b", data) == 0
 
     a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
@@ -61,4 +61,5 @@ def test_four_ranks_stopped_mid_epoch_resume_bit_identical(tmp_path):
     for ra, rb in zip(*rows):
         assert ({k: v for k, v in ra.items() if k not in rundir.TIMING_COLUMNS}
                 == {k: v for k, v in rb.items() if k not in rundir.TIMING_COLUMNS})
-    assert float(rows[1][0]["time"]) < 1000 <= float(rows[1][1]["time"]) < 1000 + 10 * float(rows[0][1]["time"])
+    times = [[float(row["time"]) for row in run] for run in rows]
+    assert 0 < times[0][0] < times[0][1] and times[1][0] < 1000 <= times[1][1] < 1000 + 10 * times[0][1]

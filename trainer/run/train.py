@@ -242,7 +242,6 @@ def train_epoch(r: Run, batches) -> int | None:
                           f"{pos.epoch + 1}, batch {pos.batch}: ending the epoch here")
             break
     epoch.progress.close()
-    pos.epoch_seconds = time.time() - epoch.t0  # the training loop alone, for results.csv
     r.speed = merge_figures(gather_objects(d, meter.figures()))
     return None
 
@@ -259,7 +258,7 @@ def end_epoch(r: Run) -> int | None:
     cfg, d, pos = r.cfg, r.d, r.pos
     started = r.clock.phase()
     train_loss = reduce_mean(d, pos.loss_sum / max(pos.batch, 1))
-    train_seconds, speed = pos.epoch_seconds, r.speed
+    speed = r.speed
     # Each rank's EMA averaged its own BatchNorm statistics; all validate
     # rank 0's, the one the checkpoint keeps, so a resumed run measures the same.
     r.parts.writer.wait()  # validation forks loader workers: never while the checkpoint thread writes
@@ -284,7 +283,7 @@ def end_epoch(r: Run) -> int | None:
         save_state(r)
     r.side.ledger.checkpointed(pos.global_step)
     if d.is_main:
-        epoch_outputs(r, train_loss, metrics, validated, best_weights, last, train_seconds, speed)
+        epoch_outputs(r, train_loss, metrics, validated, best_weights, last, seconds, speed)
     # Rank 0's, which decides when the budget is spent: validation, checkpoint and weights.
     pos.end_seconds = max(pos.end_seconds, r.clock.phase() - started)
     return None
@@ -309,13 +308,15 @@ def validate_epoch(r: Run, last: bool) -> tuple[dict | None, bool, int | None]:
 
 
 def epoch_outputs(r: Run, train_loss, metrics: dict, validated: bool, best: bool, last: bool,
-                  train_seconds: float, speed) -> None:
-    """Rank 0, at an epoch's end: results.csv's row (and its numbers in
-    TensorBoard and the trackers), the weights, the last validation's plots,
-    the epoch's line, and after the last one the per-class table."""
+                  seconds: float, speed) -> None:
+    """Rank 0, at an epoch's end: results.csv's row (its `time`: `seconds`,
+    the run's time so far, validation included, as ultralytics' counts from
+    the start of training; and its numbers in TensorBoard and the trackers),
+    the weights, the last validation's plots, the epoch's line, and after
+    the last one the per-class table."""
     cfg, pos, parts = r.cfg, r.pos, r.parts
     row = write_results(r.folder, pos.epoch - 1, train_loss, parts.loss_fn.names, r.task, metrics,
-                        [g["lr"] for g in parts.optimizer.param_groups], train_seconds, speed)
+                        [g["lr"] for g in parts.optimizer.param_groups], seconds, speed)
     values = numbers(row)  # results.csv's row, each parameter group's learning rate in it
     for sink in r.side.sinks():
         sink.scalars(pos.epoch, values)
