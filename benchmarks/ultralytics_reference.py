@@ -14,16 +14,17 @@ of the model ultralytics builds from its YAML for training, at its default
 classes (80; 1000 for classification), with the ultralytics version.
 
 `forward` writes tests/reference/ultralytics/forward/MODEL-TASK.pt (torch
-tensors only) for the n size of each family, segmentation and
-classification, at 3 classes: the model ultralytics builds, every tensor of
+tensors only) for the n size of each family, segmentation,
+classification and oriented boxes (obb), at 3 classes: the model ultralytics builds, every tensor of
 its state dict set by `fill` (a value from the tensor's name alone, so that
 a test can rebuild the same weights under hpcyolo's names without a
 checkpoint in the repository; the DFL's fixed bins kept), evaluated on a
 fixed input (`torch.rand(2, 3, 64, 96)`, seed 0; its sum stored): the
 neck's outputs, the head's raw maps per
 level (box, class and mask-coefficient branches, their one-to-one copies),
-the prototypes, YOLO26's semantic map, and the classifier's logits; with the
-state dict's names and shapes in order.
+the prototypes, YOLO26's semantic map, the classifier's logits, and the
+OBB head's angle branches and decoded outputs (obb_maps); with the state
+dict's names and shapes in order.
 
 `loss` writes tests/reference/ultralytics/loss.json: ultralytics'
 v8SegmentationLoss (its default gains) on the inputs `segment_loss_inputs`
@@ -110,7 +111,7 @@ FAMILIES = {"yolov8": "yolov8", "yolo11": "yolo11", "yolo26": "yolo26"}
 SIZES = "nsmlx"
 # task -> (ultralytics' model class, the YAML's suffix, its default classes)
 TASKS = {"detect": ("DetectionModel", "", 80), "segment": ("SegmentationModel", "-seg", 80),
-         "classify": ("ClassificationModel", "-cls", 1000)}
+         "classify": ("ClassificationModel", "-cls", 1000), "obb": ("OBBModel", "-obb", 80)}
 
 
 def parameters() -> dict:
@@ -164,7 +165,7 @@ def forward() -> None:
     out.mkdir(parents=True, exist_ok=True)
     x = torch.rand(FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
     for model_name in FORWARD_MODELS:
-        for task in ("segment", "classify"):
+        for task in ("segment", "classify", "obb"):
             cls, suffix, _ = TASKS[task]
             with contextlib.redirect_stdout(io.StringIO()):
                 model = getattr(tasks, cls)(f"{model_name}{suffix}.yaml", nc=FORWARD_CLASSES, verbose=False)
@@ -181,6 +182,8 @@ def forward() -> None:
             with torch.no_grad():
                 if task == "classify":
                     saved["logits"] = model(x)[1]  # eval: (softmax, logits)
+                elif task == "obb":
+                    saved.update(obb_maps(model, x))
                 else:
                     saved.update(head_maps(model, x))
             torch.save(saved, out / f"{model_name}-{task}.pt")
@@ -209,6 +212,30 @@ def head_maps(model, x) -> dict:
         head.proto.training = False
     else:
         maps["proto"] = head.proto(feats[0])
+    return maps
+
+
+def obb_maps(model, x) -> dict:
+    """The OBB head's raw maps (box, class and angle branches, their
+    one-to-one copies; the angle branch's output before the head maps it to
+    an angle) and its eval-mode outputs: `decoded`, [B, 4 + nc + 1, A] from
+    the one-to-many branches (cx, cy, w, h in pixels, class scores, angle),
+    and for an end2end head `end2end`, [B, 300, 7] from the one-to-one
+    branches (cx, cy, w, h, score, class, angle) as its postprocess picks them."""
+    head, seen = model.model[-1], {}
+    hook = head.register_forward_hook(lambda module, args, output: seen.setdefault("feats", args[0]))
+    model(x)
+    hook.remove()
+    feats = seen["feats"]
+    maps = {"feats": list(feats)}
+    branches = {"box": "cv2", "cls": "cv3", "angle": "cv4"}
+    if getattr(head, "one2one_cv2", None) is not None:
+        branches.update({"one2one_box": "one2one_cv2", "one2one_cls": "one2one_cv3", "one2one_angle": "one2one_cv4"})
+    for ours, theirs in branches.items():
+        maps[ours] = [getattr(head, theirs)[i](f) for i, f in enumerate(feats)]
+    maps["decoded"] = head._inference(head.forward_head(feats, **head.one2many))
+    if getattr(head, "one2one_cv2", None) is not None:
+        maps["end2end"] = head.postprocess(head._inference(head.forward_head(feats, **head.one2one)).permute(0, 2, 1))
     return maps
 
 

@@ -1,4 +1,4 @@
-"""The segmentation and classification models of every family and size,
+"""The segmentation, classification and oriented-box models of every family and size,
 against the parameter counts ultralytics itself gives for its YAMLs
 (tests/reference/ultralytics/parameters.json, written by
 benchmarks/ultralytics_reference.py in the benchmark venv), and their outputs'
@@ -16,10 +16,12 @@ from hpcyolo_trainer.common import registry
 from hpcyolo_trainer.model import families
 from hpcyolo_trainer.model.classify import ClassificationModel
 from hpcyolo_trainer.model.detector import DetectionModel, count_parameters
+from hpcyolo_trainer.model.obb import OBBModel
 from hpcyolo_trainer.model.segment import MASKS, SegmentationModel
 
 REFERENCE = json.loads((REPO / "tests" / "reference" / "ultralytics" / "parameters.json").read_text())
-MODEL_OF = {"detect": DetectionModel, "segment": SegmentationModel, "classify": ClassificationModel}
+MODEL_OF = {"detect": DetectionModel, "segment": SegmentationModel, "classify": ClassificationModel,
+            "obb": OBBModel}
 
 
 def test_the_reference_covers_every_model_of_every_task_built_here():

@@ -41,6 +41,8 @@ class HeadMap:
     computed: Mapping[str, Callable[[torch.Tensor, str, str], None]] = field(default_factory=dict)
     # (the head module's pickled state, our whole model) -> (what, theirs, ours) for each option it records
     records: Callable[[dict, object], Iterable[tuple[str, object, object]]] = lambda state, ours: ()
+    # where `kinds` name variants that compute differently: our whole model -> the kind it computes as
+    kind_of: Callable[[object], str] | None = None
 
 
 def check_dfl(value: torch.Tensor, name: str, path: str) -> None:
@@ -67,4 +69,19 @@ SEGMENT = HeadMap(kinds=("Segment", "Segment26"),
 # Classify: conv, pool, drop, linear under their own names (`conv` is a Conv module here, not a Conv's layer)
 CLASSIFY = HeadMap(kinds=("Classify",), layers=classifier_layers, branches={"conv": "conv"})
 
-HEADS = {"detect": DETECT, "segment": SEGMENT, "classify": CLASSIFY}
+
+
+def obb_records(state: dict, ours) -> list[tuple[str, object, object]]:
+    """The OBB head's: Detect's, and the values its angle branches predict per anchor (ne)."""
+    from .obb import ANGLES
+
+    return [*detect_records(state, ours), ("angle values per anchor (ne)", state.get("ne"), ANGLES)]
+
+
+# OBB (OBB26 on YOLO26): Detect's, with cv4 (and one2one_cv4) our angle branches; OBB bounds the angle
+# ((sigmoid - 1/4) pi), OBB26 takes the branch's output as it is: the class says which
+OBB = HeadMap(kinds=("OBB", "OBB26"), branches={**DETECT_BRANCHES, "cv4": "angle", "one2one_cv4": "one2one_angle"},
+              computed={"dfl": check_dfl}, records=obb_records,
+              kind_of=lambda ours: "OBB26" if ours.head.raw_angle else "OBB")
+
+HEADS = {"detect": DETECT, "segment": SEGMENT, "classify": CLASSIFY, "obb": OBB}

@@ -285,6 +285,8 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
         yield "attention heads", state.get("num_heads"), ref.heads
         yield "a key width", state.get("key_dim"), ref.key_dim
     elif kind in head.kinds:
+        if head.kind_of is not None:
+            yield "a head class", kind, head.kind_of(ours)
         yield from head.records(state, ours)
     elif kind == "Upsample":
         yield "upsampling", (float(state.get("scale_factor") or 0), state.get("mode")), (2.0, "nearest")
@@ -296,7 +298,7 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
 
 def task_model(task: str, arch: str, nc: int):
     """A fresh model of `task` (registry.ULTRALYTICS_MODELS' tasks hpcyolo builds): the detector, or its
-    segmenter or classifier."""
+    segmenter, classifier or oriented-box detector."""
     if task == "segment":
         from .segment import SegmentationModel
 
@@ -305,6 +307,10 @@ def task_model(task: str, arch: str, nc: int):
         from .classify import ClassificationModel
 
         return ClassificationModel(nc, arch)
+    if task == "obb":
+        from .obb import OBBModel
+
+        return OBBModel(nc, arch)
     return build_model(arch, nc)
 
 
