@@ -4,7 +4,7 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, metrics, val, trained, end2end (of
+WHAT is parameters, forward, loss, masks, rboxes, metrics, val, trained, end2end (of
 `trained` alone), val-loss, classify or classify-transforms (transforms.npz
 of `classify` alone), each below.
 
@@ -44,6 +44,15 @@ map, as validation computes it.
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
 `mask_polygons` makes from a seed (overlapping, nested, a sliver, one partly
 outside the image, one of zero area), at mask ratios 1 and 4.
+
+`rboxes` writes tests/reference/ultralytics/rboxes.npz: ultralytics'
+rotated-box geometry on the boxes `rbox_inputs` makes from a seed: probiou
+of pairs (and with the loss's floor), batch_probiou, xywhr2xyxyxyxy and back
+(xyxyxyxy2xywhr, also of jittered corners), regularize_rboxes, rbox2dist and
+dist2rbox about points near the centres, TorchNMS.fast_nms over
+batch_probiou, and non_max_suppression(rotated=True) of a decoded OBB
+output of 3 classes at conf 0.25 and IoU 0.5 (per class, agnostic,
+multi-label), as its OBB validator and predictor call it (nc given).
 
 `metrics` writes tests/reference/ultralytics/metrics.json: what
 ultralytics' validator makes of the predictions `metric_inputs` draws from a
@@ -378,6 +387,60 @@ def segment26_loss() -> dict:
         out[case]["hyp"] = {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl")}
         print(f"{case}: {out[case]}", file=sys.stderr)
     return out
+
+
+def rbox_inputs() -> dict:
+    """Rotated boxes from torch's generator alone: 40 xywhr boxes (centres in
+    a 96 x 64 image, sides 2 to 30 px, angles over [-pi, 2pi): beyond every
+    range the conversions fold), 40 more that are copies of the first moved
+    and turned a little (overlapping pairs), corners of the first 20 jittered
+    by up to a pixel (not quite rectangles), and a decoded OBB output of 3
+    classes over 200 anchors ([1, 4 + 3 + 1, 200]: cx, cy, w, h, scores,
+    angle) whose boxes crowd, for rotated NMS."""
+    import math
+
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    n = 40
+    boxes = torch.cat([torch.rand(n, 1, generator=g) * 96, torch.rand(n, 1, generator=g) * 64,
+                       2 + torch.rand(n, 2, generator=g) * 28, (torch.rand(n, 1, generator=g) * 3 - 1) * math.pi], 1)
+    moved = boxes + torch.cat([torch.randn(n, 2, generator=g) * 3, torch.randn(n, 2, generator=g),
+                               torch.randn(n, 1, generator=g) * 0.3], 1)
+    moved[:, 2:4] = moved[:, 2:4].clamp(min=1)
+    jitter = (torch.rand(20, 4, 2, generator=g) * 2 - 1)
+    a = 200
+    decoded = torch.cat([torch.rand(1, 1, a, generator=g) * 40 + 20, torch.rand(1, 1, a, generator=g) * 20 + 20,
+                         4 + torch.rand(1, 2, a, generator=g) * 20, torch.rand(1, 3, a, generator=g),
+                         (torch.rand(1, 1, a, generator=g) - 0.25) * math.pi], 1)
+    return {"boxes": boxes, "moved": moved, "jitter": jitter, "decoded": decoded}
+
+
+def rboxes() -> dict:
+    """ultralytics' rotated-box geometry on rbox_inputs (see `rboxes` in the module's docstring)."""
+    import numpy as np
+    import torch
+    from ultralytics.utils.metrics import batch_probiou, probiou
+    from ultralytics.utils.nms import TorchNMS, non_max_suppression
+    from ultralytics.utils.ops import regularize_rboxes, xywhr2xyxyxyxy, xyxyxyxy2xywhr
+    from ultralytics.utils.tal import dist2rbox, rbox2dist
+
+    x = rbox_inputs()
+    boxes, moved = x["boxes"], x["moved"]
+    corners = xywhr2xyxyxyxy(boxes)
+    out = {"probiou": probiou(boxes, moved), "probiou_floor": probiou(boxes, moved, floor=0.01),
+           "batch_probiou": batch_probiou(boxes, torch.cat([boxes, moved])), "corners": corners,
+           "corners_xywhr": xyxyxyxy2xywhr(corners), "regularized": regularize_rboxes(boxes),
+           "jittered_xywhr": xyxyxyxy2xywhr(corners[:20] + x["jitter"]),
+           "fast_nms": TorchNMS.fast_nms(torch.cat([boxes, moved]), torch.linspace(1, 0.01, 80), 0.3,
+                                         iou_func=batch_probiou)}
+    points = boxes[:, :2] + torch.randn(len(boxes), 2, generator=torch.Generator().manual_seed(6))
+    out["rbox2dist"] = rbox2dist(boxes[:, :4], points, boxes[:, 4:5])
+    out["dist2rbox"] = dist2rbox(out["rbox2dist"], boxes[:, 4:5], points)
+    out["points"] = points
+    for name, how in {"nms": {}, "nms_agnostic": {"agnostic": True}, "nms_multi_label": {"multi_label": True}}.items():
+        out[name] = non_max_suppression(x["decoded"], 0.25, 0.5, nc=3, rotated=True, **how)[0]
+    return {k: np.asarray(v) for k, v in out.items()}
 
 
 MASK_HW = (64, 96)
@@ -801,7 +864,7 @@ def classify_reference(data: Path, name: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "metrics", "val", "trained",
                                          "end2end", "val-loss", "classify", "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
@@ -833,6 +896,11 @@ def main() -> None:
 
         np.savez_compressed(OUT / "masks.npz", **masks())
         print(f"wrote {OUT / 'masks.npz'}")
+    elif args.what == "rboxes":
+        import numpy as np
+
+        np.savez_compressed(OUT / "rboxes.npz", **rboxes())
+        print(f"wrote {OUT / 'rboxes.npz'}")
     elif args.what == "trained":
         if not args.data:
             parser.error(f"trained needs DATA, a folder written by: {TRAINED_DATA}")
