@@ -38,7 +38,10 @@ semantic map and the semantic targets as ultralytics' Format makes them):
 SegmentLoss26 alone as each head's (the one-to-many head's top 10, the
 one-to-one head's top 7 then 1), E2ELoss over both as training computes it
 (its first epoch's weights), and E2ELoss on outputs without the semantic
-map, as validation computes it.
+map, as validation computes it. And, under `obb`, ultralytics' oriented-box
+losses on the cases `obb_loss_inputs` makes from a seed (obb_loss):
+v8OBBLoss for YOLOv8/YOLO11 (reg_max 16) and, for YOLO26, v8OBBLoss as each
+head's and E2ELoss of v8OBBLoss over both.
 
 `masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
@@ -441,6 +444,96 @@ def rboxes() -> dict:
     for name, how in {"nms": {}, "nms_agnostic": {"agnostic": True}, "nms_multi_label": {"multi_label": True}}.items():
         out[name] = non_max_suppression(x["decoded"], 0.25, 0.5, nc=3, rotated=True, **how)[0]
     return {k: np.asarray(v) for k, v in out.items()}
+
+
+OBB_LOSS_CASES = ("objects", "crowded", "empty")
+
+
+def obb_loss_inputs(case: str) -> dict:
+    """Inputs of an oriented-box loss, from torch's generator alone: the
+    outputs of a 3-class OBB head at 64 x 96 px as ultralytics flattens them
+    ([B, C, anchors]) for YOLOv8/YOLO11 (`v8`: box logits over 16 bins, class
+    logits, angles in [-pi/4, 3pi/4) as its OBB head maps them) and for both
+    heads of YOLO26 (`one2many`, `one2one`: distances in grid units, 0.25 to
+    3.25, class logits, angles as they come, around 0), and a batch of
+    rotated boxes on 2 images (normalised cx, cy, w, h, then r in radians).
+    `objects`: 5 boxes of several sizes and angles, one nearly square;
+    `crowded`: 9 overlapping boxes, one under 2 px (dropped, as ultralytics
+    drops it) and one thinner than a stride; `empty`: none."""
+    import math
+
+    import torch
+
+    g = torch.Generator().manual_seed({"objects": 11, "crowded": 12, "empty": 13}[case])
+    h, w = LOSS_HW
+    anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
+    if case == "objects":
+        batch_idx = torch.tensor([0, 0, 0, 1, 1])
+        cls = torch.tensor([0, 2, 1, 1, 0])
+        rboxes = torch.tensor([[0.30, 0.40, 0.30, 0.20, 0.4], [0.62, 0.55, 0.40, 0.15, -0.6],
+                               [0.45, 0.45, 0.15, 0.14, 1.2], [0.50, 0.50, 0.70, 0.30, 2.0],
+                               [0.20, 0.25, 0.20, 0.10, 0.0]])
+    elif case == "crowded":
+        batch_idx = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 1])
+        cls = torch.tensor([0, 1, 2, 0, 1, 2, 2, 0, 1])
+        centres = 0.3 + torch.rand(9, 2, generator=g) * 0.4
+        sides = 0.1 + torch.rand(9, 2, generator=g) * 0.4
+        sides[3] = torch.tensor([0.01, 0.2])  # under 2 px wide at 96 px
+        sides[6] = torch.tensor([0.4, 0.12])  # about 8 px high: thinner than the middle stride
+        rboxes = torch.cat([centres, sides, (torch.rand(9, 1, generator=g) - 0.25) * math.pi], 1)
+    else:
+        batch_idx, cls, rboxes = torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, 5)
+    x = {"batch_idx": batch_idx, "cls": cls, "rboxes": rboxes,
+         "v8": {"boxes": torch.randn(2, 64, anchors, generator=g), "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+                "angle": (torch.rand(2, 1, anchors, generator=g) - 0.25) * math.pi}}
+    for head in ("one2many", "one2one"):
+        x[head] = {"boxes": torch.rand(2, 4, anchors, generator=g) * 3 + 0.25,
+                   "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+                   "angle": torch.randn(2, 1, anchors, generator=g) * 0.5}
+    return x
+
+
+def obb_loss() -> dict:
+    """ultralytics' v8OBBLoss of a yolov8n-obb (reg_max 16) on each case's
+    `v8` outputs, and on YOLO26's: v8OBBLoss of a yolo26n-obb as each head's
+    (the one-to-many head's top 10, the one-to-one head's top 7 then 1) and
+    E2ELoss of v8OBBLoss over both (its first epoch's weights); items and the
+    total (loss x batch), its default gains."""
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import OBBModel
+    from ultralytics.utils.loss import E2ELoss, v8OBBLoss
+
+    h, w = LOSS_HW
+    models = {}
+    for name in ("yolov8n-obb", "yolo26n-obb"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            models[name] = OBBModel(f"{name}.yaml", nc=3, verbose=False)
+        models[name].args = get_cfg()
+
+    def figures(total, items) -> dict:
+        return {"items": {k: float(v) for k, v in items.items()}, "total": float(total.sum())}
+
+    out = {}
+    for case in OBB_LOSS_CASES:
+        x = obb_loss_inputs(case)
+        batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["rboxes"]}
+
+        def preds(head: str, reg_max: int) -> dict:
+            feats = [torch.zeros(2, 4 * reg_max + 3, h // s, w // s) for s in LOSS_STRIDES]
+            return {**x[head], "feats": feats}
+
+        v8 = models["yolov8n-obb"]
+        out[case] = {"v8": figures(*v8OBBLoss(v8).loss(preds("v8", 16), batch)),
+                     "hyp": {k: float(getattr(v8.args, k)) for k in ("box", "cls", "dfl", "angle")}}
+        y26 = models["yolo26n-obb"]
+        out[case]["one2many"] = figures(*v8OBBLoss(y26, tal_topk=10).loss(preds("one2many", 1), batch))
+        out[case]["one2one"] = figures(*v8OBBLoss(y26, tal_topk=7, tal_topk2=1).loss(preds("one2one", 1), batch))
+        e2e = E2ELoss(y26, v8OBBLoss)
+        both = {"one2many": preds("one2many", 1), "one2one": preds("one2one", 1)}
+        out[case]["end2end"] = {**figures(*e2e(both, batch)), "one2many_share": e2e.o2m}
+        print(f"obb {case}: {out[case]}", file=sys.stderr)
+    return out
 
 
 MASK_HW = (64, 96)
@@ -880,7 +973,8 @@ def main() -> None:
     elif args.what == "loss":
         path = OUT / "loss.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
-                                    "segment": segment_loss(), "segment26": segment26_loss()}, indent=1)
+                                    "segment": segment_loss(), "segment26": segment26_loss(), "obb": obb_loss()},
+                                   indent=1)
                         + "\n")
         print(f"wrote {path}")
     elif args.what == "val":

@@ -64,8 +64,9 @@ class TaskAlignedAssigner(nn.Module):
         mask_gt: Tensor,
         **extra: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Assign anchors to gts -> (target_bboxes [B,A,4], target_scores [B,A,nc], fg_mask [B,A] bool,
-        gt_idx [B,A]: each anchor's gt among its image's, 0 for the background).
+        """Assign anchors to gts -> (target_bboxes [B,A,4] (a subclass's boxes: as wide as its gts'),
+        target_scores [B,A,nc], fg_mask [B,A] bool, gt_idx [B,A]: each anchor's gt among its image's, 0 for
+        the background).
 
         pd_scores [B,A,nc] are probabilities; pd_bboxes [B,A,4], anc_points [A,2]
         and gt_bboxes [B,M,4] (xyxy) share one unit; gt_labels and mask_gt are [B,M,1].
@@ -86,7 +87,7 @@ class TaskAlignedAssigner(nn.Module):
         """Targets for a batch without a single gt: everything is background."""
         b, a, _ = pd_scores.shape
         fg_mask = torch.zeros(b, a, dtype=torch.bool, device=pd_scores.device)
-        return gt_bboxes.new_zeros(b, a, 4), torch.zeros_like(pd_scores), fg_mask, fg_mask.long()
+        return gt_bboxes.new_zeros(b, a, gt_bboxes.shape[-1]), torch.zeros_like(pd_scores), fg_mask, fg_mask.long()
 
     def _widened(self, gt_bboxes: Tensor) -> Tensor:
         """gt boxes whose sides shorter than min_side are widened to it about their centre (STAL)."""
@@ -147,7 +148,7 @@ class TaskAlignedAssigner(nn.Module):
         """Boxes, TOOD-normalised class scores, the foreground mask and the gt index from the final assignment."""
         fg_mask = mask_pos.any(1)  # [B,A]
         gt_idx = mask_pos.to(torch.uint8).argmax(1)  # [B,A]; 0 for background, masked below
-        boxes = gt_bboxes.gather(1, gt_idx[..., None].expand(-1, -1, 4)) * fg_mask[..., None]
+        boxes = gt_bboxes.gather(1, gt_idx[..., None].expand(-1, -1, gt_bboxes.shape[-1])) * fg_mask[..., None]
         labels = gt_labels[..., 0].long().gather(1, gt_idx)
         scores = F.one_hot(labels, pd_scores.shape[-1]).to(pd_scores.dtype) * fg_mask[..., None]
         # TOOD: t / max_t(gt) * max_iou(gt), so each gt's best positive is
