@@ -4,9 +4,9 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, rboxes, metrics, val, trained, end2end (of
-`trained` alone), val-loss, classify or classify-transforms (transforms.npz
-of `classify` alone), each below.
+WHAT is parameters, forward, loss, masks, rboxes, obb-checkpoint, metrics,
+val, trained, end2end (of `trained` alone), val-loss, classify or
+classify-transforms (transforms.npz of `classify` alone), each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -56,6 +56,10 @@ dist2rbox about points near the centres, TorchNMS.fast_nms over
 batch_probiou, and non_max_suppression(rotated=True) of a decoded OBB
 output of 3 classes at conf 0.25 and IoU 0.5 (per class, agnostic,
 multi-label), as its OBB validator and predictor call it (nc given).
+
+`obb-checkpoint` writes tests/reference/ultralytics/obb/: an untrained
+yolo11n-obb at 2 classes as ultralytics saves a model, and its eval output
+on a fixed input (obb_checkpoint).
 
 `metrics` writes tests/reference/ultralytics/metrics.json: what
 ultralytics' validator makes of the predictions `metric_inputs` draws from a
@@ -536,6 +540,44 @@ def obb_loss() -> dict:
     return out
 
 
+OBB_CHECKPOINT = "yolo11n-obb"
+OBB_CHECKPOINT_CLASSES = 2
+
+
+def obb_checkpoint() -> Path:
+    """obb/yolo11n-obb.pt: ultralytics' OBBModel of yolo11n-obb.yaml at 2
+    classes, untrained, its tensors set by `fill` (its own initialisation
+    leaves the box and class outputs nearly constant: a wrong mapping would
+    not show), written by its Model.save (the model object pickled, float16),
+    names `plane` and `ship`; and obb/yolo11n-obb-
+    output.pt: that file's model, loaded by ultralytics, in eval mode on
+    `torch.rand(1, 3, 64, 96)` (seed 1): its decoded output [1, 4 + 2 + 1, A]
+    (cx, cy, w, h px, class scores, angle) and the input's sum."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.nn.tasks import OBBModel
+
+    dest = OUT / "obb"
+    dest.mkdir(parents=True, exist_ok=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        yolo = YOLO(f"{OBB_CHECKPOINT}.yaml", task="obb")
+        yolo.model = OBBModel(f"{OBB_CHECKPOINT}.yaml", nc=OBB_CHECKPOINT_CLASSES, verbose=False)
+    with torch.no_grad():
+        for name, value in yolo.model.state_dict().items():
+            filled = fill(name, tuple(value.shape))
+            if filled is not None:
+                value.copy_(filled)
+    yolo.model.names = {0: "plane", 1: "ship"}
+    path = dest / f"{OBB_CHECKPOINT}.pt"
+    yolo.save(path)
+    model = YOLO(str(path)).model.float().eval()
+    x = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        output = model(x)[0]
+    torch.save({"output": output, "input_sum": float(x.double().sum())}, dest / f"{OBB_CHECKPOINT}-output.pt")
+    return path
+
+
 MASK_HW = (64, 96)
 
 
@@ -957,8 +999,8 @@ def classify_reference(data: Path, name: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "metrics", "val", "trained",
-                                         "end2end", "val-loss", "classify", "classify-transforms"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-checkpoint", "metrics",
+                                         "val", "trained", "end2end", "val-loss", "classify", "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
@@ -995,6 +1037,8 @@ def main() -> None:
 
         np.savez_compressed(OUT / "rboxes.npz", **rboxes())
         print(f"wrote {OUT / 'rboxes.npz'}")
+    elif args.what == "obb-checkpoint":
+        print(f"wrote {obb_checkpoint()}")
     elif args.what == "trained":
         if not args.data:
             parser.error(f"trained needs DATA, a folder written by: {TRAINED_DATA}")

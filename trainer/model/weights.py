@@ -119,7 +119,10 @@ def _head_classes(state: dict, path: str) -> int:
 
 # ---------------------------------------------------------------- ultralytics
 
-def _read_ultralytics(path: str) -> Weights:
+def _read_ultralytics(path: str, tasks: tuple[str, ...] = registry.TASKS) -> Weights:
+    """An ultralytics checkpoint of one of `tasks` mapped by its records. The
+    tasks hpcyolo trains by default; a model hpcyolo builds but does not train
+    yet (obb: its head map, model and loss, not its run) only where asked."""
     try:
         ckpt = safe_pickle.load(path)
     except HpcyoloError:
@@ -133,7 +136,7 @@ def _read_ultralytics(path: str) -> Weights:
         raise HpcyoloError(f"{path}: not an ultralytics checkpoint (no model or ema object)")
     info = model.state
     task = registry.ULTRALYTICS_MODELS.get(model.kind)
-    if task not in registry.TASKS:  # by its records: the model class its pickle names
+    if task not in tasks:  # by its records: the model class its pickle names
         holds = f"a {task} model" if task else "no model of a task hpcyolo knows"
         raise HpcyoloError(f"{path}: holds an ultralytics {model.kind} ({holds}); hpcyolo trains "
                            f"{', '.join(registry.TASKS)} models ({', '.join(k for k, t in registry.ULTRALYTICS_MODELS.items() if t in registry.TASKS)})")
