@@ -450,7 +450,7 @@ def rboxes() -> dict:
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-OBB_LOSS_CASES = ("objects", "crowded", "empty")
+OBB_LOSS_CASES = ("objects", "crowded", "dense", "empty")
 
 
 def obb_loss_inputs(case: str) -> dict:
@@ -463,12 +463,14 @@ def obb_loss_inputs(case: str) -> dict:
     rotated boxes on 2 images (normalised cx, cy, w, h, then r in radians).
     `objects`: 5 boxes of several sizes and angles, one nearly square;
     `crowded`: 9 overlapping boxes, one under 2 px (dropped, as ultralytics
-    drops it) and one thinner than a stride; `empty`: none."""
+    drops it) and one thinner than a stride; `dense`: 12 large boxes on each
+    image, so that anchors picked by several boxes may overlap a third most;
+    `empty`: none."""
     import math
 
     import torch
 
-    g = torch.Generator().manual_seed({"objects": 11, "crowded": 12, "empty": 13}[case])
+    g = torch.Generator().manual_seed({"objects": 11, "crowded": 12, "dense": 14, "empty": 13}[case])
     h, w = LOSS_HW
     anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
     if case == "objects":
@@ -485,6 +487,12 @@ def obb_loss_inputs(case: str) -> dict:
         sides[3] = torch.tensor([0.01, 0.2])  # under 2 px wide at 96 px
         sides[6] = torch.tensor([0.4, 0.12])  # about 8 px high: thinner than the middle stride
         rboxes = torch.cat([centres, sides, (torch.rand(9, 1, generator=g) - 0.25) * math.pi], 1)
+    elif case == "dense":
+        batch_idx = torch.arange(2).repeat_interleave(12)
+        cls = torch.randint(0, 3, (24,), generator=g)
+        rboxes = torch.cat([0.3 + torch.rand(24, 1, generator=g) * 0.4, 0.3 + torch.rand(24, 1, generator=g) * 0.4,
+                            0.1 + torch.rand(24, 2, generator=g) * 0.3, (torch.rand(24, 1, generator=g) - 0.25) * math.pi],
+                           1)
     else:
         batch_idx, cls, rboxes = torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, 5)
     x = {"batch_idx": batch_idx, "cls": cls, "rboxes": rboxes,

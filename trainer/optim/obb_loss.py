@@ -11,7 +11,9 @@ As ultralytics defines them (the numbers are its):
   the rotated box's ProbIoU as its overlap (rboxes.probiou) and, as
   candidates, the anchors inside the rotated box (its edges included), sides
   shorter than the middle stride widened to it about the centre (STAL, every
-  family here, as ultralytics 8.4 applies it);
+  family here, as ultralytics 8.4 applies it); an anchor several gts pick
+  goes to the gt it overlaps most among all it is a candidate of (ultralytics'
+  rule, not TaskAlignedAssigner's);
 - a prediction is ltrb distances in the box's own frame and the head's angle
   (model/obb.py), decoded by rboxes.dist2rbox; the box term is 1 - ProbIoU
   with 0.01 added to both variances (bounds the gradients of sub-pixel
@@ -63,6 +65,16 @@ class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
         along_ab, along_ad = (ap * ab).sum(-1), (ap * ad).sum(-1)
         return ((along_ab >= 0) & (along_ab <= (ab * ab).sum(-1)) & (along_ad >= 0)
                 & (along_ad <= (ad * ad).sum(-1)))
+
+    def _one_gt_per_anchor(self, mask_pos: Tensor, overlaps: Tensor) -> Tensor:
+        """An anchor picked by several gts goes to the gt it overlaps most among
+        all those it is a candidate of, as ultralytics' select_highest_overlaps
+        does, even one whose top k did not pick it (TaskAlignedAssigner keeps
+        the winner among the gts that picked it: crowded scenes then assign
+        otherwise than ultralytics, the `dense` case of the loss reference)."""
+        multi = mask_pos.sum(1, keepdim=True) > 1  # [B,1,A]
+        best = overlaps.argmax(1, keepdim=True)
+        return torch.where(multi, torch.zeros_like(mask_pos).scatter_(1, best, True), mask_pos)
 
     def _alignment(self, pd_scores: Tensor, pd_bboxes: Tensor, gt_labels: Tensor, gt_bboxes: Tensor,
                    candidates: Tensor) -> tuple[Tensor, Tensor]:
