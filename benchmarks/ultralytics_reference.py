@@ -67,7 +67,9 @@ seed (8 images of 64 x 96 px, 3 classes; per object a jittered copy, now
 and then a second, weaker one or one of the wrong class; false positives;
 masks filled by its polygon2mask): its match_predictions over box IoU and
 over mask IoU, ap_per_class, and the box and mask P, R, mAP50, mAP50-95 and
-fitness as its SegmentMetrics reports them.
+fitness as its SegmentMetrics reports them; and, under `obb`, what its OBB
+validator makes of the rotated boxes `obb_metric_inputs` draws from a seed
+(matched by batch_probiou; obb_metrics).
 
 `val` writes tests/reference/ultralytics/val.json: ultralytics' `val` figures
 of each detection fixture (../shared/fixtures/ultralytics/*/model.pt) at
@@ -702,7 +704,71 @@ def metrics() -> dict:
                      "map50_95": float(ap.mean()), "tp": np.concatenate(t).astype(int).tolist()}
     # SegmentMetrics.fitness: each kind's fitness (its Metric weights [0, 0, 0, 1]: mAP50-95), summed
     out["fitness"] = out["box"]["map50_95"] + out["mask"]["map50_95"]
+    out["obb"] = obb_metrics()
     return out
+
+
+def obb_metric_inputs() -> list[dict]:
+    """Per image: gt classes and rotated boxes (xywhr, pixels of a 96 x 64
+    image), and predictions (xywhr, conf, cls) in descending confidence, as
+    NMS hands them on: per object a copy moved, resized and turned a little,
+    now and then a second, weaker one or one of the wrong class; false
+    positives (numpy only, from a seed)."""
+    import numpy as np
+
+    rng = np.random.default_rng(17)
+    images = []
+    for _ in range(8):
+        gts = [(int(rng.integers(0, 3)), np.array([*rng.uniform([10, 10], [86, 54]), *rng.uniform(4, 30, 2),
+                                                   rng.uniform(-np.pi / 4, 3 * np.pi / 4)]))
+               for _ in range(int(rng.integers(1, 6)))]
+        preds = []
+        for cls, box in gts:
+            if rng.random() < 0.85:  # found, a little off
+                jitter = np.array([*rng.normal(0, 1.5, 2), *rng.normal(0, 1.0, 2), rng.normal(0, 0.1)])
+                preds.append((box + jitter, rng.uniform(0.3, 1.0), cls if rng.random() < 0.9 else (cls + 1) % 3))
+            if rng.random() < 0.3:  # a second, weaker one on the same object
+                preds.append((box + np.array([*rng.normal(0, 3, 2), 0, 0, rng.normal(0, 0.3)]), rng.uniform(0.05, 0.5),
+                              cls))
+        for _ in range(int(rng.integers(0, 3))):  # false positives
+            preds.append((np.array([*rng.uniform([10, 10], [86, 54]), *rng.uniform(4, 20, 2), rng.uniform(0, 1)]),
+                          rng.uniform(0.01, 0.6), int(rng.integers(0, 3))))
+        preds.sort(key=lambda p: -p[1])
+        images.append({"gt_cls": [c for c, _ in gts], "gt_boxes": [b.tolist() for _, b in gts],
+                       "pred_boxes": [b.tolist() for b, _, _ in preds], "conf": [c for _, c, _ in preds],
+                       "pred_cls": [k for _, _, k in preds]})
+    return images
+
+
+def obb_metrics() -> dict:
+    """What ultralytics' OBB validator makes of obb_metric_inputs: its
+    _process_batch (batch_probiou of the gts with the predictions, then
+    match_predictions), and the P, R, mAP50, mAP50-95 of ap_per_class."""
+    import numpy as np
+    import torch
+    from types import SimpleNamespace
+
+    from ultralytics.engine.validator import BaseValidator
+    from ultralytics.utils.metrics import ap_per_class, batch_probiou
+
+    validator = SimpleNamespace(iouv=torch.linspace(0.5, 0.95, 10))
+    tp, conf, pred_cls, target_cls = [], [], [], []
+    for image in obb_metric_inputs():
+        n = len(image["pred_boxes"])
+        if n and image["gt_boxes"]:
+            iou = batch_probiou(torch.tensor(image["gt_boxes"], dtype=torch.float32),
+                                torch.tensor(image["pred_boxes"], dtype=torch.float32))
+            tp.append(BaseValidator.match_predictions(validator, torch.tensor(image["pred_cls"]),
+                                                      torch.tensor(image["gt_cls"]), iou).numpy())
+        else:
+            tp.append(np.zeros((n, 10), bool))
+        conf += image["conf"]
+        pred_cls += image["pred_cls"]
+        target_cls += image["gt_cls"]
+    r = ap_per_class(np.concatenate(tp), np.array(conf), np.array(pred_cls), np.array(target_cls))
+    p, rec, ap = r[2], r[3], r[5]
+    return {"precision": float(p.mean()), "recall": float(rec.mean()), "map50": float(ap[:, 0].mean()),
+            "map50_95": float(ap.mean()), "tp": np.concatenate(tp).astype(int).tolist()}
 
 
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "ultralytics"

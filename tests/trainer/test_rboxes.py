@@ -78,3 +78,29 @@ def test_rotated_nms_of_a_decoded_output(inputs, name, how, one_thread):
     out = rboxes.non_max_suppression_obb(inputs["decoded"], conf_thres=0.25, iou_thres=0.5, **how)
     assert len(out) == 1
     close(out[0], name)
+
+
+def test_rotated_matches_and_metrics_equal_ultralytics_obb_validator(one_thread):
+    """The rotated predictions `obb_metric_inputs` draws from a seed (jittered
+    and turned copies, weaker duplicates, wrong classes, false positives),
+    matched by ProbIoU (eval/metrics.py match_rotated) and scored as
+    ultralytics' OBB validator does (tests/reference/ultralytics/metrics.json, `obb`)."""
+    import json
+
+    from hpcyolo_trainer.eval.metrics import DetStats, match_rotated
+
+    expected = json.loads((REPO / "tests" / "reference" / "ultralytics" / "metrics.json").read_text())["obb"]
+    stats = DetStats(method="ultralytics")
+    for image in reference_script().obb_metric_inputs():
+        boxes = torch.tensor(image["pred_boxes"], dtype=torch.float32).reshape(-1, 5)
+        pred = torch.cat([boxes[:, :4], torch.tensor([image["conf"], image["pred_cls"]], dtype=torch.float32).T
+                          .reshape(-1, 2), boxes[:, 4:]], 1)
+        gt_cls = torch.tensor(image["gt_cls"])
+        stats.add(match_rotated(pred, torch.tensor(image["gt_boxes"], dtype=torch.float32), gt_cls, stats.method),
+                  pred, gt_cls)
+    state = DetStats.merge([stats.state()])
+    assert state["tp"].astype(int).tolist() == expected["tp"]
+    assert 0 < state["tp"].sum() < state["tp"].size  # matches at some thresholds, not all
+    summary = DetStats.summary(state, 3, method="ultralytics")
+    for key in ("map50", "map50_95", "precision", "recall"):
+        assert summary[key] == pytest.approx(expected[key], abs=1e-6), key

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..model.boxes import box_iou
+from ..model.rboxes import batch_probiou
 
 IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)
 RECALL_POINTS = np.arange(101) / 100  # exact k/100, unlike an accumulated step
@@ -80,6 +81,17 @@ def match_predictions(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor, method: st
     # whatever the box scale (normalised boxes would feel an epsilon). Two
     # zero-area boxes give 0/0 = NaN, which fails every `>=`: no match.
     return match_iou(box_iou(gt_boxes.float(), pred[:, :4].float(), eps=0.0), pred, gt_cls, method)
+
+
+def match_rotated(pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor, method: str = "coco") -> Tensor:
+    """match_predictions of rotated boxes by their ProbIoU, as ultralytics'
+    OBB validator matches them: pred [n,7] (cx, cy, w, h, conf, cls, angle:
+    rboxes.non_max_suppression_obb's rows), gt_boxes [m,5] xywhr, gt_cls [m] -> bool [n,10]."""
+    pred, gt_boxes = pred.detach(), gt_boxes.detach()
+    if pred.shape[0] == 0 or gt_boxes.shape[0] == 0:
+        return torch.zeros(pred.shape[0], len(IOU_THRESHOLDS), dtype=torch.bool, device=pred.device)
+    boxes = torch.cat((pred[:, :4], pred[:, 6:7]), 1).float()
+    return match_iou(batch_probiou(gt_boxes.float(), boxes), pred, gt_cls, method)
 
 
 def mask_iou(gt_masks: Tensor, pred_masks: Tensor, eps: float = 1e-7) -> Tensor:
