@@ -492,13 +492,14 @@ def obb_loss_inputs(case: str) -> dict:
     elif case == "dense":
         batch_idx = torch.arange(2).repeat_interleave(12)
         cls = torch.randint(0, 3, (24,), generator=g)
-        rboxes = torch.cat([0.3 + torch.rand(24, 1, generator=g) * 0.4, 0.3 + torch.rand(24, 1, generator=g) * 0.4,
-                            0.1 + torch.rand(24, 2, generator=g) * 0.3, (torch.rand(24, 1, generator=g) - 0.25) * math.pi],
-                           1)
+        cx, cy = (0.3 + torch.rand(24, 1, generator=g) * 0.4 for _ in range(2))
+        sides = 0.1 + torch.rand(24, 2, generator=g) * 0.3
+        rboxes = torch.cat([cx, cy, sides, (torch.rand(24, 1, generator=g) - 0.25) * math.pi], 1)
     else:
         batch_idx, cls, rboxes = torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, 5)
     x = {"batch_idx": batch_idx, "cls": cls, "rboxes": rboxes,
-         "v8": {"boxes": torch.randn(2, 64, anchors, generator=g), "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+         "v8": {"boxes": torch.randn(2, 64, anchors, generator=g),
+                "scores": torch.randn(2, 3, anchors, generator=g) - 2,
                 "angle": (torch.rand(2, 1, anchors, generator=g) - 0.25) * math.pi}}
     for head in ("one2many", "one2one"):
         x[head] = {"boxes": torch.rand(2, 4, anchors, generator=g) * 3 + 0.25,
@@ -1073,8 +1074,9 @@ def classify_reference(data: Path, name: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-checkpoint", "metrics",
-                                         "val", "trained", "end2end", "val-loss", "classify", "classify-transforms"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-checkpoint",
+                                         "metrics", "val", "trained", "end2end", "val-loss", "classify",
+                                         "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
