@@ -99,13 +99,15 @@ def run_(site: str, job: str, resume: bool) -> None:
 @click.option("--max-objects", default=4, show_default=True, type=click.IntRange(1, 50), help="Objects per image, "
               "at most (5% of images have none).")
 # login/shapes.py's TASKS (not imported here: it loads numpy and Pillow)
-@click.option("--task", default="detect", show_default=True, type=click.Choice(["detect", "segment", "classify"]),
+@click.option("--task", default="detect", show_default=True, type=click.Choice(["detect", "segment", "classify", "obb"]),
               help="The labels, as ultralytics reads them for the task: boxes; polygons (the shapes' silhouettes); "
-                   "or one shape per image in DIR/{train,val}/CLASS/ folders.")
+                   "one shape per image in DIR/{train,val}/CLASS/ folders; or the four corners of each shape's "
+                   "tight rotated rectangle.")
 def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int, classes: int, seed: int,
                  max_objects: int, task: str) -> None:
     """Write a synthetic dataset into DIR, in ultralytics layout, for
-    detection (boxes), segmentation (polygons) or classification (class folders).
+    detection (boxes), segmentation (polygons), classification (class
+    folders) or oriented boxes (four corners).
 
     KIND `shapes`: coloured shapes on noisy backgrounds, the class given by the
     silhouette alone. Small and learnable: a YOLO n trained from scratch on a
@@ -116,6 +118,7 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
     Example:
         hpcyolo make-dataset shapes /scratch/$USER/shapes
         hpcyolo make-dataset shapes --task segment /scratch/$USER/shapes-seg
+        hpcyolo make-dataset shapes --task obb /scratch/$USER/shapes-obb
 
     DIR must not exist or be empty; it appears complete or not at all.
     Prints the path of its data.yaml on stdout (for classify: DIR, the

@@ -1,5 +1,5 @@
 """A synthetic dataset of coloured shapes, in ultralytics layout, for
-detection, instance segmentation or classification.
+detection, instance segmentation, classification or oriented boxes.
 
 `make_shapes(dest)` (and `hpcyolo make-dataset shapes DIR`) writes::
 
@@ -11,7 +11,11 @@ detection, instance segmentation or classification.
 `class x1 y1 x2 y2 ... xn yn` line per object instead: the shape's
 silhouette as a polygon (normalised, clipped to the image; a ring's hole
 joined to its outline by a zero-width cut, as ultralytics writes a mask with
-a hole), the polygon ultralytics reads segments from. `task="classify"`
+a hole), the polygon ultralytics reads segments from. `task="obb"` (`--task obb`)
+writes one `class x1 y1 x2 y2 x3 y3 x4 y4` line per object: the four
+corners of the tight rotated rectangle (minimum area) around that polygon,
+normalised, an object whose rectangle would leave the image placed again
+(ultralytics refuses corners beyond 1% outside). `task="classify"`
 writes one shape per image into ultralytics' classification layout, the
 classes balanced, no labels and no data.yaml (the folder is the dataset)::
 
@@ -82,12 +86,12 @@ from pathlib import Path
 
 import numpy as np
 from hpcyolo_trainer.common.errors import HpcyoloError
-from hpcyolo_trainer.common.polygon import clip_polygon
+from hpcyolo_trainer.common.polygon import clip_polygon, min_area_rect
 from PIL import Image, ImageDraw
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring")
 SPLITS = ("train", "val")
-TASKS = ("detect", "segment", "classify")  # what make_shapes writes labels for
+TASKS = ("detect", "segment", "classify", "obb")  # what make_shapes writes labels for
 ROUND_POINTS = 32                 # polygon points of a circle's (and a ring's each) outline
 
 MIN_SIZE, MAX_SIZE = 0.12, 0.50   # object side, fraction of the image side
@@ -250,13 +254,15 @@ def _box_iou(a, b) -> float:
 
 
 def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: int, *, only: int | None = None,
-                 outlines: list | None = None):
+                 outlines: list | None = None, rotated: bool = False):
     """One image: (uint8 array (imgsz, imgsz, 3), [(class, x0, y0, x1, y1)] in pixels).
 
     Boxes are tight around the alpha >= 0.5 pixels of each shape, clipped to
     the image, with x1/y1 exclusive (pixel edges). `only`: every object of
     that class (the same random draws as without it). `outlines`: a list
-    that gets each object's polygon (k, 2), in image pixels, clipped to it.
+    that gets each object's polygon (k, 2), in image pixels, clipped to it;
+    with `rotated`, the four corners of that polygon's minimum-area rectangle
+    instead, a placement whose rectangle leaves the image drawn again.
     """
     S = imgsz
     img = _background(rng, S)
@@ -294,6 +300,12 @@ def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: 
             box = (x + ax0 + cols[0], y + ay0 + rows[0], x + ax0 + cols[-1] + 1, y + ay0 + rows[-1] + 1)
             if any(_box_iou(box, b[1:]) > MAX_IOU for b in boxes):
                 continue
+            if outlines is not None:
+                points = np.clip(clip_polygon(outline(kind, w, h, rot) + (x, y), 0, 0, S, S), 0, S)
+                if rotated:
+                    points = min_area_rect(points)
+                    if points.min() < 0 or points.max() > S:  # a label ultralytics would refuse
+                        continue
             region = (slice(y + ay0, y + ay1), slice(x + ax0, x + ax1))
             covered = owner[region][on]
             hidden = np.bincount(covered[covered >= 0], minlength=len(areas))
@@ -312,7 +324,7 @@ def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: 
             colors.append(color)
             boxes.append((cls, *map(float, box)))
             if outlines is not None:
-                outlines.append(np.clip(clip_polygon(outline(kind, w, h, rot) + (x, y), 0, 0, S, S), 0, S))
+                outlines.append(points)
             break
     img += _noise(rng, S) * np.float32(rng.uniform(4, 10))
     np.clip(img + 0.5, 0, 255, out=img)
@@ -359,8 +371,8 @@ def _write_one(job) -> None:
         cls = boxes[0][0] if boxes else index % classes
         Path(root, name, SHAPES[cls], stem + ".jpg").write_bytes(_encode_jpeg(arr))
         return
-    outlines = [] if task == "segment" else None
-    arr, boxes = render_image(rng, imgsz, classes, n_objects, outlines=outlines)
+    outlines = [] if task in ("segment", "obb") else None
+    arr, boxes = render_image(rng, imgsz, classes, n_objects, outlines=outlines, rotated=task == "obb")
     Path(root, "images", name, stem + ".jpg").write_bytes(_encode_jpeg(arr))
     text = _label_text(boxes, imgsz) if outlines is None else _polygon_text(boxes, outlines, imgsz)
     Path(root, "labels", name, stem + ".txt").write_text(text)

@@ -25,3 +25,49 @@ def clip_polygon(points, x0: float, y0: float, x1: float, y1: float):
         if not len(p):
             break
     return p
+
+
+def convex_hull(points):
+    """The convex hull of `points` (k, 2), counter-clockwise (y up), without
+    collinear points (Andrew's monotone chain): a float64 (m, 2) array."""
+    import numpy as np
+
+    p = np.unique(np.asarray(points, dtype=np.float64).reshape(-1, 2), axis=0)  # sorted by x, then y
+    if len(p) < 3:
+        return p
+
+    def half(seq):
+        out = []
+        for q in seq:
+            while len(out) >= 2 and (out[-1][0] - out[-2][0]) * (q[1] - out[-2][1]) - \
+                    (out[-1][1] - out[-2][1]) * (q[0] - out[-2][0]) <= 0:
+                out.pop()
+            out.append(q)
+        return out[:-1]
+
+    return np.array(half(p) + half(p[::-1]))
+
+
+def min_area_rect(points):
+    """The corners (4, 2) of the smallest rectangle around `points` (k, 2),
+    float64: one of its sides lies along an edge of the points' convex hull
+    (Freeman and Shapira), so each hull edge's frame is tried, as OpenCV's
+    minAreaRect does (rotating calipers). A hull of under three points gives
+    a rectangle of zero width."""
+    import numpy as np
+
+    hull = convex_hull(points)
+    if len(hull) < 2:
+        return np.repeat(hull[:1], 4, axis=0) if len(hull) else np.zeros((4, 2))
+    edges = np.roll(hull, -1, axis=0) - hull
+    edges = edges[np.hypot(*edges.T) > 0]
+    units = edges / np.hypot(*edges.T)[:, None]
+    best = None
+    for u in units:
+        v = np.array([-u[1], u[0]])
+        a, b = hull @ u, hull @ v
+        area = (a.max() - a.min()) * (b.max() - b.min())
+        if best is None or area < best[0]:
+            best = area, u, v, (a.min(), a.max(), b.min(), b.max())
+    _, u, v, (a0, a1, b0, b1) = best
+    return np.array([a0 * u + b0 * v, a1 * u + b0 * v, a1 * u + b1 * v, a0 * u + b1 * v])
