@@ -4,7 +4,7 @@ and imports nothing of hpcyolo:
 
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
-WHAT is parameters, forward, loss, masks, rboxes, obb-checkpoint, metrics,
+WHAT is parameters, forward, loss, masks, rboxes, obb-augment, obb-checkpoint, metrics,
 val, trained, end2end (of `trained` alone), val-loss, classify or
 classify-transforms (transforms.npz of `classify` alone), each below.
 
@@ -56,6 +56,16 @@ dist2rbox about points near the centres, TorchNMS.fast_nms over
 batch_probiou, and non_max_suppression(rotated=True) of a decoded OBB
 output of 3 classes at conf 0.25 and IoU 0.5 (per class, agnostic,
 multi-label), as its OBB validator and predictor call it (nc given).
+
+`obb-augment` writes tests/reference/ultralytics/obb/augment.npz: how
+ultralytics' augmentations move the oriented boxes `obb_augment_inputs`
+makes from a seed (their corners resampled to 100 points, as its dataset
+loads them): Instances.clip(preserve_obb=True) to the image (a mosaic's and
+a CutMix patch's cut), and RandomPerspective(preserve_obb=True)'s
+apply_segments then clip for each of 6 warps (rotation, scale, shear, move,
+half of them a perspective tilt) onto a 96 x 96 output, before its filter
+(box_candidates, whose verdicts are stored too); each result as Format
+makes it, xyxyxyxy2xywhr of the segments, and the boxes beside them.
 
 `obb-checkpoint` writes tests/reference/ultralytics/obb/: an untrained
 yolo11n-obb at 2 classes as ultralytics saves a model, and its eval output
@@ -553,6 +563,63 @@ def obb_loss() -> dict:
 
 OBB_CHECKPOINT = "yolo11n-obb"
 OBB_CHECKPOINT_CLASSES = 2
+
+
+def obb_augment_inputs() -> dict:
+    """Oriented boxes from numpy's generator alone: the corners of 30
+    rectangles in a 96 x 64 image (centres anywhere in it, sides 4 to 40 px,
+    any angle: many cross the border), and 6 warps onto a 96 x 96 output
+    (3x3: centred, a perspective tilt in every second one, turned and scaled,
+    sheared, moved)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    n = 30
+    centre, sides, r = rng.uniform((0, 0), (96, 64), (n, 2)), rng.uniform(4, 40, (n, 2)), rng.uniform(-np.pi, np.pi, n)
+    u = np.stack([np.cos(r), np.sin(r)], 1) * sides[:, :1] / 2
+    v = np.stack([-np.sin(r), np.cos(r)], 1) * sides[:, 1:] / 2
+    corners = np.stack([centre + u + v, centre + u - v, centre - u - v, centre - u + v], 1).astype(np.float32)
+    matrices = []
+    for k in range(6):
+        a, s, (shx, shy), (tx, ty) = rng.uniform(-np.pi, np.pi), rng.uniform(0.5, 1.5), rng.uniform(-0.2, 0.2, 2), \
+            rng.uniform(20, 76, 2)
+        tilt = np.eye(3)
+        if k % 2:
+            tilt[2, :2] = rng.uniform(-1e-3, 1e-3, 2)
+        turn = np.array([[s * np.cos(a), -s * np.sin(a), 0], [s * np.sin(a), s * np.cos(a), 0], [0, 0, 1]])
+        shear = np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1]])
+        move = np.array([[1, 0, tx], [0, 1, ty], [0, 0, 1]])
+        matrices.append(move @ shear @ turn @ tilt @ np.array([[1, 0, -48], [0, 1, -32], [0, 0, 1]]))
+    return {"corners": corners, "matrices": np.stack(matrices)}
+
+
+def obb_augment() -> dict:
+    """ultralytics' cuts and warps of obb_augment_inputs (see `obb-augment` in the module's docstring)."""
+    import numpy as np
+    from ultralytics.data.augment import RandomPerspective
+    from ultralytics.utils.instance import Instances
+    from ultralytics.utils.ops import resample_segments, xyxyxyxy2xywhr
+
+    inputs = obb_augment_inputs()
+    segments = np.stack(resample_segments(list(inputs["corners"]), n=100))
+    boxes = np.concatenate([segments.min(1), segments.max(1)], 1)
+    clipped = Instances(boxes.copy(), segments.copy(), bbox_format="xyxy", normalized=False)
+    clipped.clip(96, 64, preserve_obb=True)
+    out = {**inputs, "clip_rboxes": xyxyxyxy2xywhr(clipped.segments), "clip_boxes": clipped.bboxes}
+    warped_rboxes, warped_boxes, kept = [], [], []
+    for m in inputs["matrices"]:
+        perspective = RandomPerspective(perspective=1e-3 if m[2, :2].any() else 0.0, preserve_obb=True)
+        moved, moved_segments = perspective.apply_segments(segments.copy(), m, (96, 96))
+        warped = Instances(moved, moved_segments, bbox_format="xyxy", normalized=False)
+        warped.clip(96, 96, preserve_obb=True)
+        warped_rboxes.append(xyxyxyxy2xywhr(warped.segments))
+        warped_boxes.append(warped.bboxes)
+        before = Instances(boxes.copy(), segments.copy(), bbox_format="xyxy", normalized=False)
+        before.scale(scale_w=float(np.sqrt(abs(np.linalg.det(m[:2, :2])))), scale_h=float(np.sqrt(abs(np.linalg.det(
+            m[:2, :2])))), bbox_only=True)
+        kept.append(perspective.box_candidates(box1=before.bboxes.T, box2=warped.bboxes.T, area_thr=0.01))
+    return {**out, "warp_rboxes": np.stack(warped_rboxes), "warp_boxes": np.stack(warped_boxes),
+            "warp_kept": np.stack(kept)}
 
 
 def obb_checkpoint() -> Path:
@@ -1074,7 +1141,7 @@ def classify_reference(data: Path, name: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-checkpoint",
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-augment", "obb-checkpoint",
                                          "metrics", "val", "trained", "end2end", "val-loss", "classify",
                                          "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
@@ -1113,6 +1180,12 @@ def main() -> None:
 
         np.savez_compressed(OUT / "rboxes.npz", **rboxes())
         print(f"wrote {OUT / 'rboxes.npz'}")
+    elif args.what == "obb-augment":
+        import numpy as np
+
+        (OUT / "obb").mkdir(exist_ok=True)
+        np.savez_compressed(OUT / "obb" / "augment.npz", **obb_augment())
+        print(f"wrote {OUT / 'obb' / 'augment.npz'}")
     elif args.what == "obb-checkpoint":
         print(f"wrote {obb_checkpoint()}")
     elif args.what == "trained":

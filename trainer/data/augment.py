@@ -6,7 +6,10 @@ Images are HxWx3 uint8 RGB numpy arrays. Boxes travel with them as float32
 where the labels are instance outlines and they are needed (a warp that
 rotates, shears or tilts; copy_paste), the outlines beside them: a list of
 (k, 2) float arrays of pixels, one per box; a warp then boxes each outline's
-part inside the output, as ultralytics boxes its warped segments. Every
+part inside the output, as ultralytics boxes its warped segments. Oriented
+boxes travel as their four corners (`rotated`): where a step cuts one,
+ultralytics' rule for OBB replaces it by the rectangle of its visible part
+at its own angle (`rotated_clip`), where a segment's points are clamped. Every
 random choice comes from the `rng` (a numpy Generator) passed in: the dataset
 makes one per (seed, epoch, index), so a resumed run sees the same pixels.
 No function writes into its input image: the RAM cache hands out read-only
@@ -21,8 +24,9 @@ from dataclasses import dataclass, fields
 import cv2
 import numpy as np
 
-from ..common.polygon import clip_polygon
+from ..common.polygon import clip_polygon, convex_hull
 from ..common.registry import MAX_STRIDE
+from .masks import resampled
 
 PAD_VALUE = 114  # grey fill for letterbox borders, mosaic gaps and affine borders
 
@@ -208,6 +212,35 @@ def transform_points(points: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     return xyz[:, :2] / xyz[:, 2:3] if matrix[2, 0] or matrix[2, 1] else xyz[:, :2]
 
 
+def rotated_clip(corners: np.ndarray, rect: tuple[float, float, float, float]) -> np.ndarray:
+    """An oriented box's outline (its corners, resampled as ultralytics
+    loads them: see YoloDataset) cut to `rect` (x0, y0, x1, y1) as
+    ultralytics' Instances.clip(preserve_obb=True) cuts it: unchanged where
+    inside; else the rectangle at the outline's own angle (OpenCV's
+    minAreaRect of its points, turned by 90 degrees where its w < h) that
+    bounds its visible part, so that an edge crop never changes the angle,
+    resampled to as many points; nothing visible, every point at (x0, y0)."""
+    x0, y0, x1, y1 = rect
+    lo, hi = corners.min(axis=0), corners.max(axis=0)
+    if lo[0] >= x0 and lo[1] >= y0 and hi[0] <= x1 and hi[1] <= y1:
+        return corners
+    visible = clip_polygon(convex_hull(corners), x0, y0, x1, y1)
+    if len(visible) < 3:
+        return np.full((len(corners), 2), (x0, y0), np.float32)
+    (_, _), (w, h), angle = cv2.minAreaRect(corners.astype(np.float32))
+    r = np.deg2rad(angle + 90 if w < h else angle)
+    basis = np.array([[np.cos(r), -np.sin(r)], [np.sin(r), np.cos(r)]])
+    aligned = visible @ basis
+    (u1, v1), (u2, v2) = aligned.min(axis=0), aligned.max(axis=0)
+    return resampled(np.array([(u2, v2), (u2, v1), (u1, v1), (u1, v2)]) @ basis.T, len(corners))
+
+
+def cut_outline(outline: np.ndarray, rect: tuple[float, float, float, float], rotated: bool) -> np.ndarray:
+    """An outline cut to `rect`: an oriented box's by rotated_clip, a
+    segment's points clamped into it (ultralytics' two rules)."""
+    return rotated_clip(outline, rect) if rotated else outline.clip(rect[:2], rect[2:])
+
+
 def clip_boxes(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
     out = boxes.copy()
     out[:, [1, 3]] = out[:, [1, 3]].clip(0, width)
@@ -265,7 +298,7 @@ def mosaic4(images: list[np.ndarray], boxes: list[np.ndarray], size: int,
 
 def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, hyp: AugmentHyp,
                   rng: np.random.Generator, outlines: list[list[np.ndarray]] | None = None,
-                  paste: bool = False) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+                  paste: bool = False, rotated: bool = False) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
     """mosaic4 then random_affine, the same random draws, without building
     the 2*size canvas where the warp is only a scale and a shift (no rotation
     or shear, YOLO's default): each image's visible part is resized straight
@@ -278,14 +311,15 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
     boxes come from them after the warp, and they are returned warped (None
     without). With `paste` (copy_paste's flip mode), the canvas gets
     copy_paste_flip before the warp, as ultralytics pastes between its
-    mosaic and its affine warp (no random draw)."""
+    mosaic and its affine warp (no random draw). `rotated`: the outlines are
+    oriented boxes' corners (see cut_outline)."""
     layout = mosaic_layout([img.shape[:2] for img in images], size, rng)
     matrix, gain = affine_matrix((2 * size, 2 * size), size, hyp, rng)
     placed, areas = _placed_boxes(boxes, layout)
     # On the canvas, clamped to each image's part of it, as ultralytics clips its segments to the mosaic.
     canvas_outlines = None if outlines is None else \
-        [(o + (ox, oy)).clip((x1, y1), (x2, y2)) for outs, (ox, oy, x1, y1, x2, y2) in zip(outlines, layout)
-         for o in outs]
+        [cut_outline(o + (ox, oy), (x1, y1, x2, y2), rotated) for outs, (ox, oy, x1, y1, x2, y2)
+         in zip(outlines, layout) for o in outs]
     pasting = paste and bool(hyp.copy_paste) and outlines is not None
     if pasting or matrix[0, 1] != 0 or matrix[1, 0] != 0 or matrix[2, 0] != 0 or matrix[2, 1] != 0:
         # rotation, shear, perspective or pasting: warp the whole canvas
@@ -298,7 +332,7 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
             canvas, pasted, pasted_outlines = copy_paste_flip(canvas, placed, moved, hyp.copy_paste)
             placed, areas = np.concatenate([placed, pasted]), np.concatenate([areas, box_areas(pasted)])
             canvas_outlines += [o.clip(0, 2 * size) for o in pasted_outlines]
-        return warp(canvas, placed, areas, matrix, gain, size, canvas_outlines)
+        return warp(canvas, placed, areas, matrix, gain, size, canvas_outlines, rotated)
     out = np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
     # Edge coordinates (pixel i spans [i, i + 1)): out = s * canvas + c, where
     # the matrix maps pixel centres (OpenCV's convention for warpAffine).
@@ -332,7 +366,7 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
         first += len(bxs)
     moved = clip_boxes(np.concatenate(moved), size, size)
     keep = keep_boxes(moved, areas, gain)
-    return out, moved[keep], None if outlines is None else in_boxes(warped, moved, keep)
+    return out, moved[keep], None if outlines is None else in_boxes(warped, moved, keep, size, rotated)
 
 
 # -- random affine ----------------------------------------------------------
@@ -383,18 +417,18 @@ def keep_boxes(boxes: np.ndarray, areas_before: np.ndarray, gain: float) -> np.n
 
 
 def random_affine(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, size: int, hyp: AugmentHyp,
-                  rng: np.random.Generator, outlines: list[np.ndarray] | None = None,
+                  rng: np.random.Generator, outlines: list[np.ndarray] | None = None, rotated: bool = False,
                   ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
     """Warp `img` (any size) onto a size x size output; boxes follow (from
     their `outlines` where given), are clipped to it, and those that became
     tiny or mostly cut off are dropped. Returns (image, boxes, the kept
-    boxes' outlines warped, or None)."""
+    boxes' outlines warped, or None; `rotated`: oriented boxes' corners, see cut_outline)."""
     matrix, gain = affine_matrix(img.shape[:2], size, hyp, rng)
-    return warp(img, boxes, areas_before, matrix, gain, size, outlines)
+    return warp(img, boxes, areas_before, matrix, gain, size, outlines, rotated)
 
 
 def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: np.ndarray, gain: float,
-         size: int, outlines: list[np.ndarray] | None = None,
+         size: int, outlines: list[np.ndarray] | None = None, rotated: bool = False,
          ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
     border = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
     if matrix[2, 0] or matrix[2, 1]:
@@ -409,13 +443,17 @@ def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: n
         moved = outline_boxes(moved, outlines, (0, 0, size, size))
     moved = clip_boxes(moved, size, size)
     keep = keep_boxes(moved, areas_before, gain)
-    return out, moved[keep], None if outlines is None else in_boxes(outlines, moved, keep)
+    return out, moved[keep], None if outlines is None else in_boxes(outlines, moved, keep, size, rotated)
 
 
-def in_boxes(outlines: list[np.ndarray], boxes: np.ndarray, keep: np.ndarray) -> list[np.ndarray]:
+def in_boxes(outlines: list[np.ndarray], boxes: np.ndarray, keep: np.ndarray, size: int,
+             rotated: bool = False) -> list[np.ndarray]:
     """The kept outlines, each clamped to its box (cls, x1, y1, x2, y2), as
     ultralytics clamps its segments after the warp: a mask drawn from one
-    then stays inside its box."""
+    then stays inside its box; oriented boxes' corners cut to the size x
+    size output by rotated_clip instead (ultralytics' preserve_obb)."""
+    if rotated:
+        return [rotated_clip(o, (0, 0, size, size)) for o, k in zip(outlines, keep) if k]
     return [o.clip(b[1:3], b[3:5]) for o, b, k in zip(outlines, boxes, keep) if k]
 
 

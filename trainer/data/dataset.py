@@ -61,6 +61,7 @@ from .augment import (
     copy_paste,
     copy_paste_flip,
     cut_mix,
+    cut_outline,
     cut_mix_patch,
     flip_lr,
     flip_ud,
@@ -84,6 +85,10 @@ from .sampler import STREAM
 # checks a dataset with them on a login node); re-exported for the trainer.
 __all__ = ["IMG_EXTS", "AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "collate", "keep_freed_memory",
            "label_path", "load_data_spec"]
+# ultralytics resamples an oriented box's four corners to 100 points along its
+# edges on loading; OpenCV's minimum-area rectangle of those points is the
+# box's Format makes, and where a warp tilts a box the points pick its angle.
+OBB_POINTS = 100
 COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordinate is wrong
 # Problem lines kept per dataset, the rest counted: a systematic fault (class
 # ids counted from 1, a wrong `names`) would otherwise print one per label.
@@ -519,6 +524,13 @@ class YoloDataset(Dataset):
     colours and carry their HSV gains in `meta["hsv"]` for
     photometric.hsv_jitter_batch; every random draw stays the same.
 
+    `obb=True` (train.task obb): every label row is an oriented box's four
+    corners, carried through each augmentation as ultralytics carries them
+    (cut by its rule for oriented boxes, augment.rotated_clip); an item's
+    labels are float32 [n, 6]: class, then the minimum-area rectangle of the
+    corners as ultralytics' Format makes it (xyxyxyxy2xywhr: cx, cy, w, h as
+    fractions of the image's width and height, r in radians).
+
     `segments=True` (train.task segment): every label row is a polygon,
     carried through each augmentation with its box; an item's labels are
     (rows, masks), the masks rasterised at 1 / `mask_ratio` of the image,
@@ -529,7 +541,8 @@ class YoloDataset(Dataset):
     def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
                  seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
                  names_count: int, rect_batch: int = 0, hsv_on_device: bool = False,
-                 checked=None, segments: bool = False, mask_ratio: int = 4, overlap_mask: bool = True):
+                 checked=None, segments: bool = False, mask_ratio: int = 4, overlap_mask: bool = True,
+                 obb: bool = False):
         if imgsz < 1 or seed < 0 or names_count < 1:
             raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
@@ -554,9 +567,11 @@ class YoloDataset(Dataset):
         # Instance outlines, per image one per label row: read where copy_paste pastes by them or a warp
         # that rotates, shears or tilts boxes them (boxes of other warps are their outlines' boxes already).
         needed = hyp.copy_paste or hyp.degrees or hyp.shear or hyp.perspective
-        self.segments, self.mask_ratio, self.overlap_mask = segments, mask_ratio, overlap_mask
+        self.segments, self.mask_ratio, self.overlap_mask, self.obb = segments, mask_ratio, overlap_mask, obb
         if segments:
             self.outlines = polygons_only(items, names_count)
+        elif obb:
+            self.outlines = obb_corners(items, names_count)
         else:
             self.outlines = self._outlines(items.outlines()) if augment and needed and not self.batches else None
         self.cache: ImageCache | None = None
@@ -609,6 +624,8 @@ class YoloDataset(Dataset):
         scale = np.array([shape[1], shape[0]], np.float32)
         if self.segments:  # a segmentation's, resampled as ultralytics loads them: its masks rasterise alike
             return [resampled(o) * scale + offset for o in self.outlines[i]]
+        if self.obb:  # an oriented box's corners, resampled as ultralytics loads them: their rectangles fit alike
+            return [resampled(o, OBB_POINTS) * scale + offset for o in self.outlines[i]]
         return [o * scale + offset for o in self.outlines[i]]
 
     def __len__(self) -> int:
@@ -725,6 +742,8 @@ class YoloDataset(Dataset):
             img, boxes, outlines = self._val_sample(i)
         labels = to_normalised(boxes, img.shape[:2])
         to_planes(img, out.numpy())
+        if self.obb:
+            return out, torch.from_numpy(rotated_rows(labels[:, 0], outlines, img.shape[:2])), str(self.paths[i]), meta
         if self.segments:
             return out, self._with_masks(labels, outlines, img.shape[:2]), str(self.paths[i]), meta
         return out, torch.from_numpy(labels), str(self.paths[i]), meta
@@ -773,11 +792,10 @@ class YoloDataset(Dataset):
                 outlines = joined(outlines, other_outlines)
             if mosaic and self.hyp.cutmix and rng.random() < self.hyp.cutmix:  # then CutMix, likewise
                 other, other_boxes, other_outlines = self._warped(partners(rng)[0], rng, partners, load, mosaic)
-                if self.segments:  # as ultralytics: instances that show 1% of their box, outlines cut to the patch
+                if self.segments or self.obb:  # as ultralytics: instances that show 1% of their box, cut to the patch
                     img, boxes, rect, shown = cut_mix_patch((img, boxes), (other, other_boxes), rng, min_visible=0.01)
                     if len(shown):
-                        x1, y1, x2, y2 = rect
-                        outlines = joined(outlines, [other_outlines[j].clip((x1, y1), (x2, y2)) for j in shown])
+                        outlines = joined(outlines, [cut_outline(other_outlines[j], rect, self.obb) for j in shown])
                 else:
                     img, boxes = cut_mix((img, boxes), (other, other_boxes), rng)
         # The same draws either way, so a run's flips and boxes do not depend
@@ -815,7 +833,7 @@ class YoloDataset(Dataset):
             elif paste and len(boxes):  # as in ultralytics, pasted before the warp
                 img, pasted, pasted_outlines = copy_paste_flip(img, boxes, outlines, self.hyp.copy_paste)
                 boxes, outlines = np.concatenate([boxes, pasted]), outlines + pasted_outlines
-        return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng, outlines)
+        return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng, outlines, self.obb)
 
     def _mosaic(self, indices: list[int], load, rng: np.random.Generator,
                 paste: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
@@ -827,7 +845,7 @@ class YoloDataset(Dataset):
             [self._outlines_px(j, labels, img.shape[:2], (0, 0)) for j, (img, labels) in zip(indices, loaded)]
         if outlines is not None and any(len(o) != len(b) for o, b in zip(outlines, boxes)):
             outlines = None
-        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines, paste)
+        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines, paste, self.obb)
 
 
 def joined(outlines: list[np.ndarray] | None, more: list[np.ndarray] | None) -> list[np.ndarray] | None:
@@ -847,6 +865,43 @@ def polygons_only(items: Kept, nc: int) -> list[list[np.ndarray]]:
                                    "h) where train.task segment needs a polygon (class x1 y1 x2 y2 x3 y3 ...) on "
                                    "every line")
     return rows
+
+
+def obb_corners(items: Kept, nc: int) -> list[list[np.ndarray]]:
+    """Every label row's four corners (4, 2), for oriented boxes; a row of
+    other than 8 coordinates, or whose corners enclose no area (a rectangle
+    of zero width), is refused in one line naming its file and line
+    (ultralytics reads any polygon as an OBB's corners and fits a rectangle
+    to it; a box row or a segment here is a dataset for another task)."""
+    from ..model.rboxes import xyxyxyxy2xywhr
+
+    rows = items.outlines()
+    for path, outlines in zip(items.paths, rows):
+        for k, corners in enumerate(outlines):
+            where = f"{label_path(path)}:{_line_of_row(label_path(path), k, nc)}"
+            count = 4 if corners is None else 2 * len(corners)
+            if count != 8:
+                raise HpcyoloError(f"{where}: {count} coordinates where train.task obb needs an oriented box's "
+                                   "four corners (class x1 y1 x2 y2 x3 y3 x4 y4) on every line")
+            _, _, w, h, _ = xyxyxyxy2xywhr(corners[None])[0]
+            if min(w, h) <= 0:
+                raise HpcyoloError(f"{where}: a degenerate oriented box (its corners enclose no area)")
+    return rows
+
+
+def rotated_rows(cls: np.ndarray, corners: list[np.ndarray], hw: tuple[int, int]) -> np.ndarray:
+    """An OBB item's labels [n, 6]: class, then each outline's minimum-area
+    rectangle (cx, cy, w, h, r) with cx, w divided by the image's width and
+    cy, h by its height, as ultralytics' Format(return_obb=True)."""
+    from ..model.rboxes import xyxyxyxy2xywhr
+
+    out = np.zeros((len(cls), 6), np.float32)
+    if len(cls):
+        out[:, 0] = cls
+        out[:, 1:] = xyxyxyxy2xywhr(np.stack(corners))
+        out[:, [1, 3]] /= hw[1]
+        out[:, [2, 4]] /= hw[0]
+    return out
 
 
 def _line_of_row(path: Path, row: int, nc: int) -> int:
