@@ -1024,7 +1024,7 @@ def val_loss(data: Path) -> dict:
 
 
 # `classify DATA`: ultralytics' classifier reference (see the module's docstring).
-CLASSIFY_DATA = "hpcyolo make-dataset shapes DIR --task classify --train 120 --val 36 --imgsz 64 --classes 6 --seed 7"
+CLASSIFY_DATA = "hpcyolo make-dataset shapes DIR --task classify --train 600 --val 60 --imgsz 64 --classes 6 --seed 7"
 CLASSIFY_SETTINGS = dict(epochs=30, imgsz=64, batch=16, workers=0, seed=0, deterministic=True, plots=False,
                          amp=False, val=True)
 CLASSIFY_SIZES = ((37, 90), (90, 37), (64, 64), (50, 71))  # (h, w) of the images classify_transforms is run on

@@ -229,7 +229,7 @@ REFERENCES = Path(__file__).resolve().parent.parent / "reference" / "ultralytics
 TRAINED = REFERENCES / "yolo11n-cls"  # and its transforms.npz
 CLASSIFIERS = ("yolo11n-cls", "yolo26n-cls")  # trained by ultralytics on REFERENCE_DATA, one per family
 # The set ultralytics trained and validated its reference classifier on (its val.json says so).
-REFERENCE_DATA = "hpcyolo make-dataset shapes DIR --task classify --train 120 --val 36 --imgsz 64 --classes 6 --seed 7"
+REFERENCE_DATA = "hpcyolo make-dataset shapes DIR --task classify --train 600 --val 60 --imgsz 64 --classes 6 --seed 7"
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +238,7 @@ def reference_set(tmp_path_factory) -> Path:
         reference = json.loads((REFERENCES / name / "val.json").read_text())
         assert reference["data"] == REFERENCE_DATA and reference["ultralytics"] == "8.4.190"
         assert reference["model"] == name
-    return make_shapes(tmp_path_factory.mktemp("cls-ref") / "shapes", n_train=120, n_val=36, imgsz=64, classes=6,
+    return make_shapes(tmp_path_factory.mktemp("cls-ref") / "shapes", n_train=600, n_val=60, imgsz=64, classes=6,
                        seed=7, task="classify")
 
 
@@ -307,11 +307,11 @@ def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_r
     assert r.returncode == 0, r.stderr
     ours = json.loads(r.stdout)
     print({key: (ours[key], reference[key]) for key in ("top1", "top5")}, (ours["loss"], reference["val_loss"]))
-    assert ours["images"] == reference["images"] == 36
+    assert ours["images"] == reference["images"] == 60
     assert ours["top1"] == pytest.approx(reference["top1"], abs=1e-6)
     assert ours["top5"] == pytest.approx(reference["top5"], abs=1e-6)
     assert ours["loss"] == pytest.approx(reference["val_loss"], rel=1e-4)
-    assert reference["top1"] > 1 / 6 and reference["top5"] < 1  # above chance, and 5 of 6 classes can miss
+    assert reference["top1"] > 0.5  # a classifier that learned the set (chance: 1/6)
     capfd.readouterr()
     assert launch(args, 2, env=env()) == 0
     out = capfd.readouterr().out.strip().splitlines()
