@@ -14,16 +14,18 @@ of the model ultralytics builds from its YAML for training, at its default
 classes (80; 1000 for classification), with the ultralytics version.
 
 `forward` writes tests/reference/ultralytics/forward/MODEL-TASK.pt (torch
-tensors only) for the n size of each family, segmentation and
-classification, at 3 classes: the model ultralytics builds, every tensor of
-its state dict set by `fill` (a value from the tensor's name alone, so that
-a test can rebuild the same weights under hpcyolo's names without a
-checkpoint in the repository; the DFL's fixed bins kept), evaluated on a
+tensors only) for the n size of each family, segmentation,
+classification and pose (kpt_shape [17, 3]), at 3 classes: the model
+ultralytics builds, every tensor of its state dict set by `fill` (a value
+from the tensor's name alone, so that a test can rebuild the same weights
+under hpcyolo's names without a checkpoint in the repository; the DFL's
+fixed bins and the constants of Pose26's flow kept), evaluated on a
 fixed input (`torch.rand(2, 3, 64, 96)`, seed 0; its sum stored): the
 neck's outputs, the head's raw maps per
 level (box, class and mask-coefficient branches, their one-to-one copies),
-the prototypes, YOLO26's semantic map, and the classifier's logits; with the
-state dict's names and shapes in order.
+the prototypes, YOLO26's semantic map, the classifier's logits, and the
+keypoint head's maps and decoded output (pose_maps); with the state dict's
+names and shapes in order.
 
 `loss` writes tests/reference/ultralytics/loss.json: ultralytics'
 v8SegmentationLoss (its default gains) on the inputs `segment_loss_inputs`
@@ -37,7 +39,12 @@ semantic map and the semantic targets as ultralytics' Format makes them):
 SegmentLoss26 alone as each head's (the one-to-many head's top 10, the
 one-to-one head's top 7 then 1), E2ELoss over both as training computes it
 (its first epoch's weights), and E2ELoss on outputs without the semantic
-map, as validation computes it.
+map, as validation computes it. And, under `pose`, ultralytics' v8PoseLoss
+(its default gains) on the inputs `pose_loss_inputs` makes from a seed
+(random head outputs of a 3-class YOLOv8n-pose at 64 x 96 px, 5 objects with
+keypoints inside their boxes) for each kpt_shape of POSE_LOSS_CASES: COCO's
+[17, 3] (its OKS sigmas) and two others (its 1/K sigmas), with the sigmas it
+used.
 
 `masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
@@ -110,7 +117,7 @@ FAMILIES = {"yolov8": "yolov8", "yolo11": "yolo11", "yolo26": "yolo26"}
 SIZES = "nsmlx"
 # task -> (ultralytics' model class, the YAML's suffix, its default classes)
 TASKS = {"detect": ("DetectionModel", "", 80), "segment": ("SegmentationModel", "-seg", 80),
-         "classify": ("ClassificationModel", "-cls", 1000)}
+         "classify": ("ClassificationModel", "-cls", 1000), "pose": ("PoseModel", "-pose", 80)}
 
 
 def parameters() -> dict:
@@ -145,6 +152,8 @@ def fill(name: str, shape: tuple[int, ...]):
 
     if name.endswith("num_batches_tracked") or ".dfl." in name:
         return None
+    if ".flow_model." in name and name.rsplit(".", 1)[1] in ("loc", "cov", "mask"):  # Pose26's flow's constants
+        return None
     u = torch.rand(shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())), dtype=torch.float64)
     if len(shape) > 1:
         fan_in = 1
@@ -164,7 +173,7 @@ def forward() -> None:
     out.mkdir(parents=True, exist_ok=True)
     x = torch.rand(FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
     for model_name in FORWARD_MODELS:
-        for task in ("segment", "classify"):
+        for task in ("segment", "classify", "pose"):
             cls, suffix, _ = TASKS[task]
             with contextlib.redirect_stdout(io.StringIO()):
                 model = getattr(tasks, cls)(f"{model_name}{suffix}.yaml", nc=FORWARD_CLASSES, verbose=False)
@@ -181,6 +190,8 @@ def forward() -> None:
             with torch.no_grad():
                 if task == "classify":
                     saved["logits"] = model(x)[1]  # eval: (softmax, logits)
+                elif task == "pose":
+                    saved.update(pose_maps(model, x))
                 else:
                     saved.update(head_maps(model, x))
             torch.save(saved, out / f"{model_name}-{task}.pt")
@@ -209,6 +220,38 @@ def head_maps(model, x) -> dict:
         head.proto.training = False
     else:
         maps["proto"] = head.proto(feats[0])
+    return maps
+
+
+def pose_maps(model, x) -> dict:
+    """The keypoint head's raw maps per level (box, class and keypoint
+    branches, Pose26's sigma maps, their one-to-one copies), from its own
+    modules on the inputs it is given, and what the model outputs in eval
+    mode: the one-to-many head's decoded boxes, scores and keypoints
+    (`decoded`, [B, 4 + nc + K*D, anchors]: Pose's kpts_decode) and, for
+    YOLO26, the one-to-one head's top 300 (`end2end`, [B, 300, 6 + K*D])."""
+    head, seen = model.model[-1], {}
+    # update returns None: a hook that returns a value replaces the head's output
+    hook = head.register_forward_hook(lambda module, args, output: seen.update(feats=args[0]))
+    y, preds = model(x)
+    hook.remove()
+    feats = seen["feats"]
+    maps = {"feats": list(feats)}
+    pose26 = type(head).__name__ == "Pose26"
+    for prefix in ("", "one2one_") if getattr(head, "one2one_cv2", None) is not None else ("",):
+        maps[prefix + "box"] = [getattr(head, prefix + "cv2")[i](f) for i, f in enumerate(feats)]
+        maps[prefix + "cls"] = [getattr(head, prefix + "cv3")[i](f) for i, f in enumerate(feats)]
+        hidden = [getattr(head, prefix + "cv4")[i](f) for i, f in enumerate(feats)]
+        if pose26:
+            maps[prefix + "kpt"] = [getattr(head, prefix + "cv4_kpts")[i](h) for i, h in enumerate(hidden)]
+            maps[prefix + "kpt_sigma"] = [getattr(head, prefix + "cv4_sigma")[i](h) for i, h in enumerate(hidden)]
+        else:
+            maps[prefix + "kpt"] = hidden
+    maps["decoded"] = y  # the one-to-many head's, also on YOLO26 until its predictor asks for end2end
+    if "one2one" in preds:
+        head.end2end = True  # what its predictor sets for nms=False
+        maps["end2end"] = model(x)[0]
+        head.end2end = False
     return maps
 
 
@@ -279,6 +322,62 @@ def segment_loss() -> dict:
         print(f"{case}: {out[case]}", file=sys.stderr)
     return out
 
+
+# kpt_shape of each pose case: COCO's (ultralytics' OKS sigmas), and two others (its 1/K sigmas), one without
+# visibility
+POSE_LOSS_CASES = {"coco17": (17, 3), "five-with-visibility": (5, 3), "four-without": (4, 2)}
+
+
+def pose_loss_inputs(case: str) -> dict:
+    """Inputs of a pose loss, from torch's generator alone: the head's outputs
+    as ultralytics flattens them ([B, C, anchors]: box logits of a YOLOv8
+    head, class logits, raw keypoints) and a batch of 5 objects on 2 images
+    (normalised xywh boxes; per object K keypoints inside
+    its box, 0..1 of the image, with visibility 0, 1 or 2 where D is 3)."""
+    import torch
+
+    k, dims = POSE_LOSS_CASES[case]
+    g = torch.Generator().manual_seed(17 + k)
+    h, w = LOSS_HW
+    anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
+    batch_idx = torch.tensor([0, 0, 0, 1, 1])  # in image order, as ultralytics' collate makes them
+    xywh = torch.tensor([[0.30, 0.40, 0.30, 0.50], [0.62, 0.55, 0.40, 0.60], [0.45, 0.45, 0.15, 0.20],
+                         [0.50, 0.50, 0.70, 0.80], [0.20, 0.25, 0.20, 0.30]])
+    xy = xywh[:, None, :2] + (torch.rand(5, k, 2, generator=g) - 0.5) * xywh[:, None, 2:]
+    keypoints = xy
+    if dims == 3:
+        visibility = torch.randint(0, 3, (5, k, 1), generator=g).float()
+        visibility[2] = 0  # an object without a visible keypoint
+        keypoints = torch.cat([xy * (visibility > 0), visibility], -1)  # ultralytics' labels: 0, 0, 0 where unlabelled
+    return {"boxes": torch.randn(2, 64, anchors, generator=g), "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+            "kpts": torch.randn(2, k * dims, anchors, generator=g) * 0.7, "batch_idx": batch_idx,
+            "cls": torch.tensor([0, 2, 1, 1, 0]), "bboxes": xywh, "keypoints": keypoints}
+
+
+def pose_loss() -> dict:
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import PoseModel
+    from ultralytics.utils.loss import v8PoseLoss
+
+    out = {}
+    h, w = LOSS_HW
+    for case, kpt_shape in POSE_LOSS_CASES.items():
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = PoseModel("yolov8n-pose.yaml", nc=3, data_kpt_shape=kpt_shape, verbose=False)
+        model.args = get_cfg()
+        criterion = v8PoseLoss(model)
+        x = pose_loss_inputs(case)
+        feats = [torch.zeros(2, 64 + 3, h // s, w // s) for s in LOSS_STRIDES]
+        preds = {"boxes": x["boxes"], "scores": x["scores"], "feats": feats, "kpts": x["kpts"]}
+        batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["bboxes"],
+                 "keypoints": x["keypoints"]}
+        total, items = criterion.loss(preds, batch)
+        out[case] = {"kpt_shape": list(kpt_shape), "sigmas": criterion.keypoint_loss.sigmas.tolist(),
+                     "items": {k: float(v) for k, v in items.items()}, "total": float(total.sum()),
+                     "hyp": {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl", "pose", "kobj")}}
+        print(f"pose {case}: {out[case]['items']}", file=sys.stderr)
+    return out
 
 
 def segment26_loss_inputs(case: str) -> dict:
@@ -790,7 +889,8 @@ def main() -> None:
     elif args.what == "loss":
         path = OUT / "loss.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
-                                    "segment": segment_loss(), "segment26": segment26_loss()}, indent=1)
+                                    "segment": segment_loss(), "segment26": segment26_loss(),
+                                    "pose": pose_loss()}, indent=1)
                         + "\n")
         print(f"wrote {path}")
     elif args.what == "val":
