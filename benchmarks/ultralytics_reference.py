@@ -5,8 +5,8 @@ and imports nothing of hpcyolo:
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
 WHAT is parameters, forward, loss, masks, metrics, val, trained, end2end (of
-`trained` alone), val-loss, classify or classify-transforms (transforms.npz
-of `classify` alone), each below.
+`trained` alone), val-loss, classify, classify-transforms (transforms.npz
+of `classify` alone) or pose-checkpoint, each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -86,6 +86,12 @@ of the trained segmenter on DATA (as for `trained`) and of the detection
 fixtures on their own data, at imgsz 160 and the validation batch of a
 training batch of 16 (32, rectangular), the weights as stored (fp16, in
 float32) and ultralytics' default gains.
+
+`pose-checkpoint` writes tests/reference/ultralytics/checkpoints/NAME/model.pt
+and output.pt for each of POSE_CHECKPOINTS (yolo11n-pose at kpt_shape
+[4, 3], yolo26n-pose at [3, 2], 1 class): the untrained model as
+ultralytics' Model.save writes it, and its eval output on the fixed input
+(pose_checkpoints).
 
 `classify DATA [--models ...]` writes tests/reference/ultralytics/trained/
 yolo11n-cls/transforms.npz (ultralytics' classify_transforms of a few images
@@ -871,10 +877,44 @@ def classify_reference(data: Path, name: str) -> dict:
     return figures
 
 
+# `pose-checkpoint`: small keypoint checkpoints as ultralytics saves them (see the module's docstring)
+POSE_CHECKPOINTS = {"yolo11n-pose": (4, 3), "yolo26n-pose": (3, 2)}  # model -> kpt_shape, at 1 class
+
+
+def pose_checkpoints() -> None:
+    """checkpoints/NAME/model.pt for each of POSE_CHECKPOINTS: the untrained
+    model ultralytics builds from its YAML at 1 class and that kpt_shape
+    (its own initialisation, seed 0), saved by its Model.save (fp16 model
+    object); and checkpoints/NAME/output.pt: that file's model, loaded back by
+    ultralytics in float32, in eval mode on FORWARD_INPUT (seed 0): its
+    output (the one-to-many head's decoded boxes, scores and keypoints)."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.nn.tasks import PoseModel
+
+    x = torch.rand(FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
+    for name, kpt_shape in POSE_CHECKPOINTS.items():
+        dest = OUT / "checkpoints" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(0)
+        model = YOLO(f"{name}.yaml")
+        with contextlib.redirect_stdout(io.StringIO()):
+            model.model = PoseModel(f"{name}.yaml", nc=1, data_kpt_shape=kpt_shape, verbose=False)
+        model.model.names = {0: "shape"}
+        model.save(dest / "model.pt")
+        with torch.no_grad():
+            net = YOLO(str(dest / "model.pt")).model.float().eval()
+            output = net(x)[0]
+        torch.save({"kpt_shape": list(kpt_shape), "input_sum": float(x.double().sum()), "output": output},
+                   dest / "output.pt")
+        print(name, kpt_shape, f"{(dest / 'model.pt').stat().st_size:,} bytes", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
-                                         "end2end", "val-loss", "classify", "classify-transforms"])
+                                         "end2end", "val-loss", "classify", "classify-transforms",
+                                         "pose-checkpoint"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
@@ -936,6 +976,9 @@ def main() -> None:
             print(f"wrote {OUT / 'trained' / name}")
     elif args.what == "classify-transforms":
         print(f"wrote {classify_transforms_reference() / 'transforms.npz'}")
+    elif args.what == "pose-checkpoint":
+        pose_checkpoints()
+        print(f"wrote {', '.join(str(OUT / 'checkpoints' / n) for n in POSE_CHECKPOINTS)}")
     elif args.what == "forward":
         forward()
         print(f"wrote {OUT / 'forward'}")

@@ -204,7 +204,8 @@ def compare_pose(model, x, feats, ref, close) -> None:
             ours[prefix + "kpt"], ours[prefix + "kpt_sigma"] = head.keypoints_and_sigmas(feats, one2one)
         else:
             ours[prefix + "kpt"] = head.keypoints(feats, one2one)
-    assert sorted(ours) == sorted(k for k in ref if k not in ("names", "shapes", "feats", "input_sum", "decoded", "end2end"))
+    assert sorted(ours) == sorted(k for k in ref if k not in ("names", "shapes", "input_sum", "feats", "decoded",
+                                                              "end2end"))
     for key, maps in ours.items():
         for i, m in enumerate(maps):
             close(m, ref[key][i], f"{key} level {i}")

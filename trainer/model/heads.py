@@ -37,7 +37,8 @@ class HeadMap:
     kinds: tuple[str, ...]  # ultralytics' head classes: ("Detect",)
     layers: Callable[[str], tuple[str | None, ...]] = detector_layers  # family -> our module per layer index
     branches: Mapping[str, str] = field(default_factory=dict)  # its children's names -> ours (others keep theirs)
-    # children (or their tensors: "flow_model.loc") hpcyolo computes rather than stores -> the check of the stored tensor (value, name, path)
+    # children (or their tensors: "flow_model.loc") hpcyolo computes rather than stores -> the check of the
+    # stored tensor (value, name, path)
     computed: Mapping[str, Callable[[torch.Tensor, str, str], None]] = field(default_factory=dict)
     # (the head module's pickled state, our whole model) -> (what, theirs, ours) for each option it records
     records: Callable[[dict, object], Iterable[tuple[str, object, object]]] = lambda state, ours: ()
