@@ -71,3 +71,62 @@ def test_pose_loss_without_objects_is_zero_and_reaches_every_keypoint_output():
     loss.backward()
     assert items[1] == 0 and items[2] == 0
     assert all(k.grad is not None for k in kpts)
+
+
+def _split_batch_rank(rank: int, world: int, port: int, case: str, out: str) -> None:
+    """One rank of a gloo group: PoseLoss over its image of the batch."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        maps, kpts, targets, keypoints = _batch(case)
+        maps = [m[rank:rank + 1].detach().requires_grad_() for m in maps]
+        kpts = [k[rank:rank + 1].detach().requires_grad_() for k in kpts]
+        mine = targets[:, 0] == rank
+        rows = targets[mine].clone()
+        rows[:, 0] = 0
+        loss, items = _loss(case, world)((maps, kpts), rows, keypoints[mine])
+        loss.backward()
+        torch.save({"items": items, "maps": [m.grad for m in maps], "kpts": [k.grad for k in kpts]},
+                   f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _batch(case: str):
+    script = reference_script()
+    x = script.pose_loss_inputs(case)
+    maps = as_maps(torch.cat([x["boxes"], x["scores"]], 1), script.LOSS_HW)
+    kpts = as_maps(x["kpts"], script.LOSS_HW)
+    targets = torch.cat([x["batch_idx"][:, None].float(), x["cls"][:, None].float(), x["bboxes"]], 1)
+    return maps, kpts, targets, x["keypoints"]
+
+
+def _loss(case: str, world_size: int) -> PoseLoss:
+    return PoseLoss(3, kpt_shape=tuple(REFERENCE[case]["kpt_shape"]), min_side=16, assign_ciou=True,
+                    world_size=world_size)
+
+
+def test_two_ranks_with_an_image_each_give_one_process_gradient(tmp_path):
+    """The reference batch (2 images) on one process, and split over 2 gloo
+    ranks: each rank's gradient, averaged as DDP averages, is the one
+    process's gradient of its image; the ranks' mean items are its items."""
+    import torch.multiprocessing as mp
+
+    from hpcyolo.node.local import free_port
+
+    case = "five-with-visibility"
+    maps, kpts, targets, keypoints = _batch(case)
+    maps = [m.detach().requires_grad_() for m in maps]
+    kpts = [k.detach().requires_grad_() for k in kpts]
+    loss, items = _loss(case, 1)((maps, kpts), targets, keypoints)
+    loss.backward()
+    mp.start_processes(_split_batch_rank, args=(2, free_port(), case, str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert torch.allclose((ranks[0]["items"] + ranks[1]["items"]) / 2, items, rtol=1e-5, atol=1e-7)
+    for key, ours in (("maps", maps), ("kpts", kpts)):
+        for level, whole in enumerate(ours):
+            split = torch.cat([ranks[r][key][level] for r in range(2)]) / 2  # DDP's average over the ranks
+            assert torch.allclose(split, whole.grad, rtol=1e-4, atol=1e-8), (key, level)
+    assert kpts[0].grad.abs().sum() > 0  # the keypoint terms reach the keypoint maps
