@@ -44,7 +44,10 @@ map, as validation computes it. And, under `pose`, ultralytics' v8PoseLoss
 (random head outputs of a 3-class YOLOv8n-pose at 64 x 96 px, 5 objects with
 keypoints inside their boxes) for each kpt_shape of POSE_LOSS_CASES: COCO's
 [17, 3] (its OKS sigmas) and two others (its 1/K sigmas), with the sigmas it
-used.
+used; under `pose26`, YOLO26's PoseLoss26 (OKS-aware assignment, the RLE
+term with the head's flow) on the same objects with the outputs of both
+heads of a yolo26n-pose (pose26_loss_inputs), as each head's, E2ELoss's
+and validation's, as for segment26.
 
 `masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
@@ -383,6 +386,75 @@ def pose_loss() -> dict:
                      "items": {k: float(v) for k, v in items.items()}, "total": float(total.sum()),
                      "hyp": {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl", "pose", "kobj")}}
         print(f"pose {case}: {out[case]['items']}", file=sys.stderr)
+    return out
+
+
+def pose26_loss_inputs(case: str) -> dict:
+    """pose_loss_inputs' objects and keypoints with the outputs of a YOLO26
+    keypoint model's two heads instead, from torch's generator alone: per
+    head the box distances (grid units, 0.25 to 3.25), class logits, raw
+    keypoints (an offset from the anchor, in grid units) and sigma logits
+    ([B, C, anchors])."""
+    import torch
+
+    x = pose_loss_inputs(case)
+    k, dims = POSE_LOSS_CASES[case]
+    g = torch.Generator().manual_seed(260 + k)
+    h, w = LOSS_HW
+    anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
+    for head in ("one2many", "one2one"):
+        x[head] = {"boxes": torch.rand(2, 4, anchors, generator=g) * 3 + 0.25,
+                   "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+                   "kpts": torch.randn(2, k * dims, anchors, generator=g) * 1.5,
+                   "kpts_sigma": torch.randn(2, 2 * k, anchors, generator=g)}
+    return x
+
+
+def pose26_loss() -> dict:
+    """Ultralytics' PoseLoss26 on pose26_loss_inputs for each case of
+    POSE_LOSS_CASES: alone as each head's (the one-to-many head's top 10,
+    the one-to-one head's top 7 then 1), E2ELoss over both as training
+    computes it (its first epoch's weights), and E2ELoss on outputs without
+    the sigma maps, as validation computes it; the flow's weights set by
+    `fill` from their names (model.23.flow_model....)."""
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import PoseModel
+    from ultralytics.utils.loss import E2ELoss, PoseLoss26
+
+    out = {}
+    h, w = LOSS_HW
+    for case, kpt_shape in POSE_LOSS_CASES.items():
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = PoseModel("yolo26n-pose.yaml", nc=3, data_kpt_shape=kpt_shape, verbose=False)
+        with torch.no_grad():
+            for name, value in model.state_dict().items():
+                filled = fill(name, tuple(value.shape)) if ".flow_model." in name else None
+                if filled is not None:
+                    value.copy_(filled)
+        model.args = get_cfg()
+        x = pose26_loss_inputs(case)
+        batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["bboxes"],
+                 "keypoints": x["keypoints"]}
+        feats = [torch.zeros(2, 4 + 3, h // s, w // s) for s in LOSS_STRIDES]
+
+        def preds(sigmas: bool) -> dict:
+            return {head: {"boxes": x[head]["boxes"], "scores": x[head]["scores"], "feats": feats,
+                           "kpts": x[head]["kpts"], **({"kpts_sigma": x[head]["kpts_sigma"]} if sigmas else {})}
+                    for head in ("one2many", "one2one")}
+
+        def figures(total, items) -> dict:
+            return {"items": {k: float(v) for k, v in items.items()}, "total": float(total.sum())}
+
+        trained = preds(True)
+        out[case] = {"kpt_shape": list(kpt_shape),
+                     "one2many": figures(*PoseLoss26(model, tal_topk=10).loss(trained["one2many"], batch)),
+                     "one2one": figures(*PoseLoss26(model, tal_topk=7, tal_topk2=1).loss(trained["one2one"], batch))}
+        e2e = E2ELoss(model, PoseLoss26)
+        out[case]["end2end"] = {**figures(*e2e(trained, batch)), "one2many_share": e2e.o2m}
+        out[case]["validation"] = figures(*E2ELoss(model, PoseLoss26)(preds(False), batch))
+        out[case]["hyp"] = {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl", "pose", "kobj", "rle")}
+        print(f"pose26 {case}: {out[case]['end2end']}", file=sys.stderr)
     return out
 
 
@@ -930,7 +1002,7 @@ def main() -> None:
         path = OUT / "loss.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
                                     "segment": segment_loss(), "segment26": segment26_loss(),
-                                    "pose": pose_loss()}, indent=1)
+                                    "pose": pose_loss(), "pose26": pose26_loss()}, indent=1)
                         + "\n")
         print(f"wrote {path}")
     elif args.what == "val":
