@@ -60,7 +60,10 @@ seed (8 images of 64 x 96 px, 3 classes; per object a jittered copy, now
 and then a second, weaker one or one of the wrong class; false positives;
 masks filled by its polygon2mask): its match_predictions over box IoU and
 over mask IoU, ap_per_class, and the box and mask P, R, mAP50, mAP50-95 and
-fitness as its SegmentMetrics reports them.
+fitness as its SegmentMetrics reports them; under `pose`, what its pose
+validator makes of `pose_metric_inputs` (gts and predictions with COCO's 17
+keypoints): OKS (kpt_iou), the matches over box IoU and over OKS, and the
+box and pose P, R, mAP50, mAP50-95 and fitness (pose_metrics).
 
 `val` writes tests/reference/ultralytics/val.json: ultralytics' `val` figures
 of each detection fixture (../shared/fixtures/ultralytics/*/model.pt) at
@@ -649,6 +652,99 @@ def metrics() -> dict:
     return out
 
 
+POSE_METRIC_KPT_SHAPE = (17, 3)
+
+
+def pose_metric_inputs() -> list[dict]:
+    """Per image: gt classes, xyxy boxes and keypoints [m, 17, 3] (pixels,
+    visibility 0, 1 or 2, 0 0 0 where unlabelled), predictions (boxes,
+    keypoints with a confidence as their third value, conf, cls) in
+    descending confidence, as NMS hands them on (numpy only)."""
+    import numpy as np
+
+    rng = np.random.default_rng(17)
+    h, w = MASK_HW
+    k = POSE_METRIC_KPT_SHAPE[0]
+    images = []
+    for _ in range(8):
+        gts = []
+        for _ in range(int(rng.integers(1, 5))):
+            centre, size = rng.uniform([12, 12], [w - 12, h - 12]), rng.uniform([6, 8], [24, 30])
+            box = np.concatenate([centre - size / 2, centre + size / 2])
+            xy = centre + (rng.uniform(size=(k, 2)) - 0.5) * size
+            visibility = rng.integers(0, 3, (k, 1)).astype(float)
+            gts.append((int(rng.integers(0, 3)), box, np.concatenate([xy * (visibility > 0), visibility], 1)))
+        preds = []
+        for cls, box, kpts in gts:
+            if rng.random() < 0.85:  # found, jittered, keypoints more or less close
+                spread = rng.choice([0.5, 2.0, 5.0])
+                xy = kpts[:, :2] + rng.normal(0, spread, (k, 2))
+                xy = np.where(kpts[:, 2:] > 0, xy, rng.uniform([0, 0], [w, h], (k, 2)))
+                preds.append((box + rng.normal(0, 1.0, 4), np.concatenate([xy, rng.uniform(size=(k, 1))], 1),
+                              rng.uniform(0.3, 1.0), cls if rng.random() < 0.9 else (cls + 1) % 3))
+            if rng.random() < 0.3:  # a second, weaker one on the same object
+                xy = kpts[:, :2] + rng.normal(0, 4.0, (k, 2))
+                preds.append((box + rng.normal(0, 3.0, 4), np.concatenate([xy, rng.uniform(size=(k, 1))], 1),
+                              rng.uniform(0.05, 0.5), cls))
+        for _ in range(int(rng.integers(0, 3))):  # false positives
+            centre = rng.uniform([10, 10], [w - 10, h - 10])
+            xy = centre + rng.normal(0, 5, (k, 2))
+            preds.append((np.concatenate([centre - 5, centre + 5]), np.concatenate([xy, rng.uniform(size=(k, 1))], 1),
+                          rng.uniform(0.01, 0.6), int(rng.integers(0, 3))))
+        preds.sort(key=lambda p: -p[2])
+        images.append({"gt_cls": [c for c, _, _ in gts], "gt_boxes": [b for _, b, _ in gts],
+                       "gt_kpts": [kp for _, _, kp in gts], "pred_boxes": [b for b, _, _, _ in preds],
+                       "pred_kpts": [kp for _, kp, _, _ in preds], "conf": [c for _, _, c, _ in preds],
+                       "pred_cls": [c for _, _, _, c in preds]})
+    return images
+
+
+def pose_metrics() -> dict:
+    """What ultralytics' pose validator makes of pose_metric_inputs: per
+    image the OKS of each gt with each prediction (kpt_iou, its sigmas, the
+    gt box's area x 0.53), its match_predictions over box IoU and over OKS,
+    ap_per_class, and the box and pose P, R, mAP50, mAP50-95 and fitness as
+    its PoseMetrics reports them."""
+    import numpy as np
+    import torch
+    from types import SimpleNamespace
+
+    from ultralytics.engine.validator import BaseValidator
+    from ultralytics.utils.metrics import OKS_SIGMA, ap_per_class, box_iou, kpt_iou
+
+    validator = SimpleNamespace(iouv=torch.linspace(0.5, 0.95, 10))
+    tp, tp_p, conf, pred_cls, target_cls, oks = [], [], [], [], [], []
+    for image in pose_metric_inputs():
+        gt_cls, p_cls = torch.tensor(image["gt_cls"]), torch.tensor(image["pred_cls"])
+        n = len(image["conf"])
+        if n:
+            gt_boxes = torch.tensor(np.stack(image["gt_boxes"]), dtype=torch.float32)
+            pred_boxes = torch.tensor(np.stack(image["pred_boxes"]), dtype=torch.float32)
+            area = (gt_boxes[:, 2:] - gt_boxes[:, :2]).prod(1) * 0.53
+            similarity = kpt_iou(torch.tensor(np.stack(image["gt_kpts"]), dtype=torch.float32),
+                                 torch.tensor(np.stack(image["pred_kpts"]), dtype=torch.float32), sigma=OKS_SIGMA,
+                                 area=area)
+            oks.append(similarity.tolist())
+            tp.append(BaseValidator.match_predictions(validator, p_cls, gt_cls, box_iou(gt_boxes, pred_boxes)).numpy())
+            tp_p.append(BaseValidator.match_predictions(validator, p_cls, gt_cls, similarity).numpy())
+        else:
+            oks.append([])
+            tp.append(np.zeros((0, 10), bool))
+            tp_p.append(np.zeros((0, 10), bool))
+        conf += image["conf"]
+        pred_cls += image["pred_cls"]
+        target_cls += image["gt_cls"]
+    out = {"kpt_shape": list(POSE_METRIC_KPT_SHAPE), "oks": oks}
+    for kind, t in (("box", tp), ("pose", tp_p)):
+        r = ap_per_class(np.concatenate(t), np.array(conf), np.array(pred_cls), np.array(target_cls))
+        p, rec, ap = r[2], r[3], r[5]
+        out[kind] = {"precision": float(p.mean()), "recall": float(rec.mean()), "map50": float(ap[:, 0].mean()),
+                     "map50_95": float(ap.mean()), "tp": np.concatenate(t).astype(int).tolist()}
+    # PoseMetrics.fitness: the pose's fitness (mAP50-95) plus the boxes'
+    out["fitness"] = out["box"]["map50_95"] + out["pose"]["map50_95"]
+    return out
+
+
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "ultralytics"
 VAL_FIXTURES = ("yolov8n-shapes", "yolo11n-shapes", "yolo26n-shapes")
 RESIZED = ((403, 301), (251, 397), (333, 333))  # (w, h) in turn: each image larger than 160 px, odd sides
@@ -1011,7 +1107,8 @@ def main() -> None:
         print(f"wrote {path}")
     elif args.what == "metrics":
         path = OUT / "metrics.json"
-        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, **metrics()}) + "\n")
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, **metrics(),
+                                    "pose": pose_metrics()}) + "\n")
         print(f"wrote {path}")
     elif args.what == "masks":
         import numpy as np
