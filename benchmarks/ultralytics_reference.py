@@ -6,7 +6,7 @@ and imports nothing of hpcyolo:
 
 WHAT is parameters, forward, loss, masks, metrics, val, trained, end2end (of
 `trained` alone), val-loss, classify, classify-transforms (transforms.npz
-of `classify` alone) or pose-checkpoint, each below.
+of `classify` alone), keypoints or pose-checkpoint, each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -92,6 +92,11 @@ of the trained segmenter on DATA (as for `trained`) and of the detection
 fixtures on their own data, at imgsz 160 and the validation batch of a
 training batch of 16 (32, rectangular), the weights as stored (fp16, in
 float32) and ultralytics' default gains.
+
+`keypoints` writes tests/reference/ultralytics/keypoints.json: ultralytics'
+verify_image_label on each pose label row of KEYPOINT_ROWS and its
+RandomFlip (horizontal, vertical, with a flip_idx) on seeded keypoints
+(keypoint_data).
 
 `pose-checkpoint` writes tests/reference/ultralytics/checkpoints/NAME/model.pt
 and output.pt for each of POSE_CHECKPOINTS (yolo11n-pose at kpt_shape
@@ -745,6 +750,56 @@ def pose_metrics() -> dict:
     return out
 
 
+# (kpt_shape, a label row) read by `keypoints`: good rows, and rows ultralytics refuses or reads otherwise
+KEYPOINT_ROWS = (
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1 0.5 0.7 0"),
+    ((3, 3), "1 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1 0 0 0"),
+    ((3, 2), "0 0.5 0.5 0.4 0.6 0.4 0.3 0.6 0.3 -1 -1"),
+    ((3, 2), "0 0.5 0.5 0.4 0.6 0.4 0.3 0.6 0.3 0.5 -0.2"),
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1"),  # a keypoint short
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1 0.5 1.3 2"),  # a keypoint outside
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 5 0.6 0.3 1 0.5 0.7 2"),  # visibility 5: ultralytics keeps it
+)
+KEYPOINT_FLIP_IDX = [1, 0, 2, 4, 3]
+
+
+def keypoint_data() -> dict:
+    """What ultralytics makes of keypoint labels and flips: each row of
+    KEYPOINT_ROWS read by its verify_image_label (the keypoints [K, 3] it
+    keeps, or its message for a row it refuses), and seeded keypoints [N, 5, 3]
+    (pixels of a 64 x 96 image) after its RandomFlip, horizontal and
+    vertical, with KEYPOINT_FLIP_IDX."""
+    import numpy as np
+    from PIL import Image
+    from ultralytics.data.augment import RandomFlip
+    from ultralytics.data.utils import verify_image_label
+    from ultralytics.utils.instance import Instances
+
+    out = {"rows": [], "flips": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        image = Path(tmp) / "image.jpg"
+        Image.new("RGB", (96, 64)).save(image)
+        for kpt_shape, row in KEYPOINT_ROWS:
+            label = Path(tmp) / "image.txt"
+            label.write_text(row + "\n")
+            result = verify_image_label((str(image), str(label), "", True, 3, *kpt_shape, False))
+            kept = result[4] if result[8] == 0 else None
+            out["rows"].append({"kpt_shape": list(kpt_shape), "row": row, "corrupt": bool(result[8]),
+                                "keypoints": None if kept is None else kept[0].tolist(), "message": result[9]})
+    rng = np.random.default_rng(5)
+    h, w = MASK_HW
+    keypoints = np.concatenate([rng.uniform([0, 0], [w, h], (3, 5, 2)), rng.integers(0, 3, (3, 5, 1))], -1)
+    boxes = np.array([[10, 10, 30, 20], [40, 30, 20, 30], [70, 50, 10, 10]], dtype=np.float32)
+    out["flips"]["input"] = keypoints.tolist()
+    for direction in ("horizontal", "vertical"):
+        labels = {"img": np.zeros((h, w, 3), np.uint8),
+                  "instances": Instances(boxes.copy(), keypoints=keypoints.astype(np.float32).copy(),
+                                         bbox_format="xywh", normalized=False)}
+        flipped = RandomFlip(p=1.0, direction=direction, flip_idx=KEYPOINT_FLIP_IDX)(labels)
+        out["flips"][direction] = flipped["instances"].keypoints.tolist()
+    return out
+
+
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "ultralytics"
 VAL_FIXTURES = ("yolov8n-shapes", "yolo11n-shapes", "yolo26n-shapes")
 RESIZED = ((403, 301), (251, 397), (333, 333))  # (w, h) in turn: each image larger than 160 px, odd sides
@@ -1082,7 +1137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
                                          "end2end", "val-loss", "classify", "classify-transforms",
-                                         "pose-checkpoint"])
+                                         "pose-checkpoint", "keypoints"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
@@ -1145,6 +1200,11 @@ def main() -> None:
             print(f"wrote {OUT / 'trained' / name}")
     elif args.what == "classify-transforms":
         print(f"wrote {classify_transforms_reference() / 'transforms.npz'}")
+    elif args.what == "keypoints":
+        path = OUT / "keypoints.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, "flip_idx": KEYPOINT_FLIP_IDX,
+                                    **keypoint_data()}) + "\n")
+        print(f"wrote {path}")
     elif args.what == "pose-checkpoint":
         pose_checkpoints()
         print(f"wrote {', '.join(str(OUT / 'checkpoints' / n) for n in POSE_CHECKPOINTS)}")
