@@ -43,8 +43,8 @@ map, as validation computes it. And, under `pose`, ultralytics' v8PoseLoss
 (its default gains) on the inputs `pose_loss_inputs` makes from a seed
 (random head outputs of a 3-class YOLOv8n-pose at 64 x 96 px, 5 objects with
 keypoints inside their boxes) for each kpt_shape of POSE_LOSS_CASES: COCO's
-[17, 3] (its OKS sigmas) and two others (its 1/K sigmas), with the sigmas it
-used; under `pose26`, YOLO26's PoseLoss26 (OKS-aware assignment, the RLE
+[17, 3] (its OKS sigmas), two others (its 1/K sigmas) and one with a
+data.yaml's own sigmas (POSE_LOSS_SIGMAS), with the sigmas it used; under `pose26`, YOLO26's PoseLoss26 (OKS-aware assignment, the RLE
 term with the head's flow) on the same objects with the outputs of both
 heads of a yolo26n-pose (pose26_loss_inputs), as each head's, E2ELoss's
 and validation's, as for segment26.
@@ -342,7 +342,10 @@ def segment_loss() -> dict:
 
 # kpt_shape of each pose case: COCO's (ultralytics' OKS sigmas), and two others (its 1/K sigmas), one without
 # visibility
-POSE_LOSS_CASES = {"coco17": (17, 3), "five-with-visibility": (5, 3), "four-without": (4, 2)}
+POSE_LOSS_CASES = {"coco17": (17, 3), "five-with-visibility": (5, 3), "four-without": (4, 2),
+                   "five-own-sigmas": (5, 3)}
+# a data.yaml's kpt_oks_sigmas, which ultralytics' trainer hands the loss as the model's kpt_oks_sigmas
+POSE_LOSS_SIGMAS = {"five-own-sigmas": [0.02, 0.05, 0.1, 0.05, 0.02]}
 
 
 def pose_loss_inputs(case: str) -> dict:
@@ -383,6 +386,8 @@ def pose_loss() -> dict:
         with contextlib.redirect_stdout(io.StringIO()):
             model = PoseModel("yolov8n-pose.yaml", nc=3, data_kpt_shape=kpt_shape, verbose=False)
         model.args = get_cfg()
+        if case in POSE_LOSS_SIGMAS:
+            model.kpt_oks_sigmas = POSE_LOSS_SIGMAS[case]
         criterion = v8PoseLoss(model)
         x = pose_loss_inputs(case)
         feats = [torch.zeros(2, 64 + 3, h // s, w // s) for s in LOSS_STRIDES]
@@ -441,6 +446,8 @@ def pose26_loss() -> dict:
                 if filled is not None:
                     value.copy_(filled)
         model.args = get_cfg()
+        if case in POSE_LOSS_SIGMAS:
+            model.kpt_oks_sigmas = POSE_LOSS_SIGMAS[case]
         x = pose26_loss_inputs(case)
         batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["bboxes"],
                  "keypoints": x["keypoints"]}

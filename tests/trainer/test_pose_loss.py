@@ -36,21 +36,24 @@ def as_maps(flat: torch.Tensor, hw: tuple[int, int], strides=(8, 16, 32)) -> lis
     return [p.reshape(*flat.shape[:2], h, w) for p, (h, w) in zip(parts, sizes)]
 
 
-@pytest.mark.parametrize("case", ["coco17", "five-with-visibility", "four-without"])
+CASES = ["coco17", "five-with-visibility", "four-without", "five-own-sigmas"]
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_pose_loss_equals_ultralytics(case):
     script = reference_script()
     ref = REFERENCE[case]
     x = script.pose_loss_inputs(case)
-    kpt_shape = tuple(ref["kpt_shape"])
-    assert keypoint_sigmas(kpt_shape).tolist() == pytest.approx(ref["sigmas"], rel=1e-6)
+    kpt_shape, own = tuple(ref["kpt_shape"]), script.POSE_LOSS_SIGMAS.get(case)
+    assert keypoint_sigmas(kpt_shape, own).tolist() == pytest.approx(ref["sigmas"], rel=1e-6)
     hw = script.LOSS_HW
     maps = as_maps(torch.cat([x["boxes"], x["scores"]], 1), hw)
     kpts = as_maps(x["kpts"], hw)
     targets = torch.cat([x["batch_idx"][:, None].float(), x["cls"][:, None].float(), x["bboxes"]], 1)
     hyp = ref["hyp"]
     # ultralytics 8.4's assignment, as the detect and segment tasks make it: STAL (16 px) and CIoU alignment
-    loss_fn = PoseLoss(3, strides=script.LOSS_STRIDES, kpt_shape=kpt_shape, min_side=16, assign_ciou=True,
-                       box=hyp["box"], cls=hyp["cls"], dfl=hyp["dfl"], pose=hyp["pose"], kobj=hyp["kobj"])
+    loss_fn = PoseLoss(3, strides=script.LOSS_STRIDES, kpt_shape=kpt_shape, sigmas=own, min_side=16,
+                       assign_ciou=True, box=hyp["box"], cls=hyp["cls"], dfl=hyp["dfl"], pose=hyp["pose"], kobj=hyp["kobj"])
     loss, items = loss_fn((maps, kpts), targets, x["keypoints"])
     theirs = ref["items"]
     assert loss_fn.names == tuple(theirs)
@@ -156,9 +159,6 @@ def test_two_ranks_with_an_image_each_give_one_process_gradient(kind, tmp_path):
             assert torch.allclose((a + b) / 2, p.grad, rtol=1e-4, atol=1e-8)
 
 
-CASES = ["coco17", "five-with-visibility", "four-without"]
-
-
 def flow_of(script, kpt_shape):
     """A RealNVP with the reference's weights: `fill` of ultralytics' names (model.23.flow_model....)."""
     from hpcyolo_trainer.model.pose import RealNVP
@@ -195,22 +195,23 @@ def test_yolo26_pose_loss_equals_ultralytics(case):
     script = reference_script()
     ref = REFERENCE26[case]
     x = script.pose26_loss_inputs(case)
-    kpt_shape = tuple(ref["kpt_shape"])
+    kpt_shape, own = tuple(ref["kpt_shape"]), script.POSE_LOSS_SIGMAS.get(case)
     flow = flow_of(script, kpt_shape)
     hyp = ref["hyp"]
     gains = dict(box=hyp["box"], cls=hyp["cls"], dfl=hyp["dfl"], pose=hyp["pose"], kobj=hyp["kobj"], rle=hyp["rle"])
     targets = (torch.cat([x["batch_idx"][:, None].float(), x["cls"][:, None].float(), x["bboxes"]], 1),
                x["keypoints"])
     many, one = heads26(x, script, sigmas=True)
-    common = dict(reg_max=1, strides=script.LOSS_STRIDES, kpt_shape=kpt_shape, pose26=True, flow=flow, min_side=16,
-                  assign_ciou=True, **gains)
+    common = dict(reg_max=1, strides=script.LOSS_STRIDES, kpt_shape=kpt_shape, sigmas=own, pose26=True, flow=flow,
+                  min_side=16, assign_ciou=True, **gains)
     worst = {}
     for name, preds, topk in (("one2many", many, dict(topk=10)), ("one2one", one, dict(topk=7, topk2=1))):
         loss_fn = PoseLoss(3, **topk, **common)
         total, items = loss_fn(preds, targets)
         worst[name] = close_items(items, loss_fn.names, ref[name]["items"], name)
         assert float(total.detach()) == pytest.approx(ref[name]["total"], rel=1e-5)
-    e2e = EndToEndPoseLoss(3, epochs=100, strides=script.LOSS_STRIDES, kpt_shape=kpt_shape, flow=flow, **gains)
+    e2e = EndToEndPoseLoss(3, epochs=100, strides=script.LOSS_STRIDES, kpt_shape=kpt_shape, sigmas=own, flow=flow,
+                           **gains)
     assert e2e.one2many_share == ref["end2end"]["one2many_share"]
     for key, sigmas in (("end2end", True), ("validation", False)):
         total, items = e2e(heads26(x, script, sigmas), targets)
@@ -218,3 +219,10 @@ def test_yolo26_pose_loss_equals_ultralytics(case):
         assert float(total.detach()) == pytest.approx(ref[key]["total"], rel=1e-5)
     assert ref["end2end"]["items"]["rle_loss"] > 0 and ref["validation"]["items"]["rle_loss"] == 0
     print(f"{case}: max relative difference of the items {max(worst.values()):.1e}")
+
+
+def test_own_sigmas_must_be_one_positive_value_per_keypoint():
+    with pytest.raises(ValueError, match="kpt_oks_sigmas must be 5 positive values"):
+        keypoint_sigmas((5, 3), [0.1, 0.1, 0.1, 0.1])
+    with pytest.raises(ValueError, match="kpt_oks_sigmas must be 3 positive values"):
+        keypoint_sigmas((3, 2), [0.1, 0.0, 0.1])

@@ -9,7 +9,8 @@ mAP50-95 plus the keypoints'.
 OKS of a gt with a prediction: the mean over the gt's labelled keypoints
 (visibility not 0) of exp(-d^2 / (2 * (2 sigma)^2 * area)), d in pixels,
 area the gt box's w * h * 0.53 (xtcocotools' cocoeval), the sigmas those of
-the loss (optim/pose_loss.py keypoint_sigmas: COCO's for [17, 3], else 1/K).
+the loss (optim/pose_loss.py keypoint_sigmas: a data.yaml's kpt_oks_sigmas,
+else COCO's for [17, 3], else 1/K).
 """
 
 from __future__ import annotations

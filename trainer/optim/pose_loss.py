@@ -59,9 +59,16 @@ COCO_KPT_SHAPE = (17, 3)
 RLE_WEIGHT = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 1.2, 1.5, 1.5, 1.0, 1.0, 1.2, 1.2, 1.5, 1.5)
 
 
-def keypoint_sigmas(kpt_shape: Sequence[int]) -> Tensor:
-    """[K] OKS sigmas: COCO's / 10 for kpt_shape [17, 3], else 1/K each (ultralytics' choice)."""
+def keypoint_sigmas(kpt_shape: Sequence[int], own: Sequence[float] | None = None) -> Tensor:
+    """[K] OKS sigmas: a data.yaml's own (`kpt_oks_sigmas`: K positive
+    values, else ValueError), or COCO's / 10 for kpt_shape [17, 3], else
+    1/K each (ultralytics' choice)."""
     k = int(kpt_shape[0])
+    if own is not None:
+        sigmas = torch.as_tensor(own, dtype=torch.float32).flatten()
+        if len(sigmas) != k or not bool((sigmas > 0).all()):
+            raise ValueError(f"kpt_oks_sigmas must be {k} positive values, got {list(own)}")
+        return sigmas
     if tuple(kpt_shape) == COCO_KPT_SHAPE:
         return torch.tensor(OKS_SIGMA, dtype=torch.float32) / 10.0
     return torch.full((k,), 1.0 / k)
@@ -122,14 +129,16 @@ class PoseLoss(DetectionLoss):
     items: box, pose, kobj, cls, dfl (l1 at reg_max 1) and, with a `flow`,
     rle (ultralytics' order and names), each times its gain. `pose26`:
     YOLO26's keypoint decoding and assignment, and the RLE term with `flow`
-    (the head's RealNVP) where the sigma maps are given."""
+    (the head's RealNVP) where the sigma maps are given. `sigmas`: a
+    data.yaml's kpt_oks_sigmas (keypoint_sigmas)."""
 
     def __init__(self, nc: int, reg_max: int = 16, strides: Sequence[float] = (8, 16, 32), *,
-                 kpt_shape: Sequence[int], pose: float = 12.0, kobj: float = 1.0, rle: float = 1.0,
-                 pose26: bool = False, flow: torch.nn.Module | None = None, **kwargs):
+                 kpt_shape: Sequence[int], sigmas: Sequence[float] | None = None, pose: float = 12.0,
+                 kobj: float = 1.0, rle: float = 1.0, pose26: bool = False, flow: torch.nn.Module | None = None,
+                 **kwargs):
         super().__init__(nc, reg_max, strides, **kwargs)
         self.kpt_shape = (int(kpt_shape[0]), int(kpt_shape[1]))
-        self.sigmas = keypoint_sigmas(self.kpt_shape)
+        self.sigmas = keypoint_sigmas(self.kpt_shape, sigmas)
         self.pose_gains = (pose, kobj, rle)
         self.pose26, self.flow = pose26, flow
         k = self.kpt_shape[0]
@@ -286,6 +295,7 @@ class EndToEndPoseLoss(EndToEndLoss):
     ultralytics logs them."""
 
     def __init__(self, nc: int, epochs: int, strides: Sequence[float] = (8, 16, 32), world_size: int = 1, *,
-                 kpt_shape: Sequence[int], flow: torch.nn.Module | None = None, **gains: float):
+                 kpt_shape: Sequence[int], sigmas: Sequence[float] | None = None,
+                 flow: torch.nn.Module | None = None, **gains: float):
         super().__init__(nc, epochs, strides, world_size, head_loss=PoseLoss,
-                         options=dict(kpt_shape=kpt_shape, pose26=True, flow=flow), **gains)
+                         options=dict(kpt_shape=kpt_shape, sigmas=sigmas, pose26=True, flow=flow), **gains)
