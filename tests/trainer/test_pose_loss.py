@@ -53,7 +53,8 @@ def test_pose_loss_equals_ultralytics(case):
     hyp = ref["hyp"]
     # ultralytics 8.4's assignment, as the detect and segment tasks make it: STAL (16 px) and CIoU alignment
     loss_fn = PoseLoss(3, strides=script.LOSS_STRIDES, kpt_shape=kpt_shape, sigmas=own, min_side=16,
-                       assign_ciou=True, box=hyp["box"], cls=hyp["cls"], dfl=hyp["dfl"], pose=hyp["pose"], kobj=hyp["kobj"])
+                       assign_ciou=True, box=hyp["box"], cls=hyp["cls"], dfl=hyp["dfl"], pose=hyp["pose"],
+                       kobj=hyp["kobj"])
     loss, items = loss_fn((maps, kpts), targets, x["keypoints"])
     theirs = ref["items"]
     assert loss_fn.names == tuple(theirs)
