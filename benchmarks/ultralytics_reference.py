@@ -94,8 +94,9 @@ training batch of 16 (32, rectangular), the weights as stored (fp16, in
 float32) and ultralytics' default gains.
 
 `keypoints` writes tests/reference/ultralytics/keypoints.json: ultralytics'
-verify_image_label on each pose label row of KEYPOINT_ROWS and its
-RandomFlip (horizontal, vertical, with a flip_idx) on seeded keypoints
+verify_image_label on each pose label row of KEYPOINT_ROWS, its
+RandomFlip (horizontal, vertical, with a flip_idx), RandomPerspective's
+warp (affine, perspective) and Instances.clip on seeded keypoints
 (keypoint_data).
 
 `pose-checkpoint` writes tests/reference/ultralytics/checkpoints/NAME/model.pt
@@ -775,7 +776,8 @@ def keypoint_data() -> dict:
     KEYPOINT_ROWS read by its verify_image_label (the keypoints [K, 3] it
     keeps, or its message for a row it refuses), and seeded keypoints [N, 5, 3]
     (pixels of a 64 x 96 image) after its RandomFlip, horizontal and
-    vertical, with KEYPOINT_FLIP_IDX."""
+    vertical, with KEYPOINT_FLIP_IDX, after its RandomPerspective's warp by
+    a given matrix and after Instances.clip."""
     import numpy as np
     from PIL import Image
     from ultralytics.data.augment import RandomFlip
@@ -804,6 +806,23 @@ def keypoint_data() -> dict:
                                          bbox_format="xywh", normalized=False)}
         flipped = RandomFlip(p=1.0, direction=direction, flip_idx=KEYPOINT_FLIP_IDX)(labels)
         out["flips"][direction] = flipped["instances"].keypoints.tolist()
+    # a warp (rotation, scale, shear, translation; and one with perspective) as RandomPerspective moves keypoints
+    # into an image of `size`, and Instances.clip of the first one's to the image
+    from ultralytics.data.augment import RandomPerspective
+
+    angle, scale = np.deg2rad(25.0), 1.3
+    affine = np.array([[scale * np.cos(angle), -scale * np.sin(angle) + 0.1, 12.0],
+                       [scale * np.sin(angle), scale * np.cos(angle), -20.0], [0.0, 0.0, 1.0]])
+    perspective = affine + np.array([[0, 0, 0], [0, 0, 0], [0.002, -0.001, 0]])
+    size = (80, 72)  # (w, h)
+    out["warps"] = {"size": list(size), "affine": affine.tolist(), "perspective": perspective.tolist()}
+    for name, m in (("affine", affine), ("perspective", perspective)):
+        warped = RandomPerspective().apply_keypoints(keypoints.astype(np.float32), m.astype(np.float32), size)
+        out["warps"][f"{name}_out"] = warped.tolist()
+    instances = Instances(boxes.copy(), keypoints=np.array(out["warps"]["affine_out"], np.float32),
+                          bbox_format="xywh", normalized=False)
+    instances.clip(*size)
+    out["warps"]["clipped"] = instances.keypoints.tolist()
     return out
 
 

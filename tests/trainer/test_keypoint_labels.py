@@ -2,7 +2,8 @@
 flipping (tests/reference/ultralytics/keypoints.json, written by
 benchmarks/ultralytics_reference.py `keypoints`): the rows it keeps give its
 keypoints, the rows it refuses are refused in one line; its RandomFlip with a
-flip_idx, horizontal and vertical. Beyond ultralytics, issue 50's refusals:
+flip_idx, horizontal and vertical; its random perspective's warp and its
+clip to the image. Beyond ultralytics, issue 50's refusals:
 a visibility outside {0, 1, 2}, a flip_idx that is not a permutation."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from hpcyolo_trainer.data.keypoints import check_flip_idx, flip_keypoints, parse_pose_row
+from hpcyolo_trainer.data.keypoints import (check_flip_idx, clip_keypoints, flip_keypoints, parse_pose_row,
+                                            warp_keypoints)
 
 REFERENCE = json.loads((REPO / "tests" / "reference" / "ultralytics" / "keypoints.json").read_text())
 
@@ -57,3 +59,22 @@ def test_flips_move_keypoints_as_ultralytics_randomflip(direction, axis, size):
 def test_flip_idx_must_reorder_every_keypoint(flip_idx, said):
     problem = check_flip_idx(flip_idx, 3)
     assert problem is None if said is None else said in problem
+
+
+@pytest.mark.parametrize("kind", ["affine", "perspective"])
+def test_a_warp_moves_keypoints_as_ultralytics_randomperspective(kind):
+    """Moved by the matrix; those that leave the image unlabelled, as ultralytics' apply_keypoints."""
+    warps = REFERENCE["warps"]
+    keypoints = np.array(REFERENCE["flips"]["input"], dtype=np.float32)
+    ours = warp_keypoints(keypoints, np.array(warps[kind], dtype=np.float32), tuple(warps["size"]))
+    theirs = np.array(warps[f"{kind}_out"])
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-4)
+    assert (theirs[..., 2] == 0).sum() > (keypoints[..., 2] == 0).sum()  # some left the image
+    assert warp_keypoints(keypoints[:0], np.eye(3), (10, 10)).shape == (0, 5, 3)
+
+
+def test_clipping_keypoints_to_the_image_as_ultralytics_instances_clip():
+    warps = REFERENCE["warps"]
+    ours = clip_keypoints(np.array(warps["affine_out"], dtype=np.float32), *warps["size"])
+    np.testing.assert_allclose(ours, np.array(warps["clipped"]), rtol=1e-6, atol=1e-5)
+    assert not np.allclose(np.array(warps["clipped"]), np.array(warps["affine_out"]))  # some were outside
