@@ -44,10 +44,11 @@ map, as validation computes it. And, under `pose`, ultralytics' v8PoseLoss
 (random head outputs of a 3-class YOLOv8n-pose at 64 x 96 px, 5 objects with
 keypoints inside their boxes) for each kpt_shape of POSE_LOSS_CASES: COCO's
 [17, 3] (its OKS sigmas), two others (its 1/K sigmas) and one with a
-data.yaml's own sigmas (POSE_LOSS_SIGMAS), with the sigmas it used; under `pose26`, YOLO26's PoseLoss26 (OKS-aware assignment, the RLE
-term with the head's flow) on the same objects with the outputs of both
-heads of a yolo26n-pose (pose26_loss_inputs), as each head's, E2ELoss's
-and validation's, as for segment26.
+data.yaml's own sigmas (POSE_LOSS_SIGMAS), with the sigmas it used; under
+`pose26`, YOLO26's PoseLoss26 (OKS-aware assignment, the RLE term with the
+head's flow) on the same objects with the outputs of both heads of a
+yolo26n-pose (pose26_loss_inputs), as each head's, E2ELoss's and
+validation's, as for segment26.
 
 `masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
