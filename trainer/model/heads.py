@@ -20,6 +20,7 @@ import torch
 from ..common.errors import HpcyoloError
 from . import families
 from .detector import REG_MAX
+from .pose import RealNVP
 
 
 def detector_layers(family: str) -> tuple[str | None, ...]:
@@ -85,7 +86,7 @@ POSE = HeadMap(kinds=("Pose", "Pose26"),
                          "one2one_cv4_sigma": "one2one_kpt_sigma", "flow_model": "flow"},
                computed={"dfl": check_dfl, "flow_model.loc": check_constant(lambda: torch.zeros(2)),
                          "flow_model.cov": check_constant(lambda: torch.eye(2)),
-                         "flow_model.mask": check_constant(lambda: torch.tensor([[0.0, 1.0], [1.0, 0.0]] * 3))},
+                         "flow_model.mask": check_constant(lambda: torch.tensor(RealNVP.MASKS))},
                records=detect_records)
 # Classify: conv, pool, drop, linear under their own names (`conv` is a Conv module here, not a Conv's layer)
 CLASSIFY = HeadMap(kinds=("Classify",), layers=classifier_layers, branches={"conv": "conv"})

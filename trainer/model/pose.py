@@ -30,7 +30,7 @@ from .blocks import Conv, branch
 from .detector import STRIDES, Detect, DetectionModel
 from .boxes import make_anchors
 
-KPT_SHAPE = (17, 3)  # ultralytics' default: COCO's 17 keypoints with visibility
+KPT_SHAPE = (17, 3)  # ultralytics' default, COCO's 17 keypoints with visibility: the shape COCO's sigmas are for
 
 
 class RealNVP(nn.Module):

@@ -50,11 +50,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model.boxes import bbox_iou
+from ..model.pose import KPT_SHAPE
 from .loss import DetectionLoss, EndToEndLoss, TaskAlignedAssigner
 
 # COCO's per-keypoint sigmas (nose, eyes, ears, shoulders, elbows, wrists, hips, knees, ankles): ultralytics' OKS_SIGMA
 OKS_SIGMA = (0.26, 0.25, 0.25, 0.35, 0.35, 0.79, 0.79, 0.72, 0.72, 0.62, 0.62, 1.07, 1.07, 0.87, 0.87, 0.89, 0.89)
-COCO_KPT_SHAPE = (17, 3)
 # YOLO26's RLE weights of COCO's keypoints: wrists, knees and ankles more (ultralytics' RLE_WEIGHT)
 RLE_WEIGHT = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 1.2, 1.5, 1.5, 1.0, 1.0, 1.2, 1.2, 1.5, 1.5)
 
@@ -69,7 +69,7 @@ def keypoint_sigmas(kpt_shape: Sequence[int], own: Sequence[float] | None = None
         if len(sigmas) != k or not bool((sigmas > 0).all()):
             raise ValueError(f"kpt_oks_sigmas must be {k} positive values, got {list(own)}")
         return sigmas
-    if tuple(kpt_shape) == COCO_KPT_SHAPE:
+    if tuple(kpt_shape) == KPT_SHAPE:
         return torch.tensor(OKS_SIGMA, dtype=torch.float32) / 10.0
     return torch.full((k,), 1.0 / k)
 
@@ -142,7 +142,7 @@ class PoseLoss(DetectionLoss):
         self.pose_gains = (pose, kobj, rle)
         self.pose26, self.flow = pose26, flow
         k = self.kpt_shape[0]
-        self.rle_weights = torch.tensor(RLE_WEIGHT) if self.kpt_shape == COCO_KPT_SHAPE else torch.ones(k)
+        self.rle_weights = torch.tensor(RLE_WEIGHT) if self.kpt_shape == KPT_SHAPE else torch.ones(k)
         if pose26:
             a = self.assigner
             self.assigner = PoseAlignedAssigner(self.sigmas, topk=a.topk, alpha=a.alpha, beta=a.beta, eps=a.eps,
