@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..eval.pose_metrics import AREA_SCALE
 from ..model.boxes import bbox_iou
 from ..model.pose import KPT_SHAPE
 from .loss import DetectionLoss, EndToEndLoss, TaskAlignedAssigner
@@ -96,15 +97,14 @@ class PoseAlignedAssigner(TaskAlignedAssigner):
         return torch.where(gated.any(-1, keepdim=True), gated, inside) & mask_gt.bool()
 
     def _alignment(self, pd_scores: Tensor, pd_bboxes: Tensor, gt_labels: Tensor, gt_bboxes: Tensor,
-                   candidates: Tensor, *, pd_kpts: Tensor, gt_kpts: Tensor,
-                   anc_strides: Tensor) -> tuple[Tensor, Tensor]:
+                   candidates: Tensor, *, pd_kpts: Tensor, gt_kpts: Tensor, **_: Tensor) -> tuple[Tensor, Tensor]:
         b, m, a = candidates.shape
         bi, mi, ai = candidates.nonzero(as_tuple=True)
         score = pd_scores[bi, ai, gt_labels[bi, mi, 0].long()]
         iou = bbox_iou(gt_bboxes[bi, mi], pd_bboxes[bi, ai], ciou=self.ciou).squeeze(-1).clamp(min=0)
         gt = gt_kpts[bi, mi]  # [P,K,3]
         labelled = gt[..., 2] > 0
-        area = (gt_bboxes[bi, mi, 2:] - gt_bboxes[bi, mi, :2]).prod(-1, keepdim=True) * 0.53  # as its validator
+        area = (gt_bboxes[bi, mi, 2:] - gt_bboxes[bi, mi, :2]).prod(-1, keepdim=True) * AREA_SCALE  # as validation
         d = (pd_kpts[bi, ai].float() - gt[..., :2]).pow(2).sum(-1)
         sigmas = self.sigmas.to(d.device)
         oks = ((-d / ((2 * sigmas).pow(2) * (area + self.eps) * 2)).exp() * labelled).sum(-1) \
