@@ -89,3 +89,42 @@ def test_a_flow_whose_constants_differ_is_refused():
     tensors[name] = 1 - tensors[name]
     with pytest.raises(HpcyoloError, match=r"model\.23\.flow_model\.mask is not the constant"):
         _rename(tensors, "yolo26n", HEADS["pose"], "model.pt")
+
+
+def filled_yolo26n_pose(tmp_path):
+    """yolo26n-pose (3 classes, [17, 3]) with the reference script's `fill`
+    weights (test_task_models): class scores that differ from anchor to
+    anchor, so that the one-to-one head's top 300 has no ties (an untrained
+    head's scores are all its bias)."""
+    from test_task_models import reference_script
+
+    from hpcyolo_trainer.model.pose import PoseModel
+    from hpcyolo_trainer.model.weights import Weights
+
+    script = reference_script()
+    model = PoseModel(3, "yolo26n")
+    state = {name: script.fill(f"model.{name}", tuple(v.shape)) if v.is_floating_point() else v
+             for name, v in model.state_dict().items()}
+    return Weights("yolo26n", ["a", "b", "c"], 64, state, "filled", str(tmp_path / "filled.pt"), "pose", (17, 3))
+
+
+@pytest.mark.parametrize("name, end2end", [("yolo11n-pose", False), ("yolo26n-pose", False), ("filled", True)])
+def test_a_pose_model_exports_to_onnx_in_ultralytics_layout(name, end2end, tmp_path, one_thread):
+    """output0 as ultralytics' ONNX of a keypoint model: [B, 4 + nc + K*D,
+    anchors] (YOLO26 NMS-free: [B, 300, 6 + K*D]), onnxruntime within 1e-4 of
+    torch (export_onnx refuses to write otherwise), kpt_shape in the metadata."""
+    import onnx
+
+    from hpcyolo_trainer.eval.export import export_onnx, run_onnx
+
+    if name == "filled":
+        weights, (k, dims) = filled_yolo26n_pose(tmp_path), (17, 3)
+    else:
+        weights, (k, dims) = read_ultralytics(CHECKPOINTS / name / "model.pt", tasks=tuple(HEADS)), MODELS[name]
+    out = export_onnx(weights, str(tmp_path / "model.onnx"), imgsz=64, end2end=end2end)
+    assert out["parity"] < 1e-4
+    meta = {p.key: p.value for p in onnx.load(out["path"]).metadata_props}
+    assert meta["task"] == "pose" and meta["kpt_shape"] == f"[{k}, {dims}]"
+    output = run_onnx(out["path"], torch.rand(1, 3, 64, 64).numpy())
+    assert output.shape == ((1, 8 * 8 + 4 * 4 + 2 * 2, 6 + k * dims) if end2end else
+                            (1, 4 + weights.nc + k * dims, 8 * 8 + 4 * 4 + 2 * 2))
