@@ -6,7 +6,8 @@ and imports nothing of hpcyolo:
 
 WHAT is parameters, forward, loss, masks, metrics, val, trained, end2end (of
 `trained` alone), val-loss, classify, classify-transforms (transforms.npz
-of `classify` alone), keypoints or pose-checkpoint, each below.
+of `classify` alone), keypoints, pose-predict or pose-checkpoint, each
+below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -99,6 +100,12 @@ verify_image_label on each pose label row of KEYPOINT_ROWS, its
 RandomFlip (horizontal, vertical, with a flip_idx), RandomPerspective's
 warp (affine, perspective) and Instances.clip on seeded keypoints
 (keypoint_data).
+
+`pose-predict` writes tests/reference/ultralytics/pose_predict.json:
+ultralytics' predictions (class, confidence, box, keypoints in image
+pixels with their confidences) of yolo11n-pose and yolo26n-pose with
+`fill`'s weights (class branches sharpened) on two generated PNG images of other shapes than the
+input (pose_predictions), with NMS and YOLO26's NMS-free.
 
 `pose-checkpoint` writes tests/reference/ultralytics/checkpoints/NAME/model.pt
 and output.pt for each of POSE_CHECKPOINTS (yolo11n-pose at kpt_shape
@@ -1160,11 +1167,94 @@ def pose_checkpoints() -> None:
         print(name, kpt_shape, f"{(dest / 'model.pt').stat().st_size:,} bytes", file=sys.stderr)
 
 
+# `pose-predict`: ultralytics' predictions of keypoint models with `fill`'s weights (see the module's docstring)
+POSE_PREDICT_MODELS = ("yolo11n-pose", "yolo26n-pose")
+POSE_PREDICT_SIZES = ((403, 301), (251, 397))  # (w, h) of the images, each resized on loading
+POSE_PREDICT_CONF = 0.6
+# `fill`'s class logits lie within ~0.05 of each other (scores all ~0.52: near ties); the last conv of each class
+# branch is scaled about this logit (SHARPEN x (logit - CENTRE)), so that few anchors pass POSE_PREDICT_CONF, apart
+POSE_PREDICT_SHARPEN, POSE_PREDICT_CENTRE = 50.0, 0.1  # scores from ~0.1 to ~0.95
+
+
+def pose_predict_tensors(state: dict) -> dict:
+    """An ultralytics keypoint model's state dict (names model.N....) with
+    `fill`'s values, its class branches' last convs sharpened (see
+    POSE_PREDICT_SHARPEN); tensors fill leaves alone are left out."""
+    import re
+
+    out = {}
+    for name, value in state.items():
+        filled = fill(name, tuple(value.shape))
+        if filled is None:
+            continue
+        if re.search(r"\.(one2one_)?cv3\.\d+\.2\.weight$", name):
+            filled = filled * POSE_PREDICT_SHARPEN
+        elif re.search(r"\.(one2one_)?cv3\.\d+\.2\.bias$", name):
+            filled = (filled - POSE_PREDICT_CENTRE) * POSE_PREDICT_SHARPEN
+        out[name] = filled
+    return out
+
+
+def pose_predict_images(folder: Path) -> list[Path]:
+    """PNG images (lossless: the same pixels wherever they are read) of
+    POSE_PREDICT_SIZES: smooth random colours from seed 0."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for k, (w, h) in enumerate(POSE_PREDICT_SIZES):
+        coarse = rng.integers(0, 256, (h // 20 + 2, w // 20 + 2, 3)).astype(np.uint8)
+        path = folder / f"image{k}.png"
+        cv2.imwrite(str(path), cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC))
+        paths.append(path)
+    return paths
+
+
+def pose_predictions() -> dict:
+    """For each of POSE_PREDICT_MODELS (3 classes, kpt_shape [17, 3]), its
+    weights set by pose_predict_tensors (`fill`'s, the class branches
+    sharpened): ultralytics' predictions
+    on pose_predict_images at imgsz 160 and conf POSE_PREDICT_CONF, with NMS
+    and, for YOLO26, NMS-free (nms=False): per object its class,
+    confidence, box xyxy and keypoints (x, y in image pixels, confidence),
+    rounded (pixels to 0.001)."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.nn.tasks import PoseModel
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        images = pose_predict_images(Path(tmp))
+        for name in POSE_PREDICT_MODELS:
+            yolo = YOLO(f"{name}.yaml")
+            with contextlib.redirect_stdout(io.StringIO()):
+                model = PoseModel(f"{name}.yaml", nc=FORWARD_CLASSES, verbose=False)
+            model.load_state_dict(pose_predict_tensors(model.state_dict()), strict=False)
+            model.names = {i: f"class{i}" for i in range(FORWARD_CLASSES)}
+            yolo.model = model.eval()
+            for path, how in (("nms", {}), ("end2end", {"nms": False})):
+                if path == "end2end" and not name.startswith("yolo26"):
+                    continue
+                # one image at a time: a batch of images of other shapes is letterboxed to a square instead
+                results = [yolo.predict(str(i), imgsz=160, conf=POSE_PREDICT_CONF, verbose=False, **how)[0]
+                           for i in images]
+                out[f"{name}/{path}"] = [
+                    {"image": Path(r.path).name,
+                     "objects": [{"class": int(r.boxes.cls[k]), "conf": round(float(r.boxes.conf[k]), 5),
+                                  "box": [round(float(v), 3) for v in r.boxes.xyxy[k]],
+                                  "keypoints": [[round(float(x), 3), round(float(y), 3), round(float(c), 4)]
+                                                for (x, y), c in zip(r.keypoints.xy[k], r.keypoints.conf[k])]}
+                                 for k in range(len(r.boxes))]} for r in results]
+                print(name, path, [len(r["objects"]) for r in out[f"{name}/{path}"]], file=sys.stderr)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "metrics", "val", "trained",
                                          "end2end", "val-loss", "classify", "classify-transforms",
-                                         "pose-checkpoint", "keypoints"])
+                                         "pose-checkpoint", "keypoints", "pose-predict"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
@@ -1227,6 +1317,11 @@ def main() -> None:
             print(f"wrote {OUT / 'trained' / name}")
     elif args.what == "classify-transforms":
         print(f"wrote {classify_transforms_reference() / 'transforms.npz'}")
+    elif args.what == "pose-predict":
+        path = OUT / "pose_predict.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, "imgsz": 160,
+                                    "conf": POSE_PREDICT_CONF, **pose_predictions()}) + "\n")
+        print(f"wrote {path}")
     elif args.what == "keypoints":
         path = OUT / "keypoints.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, "flip_idx": KEYPOINT_FLIP_IDX,
