@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import REPO
 
-from hpcyolo_trainer.optim.pose_loss import EndToEndPoseLoss, PoseLoss, keypoint_sigmas
+from hpcyolo_trainer.model.pose import keypoint_sigmas
+from hpcyolo_trainer.optim.pose_loss import EndToEndPoseLoss, PoseLoss
 
 LOSSES = json.loads((REPO / "tests" / "reference" / "ultralytics" / "loss.json").read_text())
 REFERENCE, REFERENCE26 = LOSSES["pose"], LOSSES["pose26"]

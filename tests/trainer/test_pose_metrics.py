@@ -17,7 +17,7 @@ from conftest import REPO
 from test_task_models import reference_script
 
 from hpcyolo_trainer.eval.pose_metrics import AREA_SCALE, PoseStats, keypoint_similarity
-from hpcyolo_trainer.optim.pose_loss import keypoint_sigmas
+from hpcyolo_trainer.model.pose import keypoint_sigmas
 
 REFERENCE = json.loads((REPO / "tests" / "reference" / "ultralytics" / "metrics.json").read_text())["pose"]
 

@@ -9,7 +9,7 @@ mAP50-95 plus the keypoints'.
 OKS of a gt with a prediction: the mean over the gt's labelled keypoints
 (visibility not 0) of exp(-d^2 / (2 * (2 sigma)^2 * area)), d in pixels,
 area the gt box's w * h * 0.53 (xtcocotools' cocoeval), the sigmas those of
-the loss (optim/pose_loss.py keypoint_sigmas: a data.yaml's kpt_oks_sigmas,
+the loss (model/pose.py keypoint_sigmas: a data.yaml's kpt_oks_sigmas,
 else COCO's for [17, 3], else 1/K).
 """
 
@@ -18,9 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..model.pose import AREA_SCALE
 from .metrics import DetStats, match_iou
-
-AREA_SCALE = 0.53  # a box's w * h to the object area OKS takes (xtcocotools' cocoeval)
 
 
 def keypoint_similarity(gt_kpts: Tensor, pred_kpts: Tensor, area: Tensor, sigmas: Tensor,

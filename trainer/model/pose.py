@@ -16,21 +16,47 @@ yolo11-pose.yaml, yolo26-pose.yaml; head.py's Pose and Pose26):
   keypoint decodes as ((x + anchor) * stride, (y + anchor) * stride). The
   one-to-one head has its own copy of the three; a RealNVP flow (6 coupling
   layers of 2 -> 64 -> 64 -> 2) is the learnt error density of that loss.
+
+And what a keypoint is measured by, for the loss and validation alike: the
+OKS sigmas (ultralytics' OKS_SIGMA for COCO's [17, 3], 1/K otherwise, or a
+data.yaml's kpt_oks_sigmas) and the area OKS takes of a box.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from typing import Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .blocks import Conv, branch
 from .detector import STRIDES, Detect, DetectionModel
 from .boxes import make_anchors
 
 KPT_SHAPE = (17, 3)  # ultralytics' default, COCO's 17 keypoints with visibility: the shape COCO's sigmas are for
+# COCO's per-keypoint sigmas (nose, eyes, ears, shoulders, elbows, wrists, hips, knees, ankles): ultralytics' OKS_SIGMA
+OKS_SIGMA = (0.26, 0.25, 0.25, 0.35, 0.35, 0.79, 0.79, 0.72, 0.72, 0.62, 0.62, 1.07, 1.07, 0.87, 0.87, 0.89, 0.89)
+
+
+def keypoint_sigmas(kpt_shape: Sequence[int], own: Sequence[float] | None = None) -> Tensor:
+    """[K] OKS sigmas: a data.yaml's own (`kpt_oks_sigmas`: K positive
+    values, else ValueError), or COCO's / 10 for kpt_shape [17, 3], else
+    1/K each (ultralytics' choice)."""
+    k = int(kpt_shape[0])
+    if own is not None:
+        sigmas = torch.as_tensor(own, dtype=torch.float32).flatten()
+        if len(sigmas) != k or not bool((sigmas > 0).all()):
+            raise ValueError(f"kpt_oks_sigmas must be {k} positive values, got {list(own)}")
+        return sigmas
+    if tuple(kpt_shape) == KPT_SHAPE:
+        return torch.tensor(OKS_SIGMA, dtype=torch.float32) / 10.0
+    return torch.full((k,), 1.0 / k)
+
+
+# a box's w * h to the object area OKS takes (xtcocotools' cocoeval): the pose loss's assignment and validation's
+AREA_SCALE = 0.53
 
 
 class RealNVP(nn.Module):

@@ -49,30 +49,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..eval.pose_metrics import AREA_SCALE
 from ..model.boxes import bbox_iou
-from ..model.pose import KPT_SHAPE
+from ..model.pose import AREA_SCALE, KPT_SHAPE, keypoint_sigmas
 from .loss import DetectionLoss, EndToEndLoss, TaskAlignedAssigner
 
-# COCO's per-keypoint sigmas (nose, eyes, ears, shoulders, elbows, wrists, hips, knees, ankles): ultralytics' OKS_SIGMA
-OKS_SIGMA = (0.26, 0.25, 0.25, 0.35, 0.35, 0.79, 0.79, 0.72, 0.72, 0.62, 0.62, 1.07, 1.07, 0.87, 0.87, 0.89, 0.89)
 # YOLO26's RLE weights of COCO's keypoints: wrists, knees and ankles more (ultralytics' RLE_WEIGHT)
 RLE_WEIGHT = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 1.2, 1.5, 1.5, 1.0, 1.0, 1.2, 1.2, 1.5, 1.5)
-
-
-def keypoint_sigmas(kpt_shape: Sequence[int], own: Sequence[float] | None = None) -> Tensor:
-    """[K] OKS sigmas: a data.yaml's own (`kpt_oks_sigmas`: K positive
-    values, else ValueError), or COCO's / 10 for kpt_shape [17, 3], else
-    1/K each (ultralytics' choice)."""
-    k = int(kpt_shape[0])
-    if own is not None:
-        sigmas = torch.as_tensor(own, dtype=torch.float32).flatten()
-        if len(sigmas) != k or not bool((sigmas > 0).all()):
-            raise ValueError(f"kpt_oks_sigmas must be {k} positive values, got {list(own)}")
-        return sigmas
-    if tuple(kpt_shape) == KPT_SHAPE:
-        return torch.tensor(OKS_SIGMA, dtype=torch.float32) / 10.0
-    return torch.full((k,), 1.0 / k)
 
 
 class PoseAlignedAssigner(TaskAlignedAssigner):
