@@ -5,8 +5,9 @@ and imports nothing of hpcyolo:
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
 WHAT is parameters, forward, loss, masks, rboxes, obb-augment, obb-checkpoint, metrics,
-val, trained, end2end (of `trained` alone), val-loss, classify or
-classify-transforms (transforms.npz of `classify` alone), each below.
+val, trained, end2end (of `trained` alone), val-loss, classify,
+classify-transforms (transforms.npz of `classify` alone), keypoints,
+pose-predict or pose-checkpoint, each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
 task, family and size, the parameters (sum of numel, frozen ones included)
@@ -15,16 +16,17 @@ classes (80; 1000 for classification), with the ultralytics version.
 
 `forward` writes tests/reference/ultralytics/forward/MODEL-TASK.pt (torch
 tensors only) for the n size of each family, segmentation,
-classification and oriented boxes (obb), at 3 classes: the model ultralytics builds, every tensor of
+classification, oriented boxes (obb) and pose (kpt_shape [17, 3]), at 3 classes: the model ultralytics builds, every tensor of
 its state dict set by `fill` (a value from the tensor's name alone, so that
 a test can rebuild the same weights under hpcyolo's names without a
-checkpoint in the repository; the DFL's fixed bins kept), evaluated on a
+checkpoint in the repository; the DFL's fixed bins and the constants of Pose26's flow kept), evaluated on a
 fixed input (`torch.rand(2, 3, 64, 96)`, seed 0; its sum stored): the
 neck's outputs, the head's raw maps per
 level (box, class and mask-coefficient branches, their one-to-one copies),
 the prototypes, YOLO26's semantic map, the classifier's logits, and the
-OBB head's angle branches and decoded outputs (obb_maps); with the state
-dict's names and shapes in order.
+OBB head's angle branches and decoded outputs (obb_maps), the keypoint
+head's maps and decoded output (pose_maps); with the state dict's names
+and shapes in order.
 
 `loss` writes tests/reference/ultralytics/loss.json: ultralytics'
 v8SegmentationLoss (its default gains) on the inputs `segment_loss_inputs`
@@ -42,6 +44,16 @@ map, as validation computes it. And, under `obb`, ultralytics' oriented-box
 losses on the cases `obb_loss_inputs` makes from a seed (obb_loss):
 v8OBBLoss for YOLOv8/YOLO11 (reg_max 16) and, for YOLO26, v8OBBLoss as each
 head's and E2ELoss of v8OBBLoss over both.
+And, under `pose`, ultralytics' v8PoseLoss
+(its default gains) on the inputs `pose_loss_inputs` makes from a seed
+(random head outputs of a 3-class YOLOv8n-pose at 64 x 96 px, 5 objects with
+keypoints inside their boxes) for each kpt_shape of POSE_LOSS_CASES: COCO's
+[17, 3] (its OKS sigmas), two others (its 1/K sigmas) and one with a
+data.yaml's own sigmas (POSE_LOSS_SIGMAS), with the sigmas it used; under
+`pose26`, YOLO26's PoseLoss26 (OKS-aware assignment, the RLE term with the
+head's flow) on the same objects with the outputs of both heads of a
+yolo26n-pose (pose26_loss_inputs), as each head's, E2ELoss's and
+validation's, as for segment26.
 
 `masks` writes tests/reference/ultralytics/masks.npz: ultralytics'
 polygons2masks_overlap (maps and order) and polygons2masks of the polygons
@@ -79,7 +91,10 @@ masks filled by its polygon2mask): its match_predictions over box IoU and
 over mask IoU, ap_per_class, and the box and mask P, R, mAP50, mAP50-95 and
 fitness as its SegmentMetrics reports them; and, under `obb`, what its OBB
 validator makes of the rotated boxes `obb_metric_inputs` draws from a seed
-(matched by batch_probiou; obb_metrics).
+(matched by batch_probiou; obb_metrics); under `pose`, what its pose
+validator makes of `pose_metric_inputs` (gts and predictions with COCO's 17
+keypoints): OKS (kpt_iou), the matches over box IoU and over OKS, and the
+box and pose P, R, mAP50, mAP50-95 and fitness (pose_metrics).
 
 `val` writes tests/reference/ultralytics/val.json: ultralytics' `val` figures
 of each detection fixture (../shared/fixtures/ultralytics/*/model.pt) at
@@ -108,6 +123,24 @@ of the trained segmenter on DATA (as for `trained`) and of the detection
 fixtures on their own data, at imgsz 160 and the validation batch of a
 training batch of 16 (32, rectangular), the weights as stored (fp16, in
 float32) and ultralytics' default gains.
+
+`keypoints` writes tests/reference/ultralytics/keypoints.json: ultralytics'
+verify_image_label on each pose label row of KEYPOINT_ROWS, its
+RandomFlip (horizontal, vertical, with a flip_idx), RandomPerspective's
+warp (affine, perspective) and Instances.clip on seeded keypoints
+(keypoint_data).
+
+`pose-predict` writes tests/reference/ultralytics/pose_predict.json:
+ultralytics' predictions (class, confidence, box, keypoints in image
+pixels with their confidences) of yolo11n-pose and yolo26n-pose with
+`fill`'s weights (class branches sharpened) on two generated PNG images of other shapes than the
+input (pose_predictions), with NMS and YOLO26's NMS-free.
+
+`pose-checkpoint` writes tests/reference/ultralytics/checkpoints/NAME/model.pt
+and output.pt for each of POSE_CHECKPOINTS (yolo11n-pose at kpt_shape
+[4, 3], yolo26n-pose at [3, 2], 1 class): the untrained model as
+ultralytics' Model.save writes it, and its eval output on the fixed input
+(pose_checkpoints).
 
 `classify DATA [--models ...]` writes tests/reference/ultralytics/trained/
 yolo11n-cls/transforms.npz (ultralytics' classify_transforms of a few images
@@ -139,7 +172,8 @@ FAMILIES = {"yolov8": "yolov8", "yolo11": "yolo11", "yolo26": "yolo26"}
 SIZES = "nsmlx"
 # task -> (ultralytics' model class, the YAML's suffix, its default classes)
 TASKS = {"detect": ("DetectionModel", "", 80), "segment": ("SegmentationModel", "-seg", 80),
-         "classify": ("ClassificationModel", "-cls", 1000), "obb": ("OBBModel", "-obb", 80)}
+         "classify": ("ClassificationModel", "-cls", 1000), "obb": ("OBBModel", "-obb", 80),
+         "pose": ("PoseModel", "-pose", 80)}
 
 
 def parameters() -> dict:
@@ -174,6 +208,8 @@ def fill(name: str, shape: tuple[int, ...]):
 
     if name.endswith("num_batches_tracked") or ".dfl." in name:
         return None
+    if ".flow_model." in name and name.rsplit(".", 1)[1] in ("loc", "cov", "mask"):  # Pose26's flow's constants
+        return None
     u = torch.rand(shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())), dtype=torch.float64)
     if len(shape) > 1:
         fan_in = 1
@@ -193,7 +229,7 @@ def forward() -> None:
     out.mkdir(parents=True, exist_ok=True)
     x = torch.rand(FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
     for model_name in FORWARD_MODELS:
-        for task in ("segment", "classify", "obb"):
+        for task in ("segment", "classify", "obb", "pose"):
             cls, suffix, _ = TASKS[task]
             with contextlib.redirect_stdout(io.StringIO()):
                 model = getattr(tasks, cls)(f"{model_name}{suffix}.yaml", nc=FORWARD_CLASSES, verbose=False)
@@ -212,6 +248,8 @@ def forward() -> None:
                     saved["logits"] = model(x)[1]  # eval: (softmax, logits)
                 elif task == "obb":
                     saved.update(obb_maps(model, x))
+                elif task == "pose":
+                    saved.update(pose_maps(model, x))
                 else:
                     saved.update(head_maps(model, x))
             torch.save(saved, out / f"{model_name}-{task}.pt")
@@ -264,6 +302,38 @@ def obb_maps(model, x) -> dict:
     maps["decoded"] = head._inference(head.forward_head(feats, **head.one2many))
     if getattr(head, "one2one_cv2", None) is not None:
         maps["end2end"] = head.postprocess(head._inference(head.forward_head(feats, **head.one2one)).permute(0, 2, 1))
+    return maps
+
+
+def pose_maps(model, x) -> dict:
+    """The keypoint head's raw maps per level (box, class and keypoint
+    branches, Pose26's sigma maps, their one-to-one copies), from its own
+    modules on the inputs it is given, and what the model outputs in eval
+    mode: the one-to-many head's decoded boxes, scores and keypoints
+    (`decoded`, [B, 4 + nc + K*D, anchors]: Pose's kpts_decode) and, for
+    YOLO26, the one-to-one head's top 300 (`end2end`, [B, 300, 6 + K*D])."""
+    head, seen = model.model[-1], {}
+    # update returns None: a hook that returns a value replaces the head's output
+    hook = head.register_forward_hook(lambda module, args, output: seen.update(feats=args[0]))
+    y, preds = model(x)
+    hook.remove()
+    feats = seen["feats"]
+    maps = {"feats": list(feats)}
+    pose26 = type(head).__name__ == "Pose26"
+    for prefix in ("", "one2one_") if getattr(head, "one2one_cv2", None) is not None else ("",):
+        maps[prefix + "box"] = [getattr(head, prefix + "cv2")[i](f) for i, f in enumerate(feats)]
+        maps[prefix + "cls"] = [getattr(head, prefix + "cv3")[i](f) for i, f in enumerate(feats)]
+        hidden = [getattr(head, prefix + "cv4")[i](f) for i, f in enumerate(feats)]
+        if pose26:
+            maps[prefix + "kpt"] = [getattr(head, prefix + "cv4_kpts")[i](h) for i, h in enumerate(hidden)]
+            maps[prefix + "kpt_sigma"] = [getattr(head, prefix + "cv4_sigma")[i](h) for i, h in enumerate(hidden)]
+        else:
+            maps[prefix + "kpt"] = hidden
+    maps["decoded"] = y  # the one-to-many head's, also on YOLO26 until its predictor asks for end2end
+    if "one2one" in preds:
+        head.end2end = True  # what its predictor sets for nms=False
+        maps["end2end"] = model(x)[0]
+        head.end2end = False
     return maps
 
 
@@ -334,6 +404,138 @@ def segment_loss() -> dict:
         print(f"{case}: {out[case]}", file=sys.stderr)
     return out
 
+
+# kpt_shape of each pose case: COCO's (ultralytics' OKS sigmas), and two others (its 1/K sigmas), one without
+# visibility
+POSE_LOSS_CASES = {"coco17": (17, 3), "five-with-visibility": (5, 3), "four-without": (4, 2),
+                   "five-own-sigmas": (5, 3)}
+# a data.yaml's kpt_oks_sigmas, which ultralytics' trainer hands the loss as the model's kpt_oks_sigmas
+POSE_LOSS_SIGMAS = {"five-own-sigmas": [0.02, 0.05, 0.1, 0.05, 0.02]}
+
+
+def pose_loss_inputs(case: str) -> dict:
+    """Inputs of a pose loss, from torch's generator alone: the head's outputs
+    as ultralytics flattens them ([B, C, anchors]: box logits of a YOLOv8
+    head, class logits, raw keypoints) and a batch of 5 objects on 2 images
+    (normalised xywh boxes; per object K keypoints inside
+    its box, 0..1 of the image, with visibility 0, 1 or 2 where D is 3)."""
+    import torch
+
+    k, dims = POSE_LOSS_CASES[case]
+    g = torch.Generator().manual_seed(17 + k)
+    h, w = LOSS_HW
+    anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
+    batch_idx = torch.tensor([0, 0, 0, 1, 1])  # in image order, as ultralytics' collate makes them
+    xywh = torch.tensor([[0.30, 0.40, 0.30, 0.50], [0.62, 0.55, 0.40, 0.60], [0.45, 0.45, 0.15, 0.20],
+                         [0.50, 0.50, 0.70, 0.80], [0.20, 0.25, 0.20, 0.30]])
+    xy = xywh[:, None, :2] + (torch.rand(5, k, 2, generator=g) - 0.5) * xywh[:, None, 2:]
+    keypoints = xy
+    if dims == 3:
+        visibility = torch.randint(0, 3, (5, k, 1), generator=g).float()
+        visibility[2] = 0  # an object without a visible keypoint
+        keypoints = torch.cat([xy * (visibility > 0), visibility], -1)  # ultralytics' labels: 0, 0, 0 where unlabelled
+    return {"boxes": torch.randn(2, 64, anchors, generator=g), "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+            "kpts": torch.randn(2, k * dims, anchors, generator=g) * 0.7, "batch_idx": batch_idx,
+            "cls": torch.tensor([0, 2, 1, 1, 0]), "bboxes": xywh, "keypoints": keypoints}
+
+
+def pose_loss() -> dict:
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import PoseModel
+    from ultralytics.utils.loss import v8PoseLoss
+
+    out = {}
+    h, w = LOSS_HW
+    for case, kpt_shape in POSE_LOSS_CASES.items():
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = PoseModel("yolov8n-pose.yaml", nc=3, data_kpt_shape=kpt_shape, verbose=False)
+        model.args = get_cfg()
+        if case in POSE_LOSS_SIGMAS:
+            model.kpt_oks_sigmas = POSE_LOSS_SIGMAS[case]
+        criterion = v8PoseLoss(model)
+        x = pose_loss_inputs(case)
+        feats = [torch.zeros(2, 64 + 3, h // s, w // s) for s in LOSS_STRIDES]
+        preds = {"boxes": x["boxes"], "scores": x["scores"], "feats": feats, "kpts": x["kpts"]}
+        batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["bboxes"],
+                 "keypoints": x["keypoints"]}
+        total, items = criterion.loss(preds, batch)
+        out[case] = {"kpt_shape": list(kpt_shape), "sigmas": criterion.keypoint_loss.sigmas.tolist(),
+                     "items": {k: float(v) for k, v in items.items()}, "total": float(total.sum()),
+                     "hyp": {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl", "pose", "kobj")}}
+        print(f"pose {case}: {out[case]['items']}", file=sys.stderr)
+    return out
+
+
+def pose26_loss_inputs(case: str) -> dict:
+    """pose_loss_inputs' objects and keypoints with the outputs of a YOLO26
+    keypoint model's two heads instead, from torch's generator alone: per
+    head the box distances (grid units, 0.25 to 3.25), class logits, raw
+    keypoints (an offset from the anchor, in grid units) and sigma logits
+    ([B, C, anchors])."""
+    import torch
+
+    x = pose_loss_inputs(case)
+    k, dims = POSE_LOSS_CASES[case]
+    g = torch.Generator().manual_seed(260 + k)
+    h, w = LOSS_HW
+    anchors = sum((h // s) * (w // s) for s in LOSS_STRIDES)
+    for head in ("one2many", "one2one"):
+        x[head] = {"boxes": torch.rand(2, 4, anchors, generator=g) * 3 + 0.25,
+                   "scores": torch.randn(2, 3, anchors, generator=g) - 2,
+                   "kpts": torch.randn(2, k * dims, anchors, generator=g) * 1.5,
+                   "kpts_sigma": torch.randn(2, 2 * k, anchors, generator=g)}
+    return x
+
+
+def pose26_loss() -> dict:
+    """Ultralytics' PoseLoss26 on pose26_loss_inputs for each case of
+    POSE_LOSS_CASES: alone as each head's (the one-to-many head's top 10,
+    the one-to-one head's top 7 then 1), E2ELoss over both as training
+    computes it (its first epoch's weights), and E2ELoss on outputs without
+    the sigma maps, as validation computes it; the flow's weights set by
+    `fill` from their names (model.23.flow_model....)."""
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import PoseModel
+    from ultralytics.utils.loss import E2ELoss, PoseLoss26
+
+    out = {}
+    h, w = LOSS_HW
+    for case, kpt_shape in POSE_LOSS_CASES.items():
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = PoseModel("yolo26n-pose.yaml", nc=3, data_kpt_shape=kpt_shape, verbose=False)
+        with torch.no_grad():
+            for name, value in model.state_dict().items():
+                filled = fill(name, tuple(value.shape)) if ".flow_model." in name else None
+                if filled is not None:
+                    value.copy_(filled)
+        model.args = get_cfg()
+        if case in POSE_LOSS_SIGMAS:
+            model.kpt_oks_sigmas = POSE_LOSS_SIGMAS[case]
+        x = pose26_loss_inputs(case)
+        batch = {"batch_idx": x["batch_idx"].float(), "cls": x["cls"].float(), "bboxes": x["bboxes"],
+                 "keypoints": x["keypoints"]}
+        feats = [torch.zeros(2, 4 + 3, h // s, w // s) for s in LOSS_STRIDES]
+
+        def preds(sigmas: bool) -> dict:
+            return {head: {"boxes": x[head]["boxes"], "scores": x[head]["scores"], "feats": feats,
+                           "kpts": x[head]["kpts"], **({"kpts_sigma": x[head]["kpts_sigma"]} if sigmas else {})}
+                    for head in ("one2many", "one2one")}
+
+        def figures(total, items) -> dict:
+            return {"items": {k: float(v) for k, v in items.items()}, "total": float(total.sum())}
+
+        trained = preds(True)
+        out[case] = {"kpt_shape": list(kpt_shape),
+                     "one2many": figures(*PoseLoss26(model, tal_topk=10).loss(trained["one2many"], batch)),
+                     "one2one": figures(*PoseLoss26(model, tal_topk=7, tal_topk2=1).loss(trained["one2one"], batch))}
+        e2e = E2ELoss(model, PoseLoss26)
+        out[case]["end2end"] = {**figures(*e2e(trained, batch)), "one2many_share": e2e.o2m}
+        out[case]["validation"] = figures(*E2ELoss(model, PoseLoss26)(preds(False), batch))
+        out[case]["hyp"] = {k: float(getattr(model.args, k)) for k in ("box", "cls", "dfl", "pose", "kobj", "rle")}
+        print(f"pose26 {case}: {out[case]['end2end']}", file=sys.stderr)
+    return out
 
 
 def segment26_loss_inputs(case: str) -> dict:
@@ -839,6 +1041,167 @@ def obb_metrics() -> dict:
             "map50_95": float(ap.mean()), "tp": np.concatenate(tp).astype(int).tolist()}
 
 
+POSE_METRIC_KPT_SHAPE = (17, 3)
+
+
+def pose_metric_inputs() -> list[dict]:
+    """Per image: gt classes, xyxy boxes and keypoints [m, 17, 3] (pixels,
+    visibility 0, 1 or 2, 0 0 0 where unlabelled), predictions (boxes,
+    keypoints with a confidence as their third value, conf, cls) in
+    descending confidence, as NMS hands them on (numpy only)."""
+    import numpy as np
+
+    rng = np.random.default_rng(17)
+    h, w = MASK_HW
+    k = POSE_METRIC_KPT_SHAPE[0]
+    images = []
+    for _ in range(8):
+        gts = []
+        for _ in range(int(rng.integers(1, 5))):
+            centre, size = rng.uniform([12, 12], [w - 12, h - 12]), rng.uniform([6, 8], [24, 30])
+            box = np.concatenate([centre - size / 2, centre + size / 2])
+            xy = centre + (rng.uniform(size=(k, 2)) - 0.5) * size
+            visibility = rng.integers(0, 3, (k, 1)).astype(float)
+            gts.append((int(rng.integers(0, 3)), box, np.concatenate([xy * (visibility > 0), visibility], 1)))
+        preds = []
+        for cls, box, kpts in gts:
+            if rng.random() < 0.85:  # found, jittered, keypoints more or less close
+                spread = rng.choice([0.5, 2.0, 5.0])
+                xy = kpts[:, :2] + rng.normal(0, spread, (k, 2))
+                xy = np.where(kpts[:, 2:] > 0, xy, rng.uniform([0, 0], [w, h], (k, 2)))
+                preds.append((box + rng.normal(0, 1.0, 4), np.concatenate([xy, rng.uniform(size=(k, 1))], 1),
+                              rng.uniform(0.3, 1.0), cls if rng.random() < 0.9 else (cls + 1) % 3))
+            if rng.random() < 0.3:  # a second, weaker one on the same object
+                xy = kpts[:, :2] + rng.normal(0, 4.0, (k, 2))
+                preds.append((box + rng.normal(0, 3.0, 4), np.concatenate([xy, rng.uniform(size=(k, 1))], 1),
+                              rng.uniform(0.05, 0.5), cls))
+        for _ in range(int(rng.integers(0, 3))):  # false positives
+            centre = rng.uniform([10, 10], [w - 10, h - 10])
+            xy = centre + rng.normal(0, 5, (k, 2))
+            preds.append((np.concatenate([centre - 5, centre + 5]), np.concatenate([xy, rng.uniform(size=(k, 1))], 1),
+                          rng.uniform(0.01, 0.6), int(rng.integers(0, 3))))
+        preds.sort(key=lambda p: -p[2])
+        images.append({"gt_cls": [c for c, _, _ in gts], "gt_boxes": [b for _, b, _ in gts],
+                       "gt_kpts": [kp for _, _, kp in gts], "pred_boxes": [b for b, _, _, _ in preds],
+                       "pred_kpts": [kp for _, kp, _, _ in preds], "conf": [c for _, _, c, _ in preds],
+                       "pred_cls": [c for _, _, _, c in preds]})
+    return images
+
+
+def pose_metrics() -> dict:
+    """What ultralytics' pose validator makes of pose_metric_inputs: per
+    image the OKS of each gt with each prediction (kpt_iou, its sigmas, the
+    gt box's area x 0.53), its match_predictions over box IoU and over OKS,
+    ap_per_class, and the box and pose P, R, mAP50, mAP50-95 and fitness as
+    its PoseMetrics reports them."""
+    import numpy as np
+    import torch
+    from types import SimpleNamespace
+
+    from ultralytics.engine.validator import BaseValidator
+    from ultralytics.utils.metrics import OKS_SIGMA, ap_per_class, box_iou, kpt_iou
+
+    validator = SimpleNamespace(iouv=torch.linspace(0.5, 0.95, 10))
+    tp, tp_p, conf, pred_cls, target_cls, oks = [], [], [], [], [], []
+    for image in pose_metric_inputs():
+        gt_cls, p_cls = torch.tensor(image["gt_cls"]), torch.tensor(image["pred_cls"])
+        n = len(image["conf"])
+        if n:
+            gt_boxes = torch.tensor(np.stack(image["gt_boxes"]), dtype=torch.float32)
+            pred_boxes = torch.tensor(np.stack(image["pred_boxes"]), dtype=torch.float32)
+            area = (gt_boxes[:, 2:] - gt_boxes[:, :2]).prod(1) * 0.53
+            similarity = kpt_iou(torch.tensor(np.stack(image["gt_kpts"]), dtype=torch.float32),
+                                 torch.tensor(np.stack(image["pred_kpts"]), dtype=torch.float32), sigma=OKS_SIGMA,
+                                 area=area)
+            oks.append(similarity.tolist())
+            tp.append(BaseValidator.match_predictions(validator, p_cls, gt_cls, box_iou(gt_boxes, pred_boxes)).numpy())
+            tp_p.append(BaseValidator.match_predictions(validator, p_cls, gt_cls, similarity).numpy())
+        else:
+            oks.append([])
+            tp.append(np.zeros((0, 10), bool))
+            tp_p.append(np.zeros((0, 10), bool))
+        conf += image["conf"]
+        pred_cls += image["pred_cls"]
+        target_cls += image["gt_cls"]
+    out = {"kpt_shape": list(POSE_METRIC_KPT_SHAPE), "oks": oks}
+    for kind, t in (("box", tp), ("pose", tp_p)):
+        r = ap_per_class(np.concatenate(t), np.array(conf), np.array(pred_cls), np.array(target_cls))
+        p, rec, ap = r[2], r[3], r[5]
+        out[kind] = {"precision": float(p.mean()), "recall": float(rec.mean()), "map50": float(ap[:, 0].mean()),
+                     "map50_95": float(ap.mean()), "tp": np.concatenate(t).astype(int).tolist()}
+    # PoseMetrics.fitness: the pose's fitness (mAP50-95) plus the boxes'
+    out["fitness"] = out["box"]["map50_95"] + out["pose"]["map50_95"]
+    return out
+
+
+# (kpt_shape, a label row) read by `keypoints`: good rows, and rows ultralytics refuses or reads otherwise
+KEYPOINT_ROWS = (
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1 0.5 0.7 0"),
+    ((3, 3), "1 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1 0 0 0"),
+    ((3, 2), "0 0.5 0.5 0.4 0.6 0.4 0.3 0.6 0.3 -1 -1"),
+    ((3, 2), "0 0.5 0.5 0.4 0.6 0.4 0.3 0.6 0.3 0.5 -0.2"),
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1"),  # a keypoint short
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 2 0.6 0.3 1 0.5 1.3 2"),  # a keypoint outside
+    ((3, 3), "0 0.5 0.5 0.4 0.6 0.4 0.3 5 0.6 0.3 1 0.5 0.7 2"),  # visibility 5: ultralytics keeps it
+)
+KEYPOINT_FLIP_IDX = [1, 0, 2, 4, 3]
+
+
+def keypoint_data() -> dict:
+    """What ultralytics makes of keypoint labels and flips: each row of
+    KEYPOINT_ROWS read by its verify_image_label (the keypoints [K, 3] it
+    keeps, or its message for a row it refuses), and seeded keypoints [N, 5, 3]
+    (pixels of a 64 x 96 image) after its RandomFlip, horizontal and
+    vertical, with KEYPOINT_FLIP_IDX, after its RandomPerspective's warp by
+    a given matrix and after Instances.clip."""
+    import numpy as np
+    from PIL import Image
+    from ultralytics.data.augment import RandomFlip
+    from ultralytics.data.utils import verify_image_label
+    from ultralytics.utils.instance import Instances
+
+    out = {"rows": [], "flips": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        image = Path(tmp) / "image.jpg"
+        Image.new("RGB", (96, 64)).save(image)
+        for kpt_shape, row in KEYPOINT_ROWS:
+            label = Path(tmp) / "image.txt"
+            label.write_text(row + "\n")
+            result = verify_image_label((str(image), str(label), "", True, 3, *kpt_shape, False))
+            kept = result[4] if result[8] == 0 else None
+            out["rows"].append({"kpt_shape": list(kpt_shape), "row": row, "corrupt": bool(result[8]),
+                                "keypoints": None if kept is None else kept[0].tolist(), "message": result[9]})
+    rng = np.random.default_rng(5)
+    h, w = MASK_HW
+    keypoints = np.concatenate([rng.uniform([0, 0], [w, h], (3, 5, 2)), rng.integers(0, 3, (3, 5, 1))], -1)
+    boxes = np.array([[10, 10, 30, 20], [40, 30, 20, 30], [70, 50, 10, 10]], dtype=np.float32)
+    out["flips"]["input"] = keypoints.tolist()
+    for direction in ("horizontal", "vertical"):
+        labels = {"img": np.zeros((h, w, 3), np.uint8),
+                  "instances": Instances(boxes.copy(), keypoints=keypoints.astype(np.float32).copy(),
+                                         bbox_format="xywh", normalized=False)}
+        flipped = RandomFlip(p=1.0, direction=direction, flip_idx=KEYPOINT_FLIP_IDX)(labels)
+        out["flips"][direction] = flipped["instances"].keypoints.tolist()
+    # a warp (rotation, scale, shear, translation; and one with perspective) as RandomPerspective moves keypoints
+    # into an image of `size`, and Instances.clip of the first one's to the image
+    from ultralytics.data.augment import RandomPerspective
+
+    angle, scale = np.deg2rad(25.0), 1.3
+    affine = np.array([[scale * np.cos(angle), -scale * np.sin(angle) + 0.1, 12.0],
+                       [scale * np.sin(angle), scale * np.cos(angle), -20.0], [0.0, 0.0, 1.0]])
+    perspective = affine + np.array([[0, 0, 0], [0, 0, 0], [0.002, -0.001, 0]])
+    size = (80, 72)  # (w, h)
+    out["warps"] = {"size": list(size), "affine": affine.tolist(), "perspective": perspective.tolist()}
+    for name, m in (("affine", affine), ("perspective", perspective)):
+        warped = RandomPerspective().apply_keypoints(keypoints.astype(np.float32), m.astype(np.float32), size)
+        out["warps"][f"{name}_out"] = warped.tolist()
+    instances = Instances(boxes.copy(), keypoints=np.array(out["warps"]["affine_out"], np.float32),
+                          bbox_format="xywh", normalized=False)
+    instances.clip(*size)
+    out["warps"]["clipped"] = instances.keypoints.tolist()
+    return out
+
+
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "ultralytics"
 VAL_FIXTURES = ("yolov8n-shapes", "yolo11n-shapes", "yolo26n-shapes")
 RESIZED = ((403, 301), (251, 397), (333, 333))  # (w, h) in turn: each image larger than 160 px, odd sides
@@ -1139,11 +1502,128 @@ def classify_reference(data: Path, name: str) -> dict:
     return figures
 
 
+# `pose-checkpoint`: small keypoint checkpoints as ultralytics saves them (see the module's docstring)
+POSE_CHECKPOINTS = {"yolo11n-pose": (4, 3), "yolo26n-pose": (3, 2)}  # model -> kpt_shape, at 1 class
+
+
+def pose_checkpoints() -> None:
+    """checkpoints/NAME/model.pt for each of POSE_CHECKPOINTS: the untrained
+    model ultralytics builds from its YAML at 1 class and that kpt_shape
+    (its own initialisation, seed 0), saved by its Model.save (fp16 model
+    object); and checkpoints/NAME/output.pt: that file's model, loaded back by
+    ultralytics in float32, in eval mode on FORWARD_INPUT (seed 0): its
+    output (the one-to-many head's decoded boxes, scores and keypoints)."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.nn.tasks import PoseModel
+
+    x = torch.rand(FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
+    for name, kpt_shape in POSE_CHECKPOINTS.items():
+        dest = OUT / "checkpoints" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(0)
+        model = YOLO(f"{name}.yaml")
+        with contextlib.redirect_stdout(io.StringIO()):
+            model.model = PoseModel(f"{name}.yaml", nc=1, data_kpt_shape=kpt_shape, verbose=False)
+        model.model.names = {0: "shape"}
+        model.save(dest / "model.pt")
+        with torch.no_grad():
+            net = YOLO(str(dest / "model.pt")).model.float().eval()
+            output = net(x)[0]
+        torch.save({"kpt_shape": list(kpt_shape), "input_sum": float(x.double().sum()), "output": output},
+                   dest / "output.pt")
+        print(name, kpt_shape, f"{(dest / 'model.pt').stat().st_size:,} bytes", file=sys.stderr)
+
+
+# `pose-predict`: ultralytics' predictions of keypoint models with `fill`'s weights (see the module's docstring)
+POSE_PREDICT_MODELS = ("yolo11n-pose", "yolo26n-pose")
+POSE_PREDICT_SIZES = ((403, 301), (251, 397))  # (w, h) of the images, each resized on loading
+POSE_PREDICT_CONF = 0.6
+# `fill`'s class logits lie within ~0.05 of each other (scores all ~0.52: near ties); the last conv of each class
+# branch is scaled about this logit (SHARPEN x (logit - CENTRE)), so that few anchors pass POSE_PREDICT_CONF, apart
+POSE_PREDICT_SHARPEN, POSE_PREDICT_CENTRE = 50.0, 0.1  # scores from ~0.1 to ~0.95
+
+
+def pose_predict_tensors(state: dict) -> dict:
+    """An ultralytics keypoint model's state dict (names model.N....) with
+    `fill`'s values, its class branches' last convs sharpened (see
+    POSE_PREDICT_SHARPEN); tensors fill leaves alone are left out."""
+    import re
+
+    out = {}
+    for name, value in state.items():
+        filled = fill(name, tuple(value.shape))
+        if filled is None:
+            continue
+        if re.search(r"\.(one2one_)?cv3\.\d+\.2\.weight$", name):
+            filled = filled * POSE_PREDICT_SHARPEN
+        elif re.search(r"\.(one2one_)?cv3\.\d+\.2\.bias$", name):
+            filled = (filled - POSE_PREDICT_CENTRE) * POSE_PREDICT_SHARPEN
+        out[name] = filled
+    return out
+
+
+def pose_predict_images(folder: Path) -> list[Path]:
+    """PNG images (lossless: the same pixels wherever they are read) of
+    POSE_PREDICT_SIZES: smooth random colours from seed 0."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for k, (w, h) in enumerate(POSE_PREDICT_SIZES):
+        coarse = rng.integers(0, 256, (h // 20 + 2, w // 20 + 2, 3)).astype(np.uint8)
+        path = folder / f"image{k}.png"
+        cv2.imwrite(str(path), cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC))
+        paths.append(path)
+    return paths
+
+
+def pose_predictions() -> dict:
+    """For each of POSE_PREDICT_MODELS (3 classes, kpt_shape [17, 3]), its
+    weights set by pose_predict_tensors (`fill`'s, the class branches
+    sharpened): ultralytics' predictions
+    on pose_predict_images at imgsz 160 and conf POSE_PREDICT_CONF, with NMS
+    and, for YOLO26, NMS-free (nms=False): per object its class,
+    confidence, box xyxy and keypoints (x, y in image pixels, confidence),
+    rounded (pixels to 0.001)."""
+    import torch
+    from ultralytics import YOLO
+    from ultralytics.nn.tasks import PoseModel
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        images = pose_predict_images(Path(tmp))
+        for name in POSE_PREDICT_MODELS:
+            yolo = YOLO(f"{name}.yaml")
+            with contextlib.redirect_stdout(io.StringIO()):
+                model = PoseModel(f"{name}.yaml", nc=FORWARD_CLASSES, verbose=False)
+            model.load_state_dict(pose_predict_tensors(model.state_dict()), strict=False)
+            model.names = {i: f"class{i}" for i in range(FORWARD_CLASSES)}
+            yolo.model = model.eval()
+            for path, how in (("nms", {}), ("end2end", {"nms": False})):
+                if path == "end2end" and not name.startswith("yolo26"):
+                    continue
+                # one image at a time: a batch of images of other shapes is letterboxed to a square instead
+                results = [yolo.predict(str(i), imgsz=160, conf=POSE_PREDICT_CONF, verbose=False, **how)[0]
+                           for i in images]
+                out[f"{name}/{path}"] = [
+                    {"image": Path(r.path).name,
+                     "objects": [{"class": int(r.boxes.cls[k]), "conf": round(float(r.boxes.conf[k]), 5),
+                                  "box": [round(float(v), 3) for v in r.boxes.xyxy[k]],
+                                  "keypoints": [[round(float(x), 3), round(float(y), 3), round(float(c), 4)]
+                                                for (x, y), c in zip(r.keypoints.xy[k], r.keypoints.conf[k])]}
+                                 for k in range(len(r.boxes))]} for r in results]
+                print(name, path, [len(r["objects"]) for r in out[f"{name}/{path}"]], file=sys.stderr)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-augment", "obb-checkpoint",
-                                         "metrics", "val", "trained", "end2end", "val-loss", "classify",
-                                         "classify-transforms"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-augment",
+                                         "obb-checkpoint", "metrics", "val", "trained", "end2end", "val-loss",
+                                         "classify", "classify-transforms", "pose-checkpoint", "keypoints",
+                                         "pose-predict"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
@@ -1158,8 +1638,8 @@ def main() -> None:
     elif args.what == "loss":
         path = OUT / "loss.json"
         path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__,
-                                    "segment": segment_loss(), "segment26": segment26_loss(), "obb": obb_loss()},
-                                   indent=1)
+                                    "segment": segment_loss(), "segment26": segment26_loss(), "obb": obb_loss(),
+                                    "pose": pose_loss(), "pose26": pose26_loss()}, indent=1)
                         + "\n")
         print(f"wrote {path}")
     elif args.what == "val":
@@ -1168,7 +1648,8 @@ def main() -> None:
         print(f"wrote {path}")
     elif args.what == "metrics":
         path = OUT / "metrics.json"
-        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, **metrics()}) + "\n")
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, **metrics(),
+                                    "pose": pose_metrics()}) + "\n")
         print(f"wrote {path}")
     elif args.what == "masks":
         import numpy as np
@@ -1218,6 +1699,19 @@ def main() -> None:
             print(f"wrote {OUT / 'trained' / name}")
     elif args.what == "classify-transforms":
         print(f"wrote {classify_transforms_reference() / 'transforms.npz'}")
+    elif args.what == "pose-predict":
+        path = OUT / "pose_predict.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, "imgsz": 160,
+                                    "conf": POSE_PREDICT_CONF, **pose_predictions()}) + "\n")
+        print(f"wrote {path}")
+    elif args.what == "keypoints":
+        path = OUT / "keypoints.json"
+        path.write_text(json.dumps({"ultralytics": __import__("ultralytics").__version__, "flip_idx": KEYPOINT_FLIP_IDX,
+                                    **keypoint_data()}) + "\n")
+        print(f"wrote {path}")
+    elif args.what == "pose-checkpoint":
+        pose_checkpoints()
+        print(f"wrote {', '.join(str(OUT / 'checkpoints' / n) for n in POSE_CHECKPOINTS)}")
     elif args.what == "forward":
         forward()
         print(f"wrote {OUT / 'forward'}")

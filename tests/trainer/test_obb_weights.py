@@ -14,7 +14,7 @@ from conftest import REPO
 
 from hpcyolo_trainer.common.errors import HpcyoloError
 from hpcyolo_trainer.model import safe_pickle
-from hpcyolo_trainer.model.weights import _read_ultralytics, build_from, check_records, load_into, read_weights, \
+from hpcyolo_trainer.model.weights import read_ultralytics, build_from, check_records, load_into, read_weights, \
     task_model
 
 OBB = REPO / "tests" / "reference" / "ultralytics" / "obb"
@@ -22,7 +22,7 @@ CHECKPOINT = OBB / "yolo11n-obb.pt"
 
 
 def test_an_ultralytics_obb_checkpoint_gives_ultralytics_output(one_thread):
-    weights = _read_ultralytics(str(CHECKPOINT), tasks=("obb",))
+    weights = read_ultralytics(str(CHECKPOINT), tasks=("obb",))
     assert (weights.task, weights.arch, weights.names) == ("obb", "yolo11n", ["plane", "ship"])
     model = task_model("obb", weights.arch, weights.nc)
     n = len(model.state_dict())
@@ -86,7 +86,7 @@ def test_its_records_pass_and_a_flipped_one_is_refused_in_one_line():
 
 def test_a_wrong_mapping_would_be_caught(one_thread):
     """The output comparison can fail: two same-shaped angle-branch tensors swapped, and it does."""
-    weights = _read_ultralytics(str(CHECKPOINT), tasks=("obb",))
+    weights = read_ultralytics(str(CHECKPOINT), tasks=("obb",))
     state = dict(weights.state)
     a, b = "head.angle.0.1.0.weight", "head.angle.1.1.0.weight"
     assert state[a].shape == state[b].shape

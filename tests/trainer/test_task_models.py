@@ -1,4 +1,4 @@
-"""The segmentation, classification and oriented-box models of every family and size,
+"""The segmentation, classification, oriented-box and keypoint models of every family and size,
 against the parameter counts ultralytics itself gives for its YAMLs
 (tests/reference/ultralytics/parameters.json, written by
 benchmarks/ultralytics_reference.py in the benchmark venv), and their outputs'
@@ -17,11 +17,12 @@ from hpcyolo_trainer.model import families
 from hpcyolo_trainer.model.classify import ClassificationModel
 from hpcyolo_trainer.model.detector import DetectionModel, count_parameters
 from hpcyolo_trainer.model.obb import OBBModel
+from hpcyolo_trainer.model.pose import PoseModel
 from hpcyolo_trainer.model.segment import MASKS, SegmentationModel
 
 REFERENCE = json.loads((REPO / "tests" / "reference" / "ultralytics" / "parameters.json").read_text())
 MODEL_OF = {"detect": DetectionModel, "segment": SegmentationModel, "classify": ClassificationModel,
-            "obb": OBBModel}
+            "obb": OBBModel, "pose": PoseModel}  # pose: at ultralytics' default kpt_shape [17, 3]
 
 
 def test_the_reference_covers_every_model_of_every_task_built_here():
@@ -110,9 +111,12 @@ def reference_script():
 
 
 FORWARD = REPO / "tests" / "reference" / "ultralytics" / "forward"
+# Pose26's RealNVP buffers, as ultralytics makes them (a standard normal's loc and cov, the coupling masks)
+KEPT = {"loc": lambda: torch.zeros(2), "cov": lambda: torch.eye(2),
+        "mask": lambda: torch.tensor([[0.0, 1.0], [1.0, 0.0]] * 3)}
 
 
-@pytest.mark.parametrize("task", ["segment", "classify"])
+@pytest.mark.parametrize("task", ["segment", "classify", "pose"])
 @pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
 def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task, one_thread):
     """Ultralytics' model of each family, its every tensor set from its name
@@ -131,9 +135,10 @@ def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task,
     theirs = {}
     for tensor, shape in zip(ref["names"], ref["shapes"]):
         value = script.fill(tensor, tuple(shape))
-        if value is None:  # what ultralytics keeps: its DFL's fixed bins, BatchNorm's counters
-            value = torch.arange(shape[1], dtype=torch.float32).view(shape) if ".dfl." in tensor else \
-                torch.zeros(shape, dtype=torch.long)
+        if value is None:  # what ultralytics keeps: its DFL's fixed bins, Pose26's flow's constants, BN's counters
+            value = KEPT.get(tensor.rsplit(".", 1)[1], lambda: torch.zeros(shape, dtype=torch.long))()
+            if ".dfl." in tensor:
+                value = torch.arange(shape[1], dtype=torch.float32).view(shape)
         theirs[tensor] = value
     model = MODEL_OF[task](script.FORWARD_CLASSES, name).eval()
     model.load_state_dict(_rename(theirs, name, HEADS[task], "reference"), strict=True)
@@ -150,6 +155,8 @@ def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task,
         feats = model.neck(model.backbone(x))
         for i, (ours, reference) in enumerate(zip(feats, ref["feats"])):
             close(ours, reference, f"the neck's level {i}")
+        if task == "pose":
+            return compare_pose(model, x, feats, ref, close)
         branches = {"box": model.head.box, "cls": model.head.cls, "mask": model.head.mask}
         if model.end2end:
             branches.update(one2one_box=model.head.one2one_box, one2one_cls=model.head.one2one_cls,
@@ -161,3 +168,53 @@ def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task,
         close(model.head.prototypes(feats), ref["proto"], "prototypes")
         if "semantic" in ref:
             close(model.head.proto.semantic(feats), ref["semantic"], "semantic map")
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
+def test_pose_models_take_any_keypoint_shape(name, one_thread):
+    """K*D keypoint values per anchor on every level, for [K, 2] and [K, 3];
+    YOLO26's sigma maps (2K) in training mode only, as ultralytics'."""
+    torch.manual_seed(0)
+    for kpt_shape in ((4, 2), (5, 3)):
+        model = PoseModel(2, name, kpt_shape).eval()
+        k, dims = kpt_shape
+        x = torch.rand(1, 3, 64, 96)
+        out = model(x)
+        kpts = out[0][1] if model.end2end else out[1]
+        assert [tuple(m.shape) for m in kpts] == [(1, k * dims, 8, 12), (1, k * dims, 4, 6), (1, k * dims, 2, 3)]
+        assert tuple(model.predict(x).shape) == (1, 4 + 2 + k * dims, 8 * 12 + 4 * 6 + 2 * 3)
+        if model.end2end:
+            assert out[0][2] is None and out[1][2] is None
+            assert tuple(model.predict(x, end2end=True).shape) == (1, 126, 6 + k * dims)
+            model.train()
+            (_, _, sigmas), _ = model(x)
+            assert [tuple(m.shape) for m in sigmas] == [(1, 2 * k, 8, 12), (1, 2 * k, 4, 6), (1, 2 * k, 2, 3)]
+    with pytest.raises(ValueError, match="kpt_shape"):
+        PoseModel(2, name, (17, 4))
+
+
+def compare_pose(model, x, feats, ref, close) -> None:
+    """The keypoint model's raw maps of every branch (both heads'), its
+    decoded keypoints, and YOLO26's one-to-one top 300, against ultralytics'."""
+    head, ours = model.head, {}
+    for prefix in ("", "one2one_") if model.end2end else ("",):
+        one2one = bool(prefix)
+        ours[prefix + "box"] = [m(f) for m, f in zip(getattr(head, prefix + "box"), feats)]
+        ours[prefix + "cls"] = [m(f) for m, f in zip(getattr(head, prefix + "cls"), feats)]
+        if head.pose26:
+            ours[prefix + "kpt"], ours[prefix + "kpt_sigma"] = head.keypoints_and_sigmas(feats, one2one)
+        else:
+            ours[prefix + "kpt"] = head.keypoints(feats, one2one)
+    assert sorted(ours) == sorted(k for k in ref if k not in ("names", "shapes", "input_sum", "feats", "decoded",
+                                                              "end2end"))
+    for key, maps in ours.items():
+        for i, m in enumerate(maps):
+            close(m, ref[key][i], f"{key} level {i}")
+    nc, nk = model.nc, head.nk
+    decoded = model.predict(x)
+    close(decoded[:, 4 + nc:], ref["decoded"][:, 4 + nc:], "decoded keypoints")
+    close(decoded, ref["decoded"], "decoded boxes, scores and keypoints")
+    if model.end2end:
+        picks, theirs = model.predict(x, end2end=True), ref["end2end"]
+        assert picks.shape == theirs.shape == (2, 126, 6 + nk)
+        close(picks, theirs, "the one-to-one head's top picks, with their keypoints")

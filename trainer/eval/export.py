@@ -9,7 +9,10 @@ ultralytics' ONNX export gives. `dynamic`: batch, height and width are free
 its class scores, and `output1` [B, 32, H/4, W/4], the prototypes. The file
 is checked with onnx's checker and run once with onnxruntime against torch
 (every output) before it is written (atomically). A classifier's, as
-ultralytics': `output0` [B, nc], the classes' softmax probabilities.
+ultralytics': `output0` [B, nc], the classes' softmax probabilities. A
+keypoint model's, as ultralytics': `output0` [B, 4 + nc + K*D, anchors],
+each anchor's decoded keypoints (x, y in input pixels[, visibility after
+sigmoid]) after its class scores, and its kpt_shape in the metadata.
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ def export_onnx(weights: str | Weights, output: str | None = None, *, imgsz: int
     meta = {"names": json.dumps(dict(enumerate(w.names))), "imgsz": json.dumps([size, size]),
             "batch": str(batch), "stride": "32", "arch": w.arch, "source": Path(weights).name,
             "end2end": json.dumps(end2end), "task": w.task, "producer": "hpcyolo"}
+    if w.kpt_shape:  # as ultralytics' metadata: how output0's keypoint rows split
+        meta["kpt_shape"] = json.dumps(list(w.kpt_shape))
     for key, value in meta.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value

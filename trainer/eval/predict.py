@@ -1,5 +1,6 @@
 """Predict with trained weights: boxes (a segmenter's with their masks'
-outlines, as ultralytics' Results.masks.xy) as YOLO txt or JSON, and drawn images.
+outlines, as ultralytics' Results.masks.xy; a keypoint model's with its
+keypoints, as Results.keypoints) as YOLO txt or JSON, and drawn images.
 
     hpcyolo predict RUN/weights/best.pt images/ --out predictions
     hpcyolo predict yolov8n.pt images/          # an ultralytics checkpoint, read safely
@@ -124,6 +125,29 @@ def outline(mask: np.ndarray) -> np.ndarray:
 
 
 @torch.no_grad()
+def pose(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device,
+         end2end: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A keypoint model's detections [n, 6] in `original`'s pixels and each
+    one's keypoints [n, K, D] there, as ultralytics' pose predict makes them:
+    boxes and keypoints moved by the letterbox's padding and each side's
+    gain and clipped to the image (keypoints: x, y; with D 3, the
+    visibility's sigmoid as their confidence). `end2end`: the one-to-one
+    head's, no NMS."""
+    h, w = original.shape[:2]
+    canvas, gain, (left, top) = rect_letterbox(original, imgsz)
+    x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
+    raw = model.predict(x, end2end=end2end)
+    pred = confident(raw, conf)[0] if end2end else \
+        non_max_suppression(raw, conf_thres=conf, iou_thres=iou, nc=model.nc)[0]
+    det, keypoints = pred[:, :6].cpu().numpy(), pred[:, 6:].reshape(len(pred), *model.kpt_shape).cpu().numpy()
+    # each side by its own gain, as the letterbox rounded it (ultralytics 8.4's scale_boxes and scale_coords)
+    gains = np.array([max(round(w * gain), 1) / w, max(round(h * gain), 1) / h], dtype=np.float32)
+    det[:, :4] = ((det[:, :4] - np.array([left, top] * 2, dtype=np.float32)) / np.tile(gains, 2)).clip(0, (w, h) * 2)
+    keypoints[..., :2] = ((keypoints[..., :2] - np.array([left, top], dtype=np.float32)) / gains).clip(0, (w, h))
+    return det, keypoints
+
+
+@torch.no_grad()
 def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device,
            end2end: bool = False) -> np.ndarray:
     """Detections [n, 6] in `original`'s pixels: x1 y1 x2 y2 conf cls."""
@@ -135,6 +159,15 @@ def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, dev
     det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
     det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
     return det
+
+
+def pose_line(row: np.ndarray, keypoints: np.ndarray, w: int, h: int) -> str:
+    """A keypoint detection as ultralytics' save_txt writes it (normalised):
+    class cx cy w h, each keypoint's x y [confidence], then the confidence."""
+    x1, y1, x2, y2, conf, cls = row
+    points = keypoints / np.array([w, h, 1.0][:keypoints.shape[1]], dtype=np.float32)
+    return " ".join([f"{int(cls)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
+                     f"{(y2 - y1) / h:.6f}", *(f"{v:.6f}" for v in points.flatten()), f"{conf:.4f}"])
 
 
 def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
@@ -159,16 +192,25 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
         except ValueError as e:
             warn(f"warning: {path}: corrupt image skipped ({e})")
             continue
-        det, outlines = segment(model, img, size, conf, iou, dev, end2end) if masks else \
-            (detect(model, img, size, conf, iou, dev, end2end), None)
+        keypoints = None
+        if weights.task == "pose":
+            (det, keypoints), outlines = pose(model, img, size, conf, iou, dev, end2end), None
+        else:
+            det, outlines = segment(model, img, size, conf, iou, dev, end2end) if masks else \
+                (detect(model, img, size, conf, iou, dev, end2end), None)
         h, w = img.shape[:2]
         boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),
                   "box_xyxy": [round(float(v), 1) for v in b]} for *b, s, c in det]
         for box, o in zip(boxes, outlines or []):
             box["polygon_xy"] = [[round(float(x), 1), round(float(y), 1)] for x, y in o]
+        for box, k in zip(boxes, keypoints if keypoints is not None else []):  # x, y px[, confidence]
+            box["keypoints"] = [[round(float(v), 1) for v in p[:2]] + [round(float(v), 4) for v in p[2:]] for p in k]
         results.append({"image": str(path), "width": w, "height": h, "detections": boxes})
-        if fmt == "txt":  # YOLO format, normalised: class cx cy w h conf; a segmenter's class x1 y1 ... xn yn conf
-            if masks:
+        if fmt == "txt":  # YOLO format, normalised: class cx cy w h conf; a segmenter's class x1 y1 ... xn yn conf;
+            # a keypoint model's class cx cy w h, each keypoint's x y [confidence], conf (ultralytics' save_txt)
+            if keypoints is not None:
+                lines = [pose_line(row, k, w, h) for row, k in zip(det, keypoints)]
+            elif masks:
                 lines = [" ".join([str(int(c)), *(f"{v:.6f}" for v in (o / (w, h)).flatten()), f"{s:.4f}"])
                          for (*_, s, c), o in zip(det, outlines)]
             else:
@@ -178,6 +220,10 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
         drawn = np.array(draw_detections(img, det[:, :4], det[:, 5].astype(int), det[:, 4], names))
         for o in outlines or []:
             cv2.polylines(drawn, [o.round().astype(np.int32)], True, (255, 255, 255), 1)
+        for k in keypoints if keypoints is not None else []:  # those shown, as ultralytics: confidence above 0.5
+            for p in k:
+                if len(p) < 3 or p[2] > 0.5:
+                    cv2.circle(drawn, (int(round(p[0])), int(round(p[1]))), 2, (255, 255, 255), -1)
         save_image(drawn, out_dir / f"{path.stem}.jpg")
     if fmt == "json":
         write_atomic(out_dir / "predictions.json", json.dumps(results, indent=1).encode())

@@ -20,6 +20,7 @@ import torch
 from ..common.errors import HpcyoloError
 from . import families
 from .detector import REG_MAX
+from .pose import RealNVP
 
 
 def detector_layers(family: str) -> tuple[str | None, ...]:
@@ -37,7 +38,8 @@ class HeadMap:
     kinds: tuple[str, ...]  # ultralytics' head classes: ("Detect",)
     layers: Callable[[str], tuple[str | None, ...]] = detector_layers  # family -> our module per layer index
     branches: Mapping[str, str] = field(default_factory=dict)  # its children's names -> ours (others keep theirs)
-    # children hpcyolo computes rather than stores -> the check of the stored tensor (value, name, path)
+    # children (or their tensors: "flow_model.loc") hpcyolo computes rather than stores -> the check of the
+    # stored tensor (value, name, path)
     computed: Mapping[str, Callable[[torch.Tensor, str, str], None]] = field(default_factory=dict)
     # (the head module's pickled state, our whole model) -> (what, theirs, ours) for each option it records
     records: Callable[[dict, object], Iterable[tuple[str, object, object]]] = lambda state, ours: ()
@@ -66,9 +68,30 @@ DETECT = HeadMap(kinds=("Detect",), branches=DETECT_BRANCHES, computed={"dfl": c
 SEGMENT = HeadMap(kinds=("Segment", "Segment26"),
                   branches={**DETECT_BRANCHES, "cv4": "mask", "one2one_cv4": "one2one_mask"},
                   computed={"dfl": check_dfl}, records=detect_records)
+
+
+def check_constant(expected: Callable[[], torch.Tensor]) -> Callable[[torch.Tensor, str, str], None]:
+    """The check of a stored tensor that hpcyolo computes as `expected()`."""
+    def check(value: torch.Tensor, name: str, path: str) -> None:
+        want = expected()
+        if value.shape != want.shape or not torch.equal(value.float(), want):
+            raise HpcyoloError(f"{path}: {name} is not the constant {want.tolist()} hpcyolo computes")
+    return check
+
+
+# Pose (Pose26 on YOLO26): Detect's, with cv4 our keypoint branches; Pose26's cv4 is their shared Convs, cv4_kpts
+# and cv4_sigma the 1x1s after them, flow_model the loss's RealNVP, whose loc, cov (no longer read by ultralytics
+# 8.4: a standard normal prior) and coupling masks are constants
+POSE = HeadMap(kinds=("Pose", "Pose26"),
+               branches={**DETECT_BRANCHES, "cv4": "kpt", "one2one_cv4": "one2one_kpt", "cv4_kpts": "kpt_out",
+                         "one2one_cv4_kpts": "one2one_kpt_out", "cv4_sigma": "kpt_sigma",
+                         "one2one_cv4_sigma": "one2one_kpt_sigma", "flow_model": "flow"},
+               computed={"dfl": check_dfl, "flow_model.loc": check_constant(lambda: torch.zeros(2)),
+                         "flow_model.cov": check_constant(lambda: torch.eye(2)),
+                         "flow_model.mask": check_constant(lambda: torch.tensor(RealNVP.MASKS))},
+               records=detect_records)
 # Classify: conv, pool, drop, linear under their own names (`conv` is a Conv module here, not a Conv's layer)
 CLASSIFY = HeadMap(kinds=("Classify",), layers=classifier_layers, branches={"conv": "conv"})
-
 
 
 def obb_records(state: dict, ours) -> list[tuple[str, object, object]]:
@@ -84,4 +107,4 @@ OBB = HeadMap(kinds=("OBB", "OBB26"), branches={**DETECT_BRANCHES, "cv4": "angle
               computed={"dfl": check_dfl}, records=obb_records,
               kind_of=lambda ours: "OBB26" if ours.head.raw_angle else "OBB")
 
-HEADS = {"detect": DETECT, "segment": SEGMENT, "classify": CLASSIFY, "obb": OBB}
+HEADS = {"detect": DETECT, "segment": SEGMENT, "classify": CLASSIFY, "obb": OBB, "pose": POSE}

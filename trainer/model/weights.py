@@ -54,6 +54,7 @@ class Weights:
     origin: str  # "ultralytics yolov8n", "hpcyolo weights", "hpcyolo checkpoint"
     path: str
     task: str = registry.DEFAULT_TASK  # what the model was trained for (registry.TASKS)
+    kpt_shape: tuple[int, int] | None = None  # a keypoint model's (keypoints, 2 or 3): its head's record
 
     @property
     def nc(self) -> int:
@@ -71,7 +72,7 @@ def read_weights(path: str | Path) -> Weights:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # weights-only refuses its globals: maybe an ultralytics object pickle
-        return _read_ultralytics(path)
+        return read_ultralytics(path)
     except FileNotFoundError:
         raise HpcyoloError(f"{path}: no such file") from None
     except Exception as e:  # not a torch file at all: many kinds
@@ -119,10 +120,11 @@ def _head_classes(state: dict, path: str) -> int:
 
 # ---------------------------------------------------------------- ultralytics
 
-def _read_ultralytics(path: str, tasks: tuple[str, ...] = registry.TASKS) -> Weights:
-    """An ultralytics checkpoint of one of `tasks` mapped by its records. The
-    tasks hpcyolo trains by default; a model hpcyolo builds but does not train
-    yet (obb: its head map, model and loss, not its run) only where asked."""
+def read_ultralytics(path: str, tasks=registry.TASKS) -> Weights:
+    """An ultralytics checkpoint's model, mapped by its records, if it is one
+    of `tasks` (by default the tasks hpcyolo trains; model/heads.py's HEADS
+    also names the ones whose models it builds and reads before it trains
+    them)."""
     try:
         ckpt = safe_pickle.load(path)
     except HpcyoloError:
@@ -146,10 +148,22 @@ def _read_ultralytics(path: str, tasks: tuple[str, ...] = registry.TASKS) -> Wei
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else [str(n) for n in names or []]
     tensors = dict(_module_tensors(model, ""))
     state = _rename(tensors, arch, head, path)
-    check_records(model, arch, path)
+    kpt_shape = _kpt_shape(model, path) if task == "pose" else None
+    check_records(model, arch, path, kpt_shape)
     args = info.get("args") if isinstance(info.get("args"), dict) else ckpt.get("train_args") or {}
     imgsz = args.get("imgsz") if isinstance(args, dict) else None
-    return Weights(arch, names, _trained_size(imgsz), state, f"ultralytics {arch}", path, task)
+    return Weights(arch, names, _trained_size(imgsz), state, f"ultralytics {arch}", path, task, kpt_shape)
+
+
+def _kpt_shape(model: safe_pickle.Inert, path: str) -> tuple[int, int]:
+    """A keypoint model's (keypoints, 2 or 3), as its head (the last layer) records it."""
+    layers = dict(_modules(model.state.get("_modules", {}).get("model"), "model"))
+    last = max((n for n in layers if n.count(".") == 1), key=lambda n: int(n.split(".")[1]), default=None)
+    recorded = layers[last].state.get("kpt_shape") if last else None
+    if not isinstance(recorded, (list, tuple)) or len(recorded) != 2 or recorded[1] not in (2, 3) \
+            or not isinstance(recorded[0], int) or recorded[0] < 1:
+        raise HpcyoloError(f"{path}: its keypoint head records kpt_shape {shown(recorded)}, not [keypoints, 2 or 3]")
+    return int(recorded[0]), int(recorded[1])
 
 
 def _trained_size(imgsz) -> int | None:
@@ -199,8 +213,9 @@ def _rename(tensors: dict[str, torch.Tensor], arch: str, head: HeadMap, path: st
         target = _our_name(name, layers, head) if len(parts) >= 3 else None
         if target is None:
             raise HpcyoloError(f"{path}: tensor {name} has no place in {arch}")
-        if target == "head" and parts[2] in head.computed:
-            head.computed[parts[2]](value, name, path)
+        computed = _computed(parts[2:], head) if target == "head" else None
+        if computed is not None:
+            head.computed[computed](value, name, path)
             continue
         ours[target] = value
     return ours
@@ -216,13 +231,21 @@ def _our_name(name: str, layers: tuple, head: HeadMap) -> str | None:
     target, rest = layers[int(parts[1])], parts[2:]
     named = []  # a head's child the HeadMap names: that name, as it is
     if target == "head" and rest:
-        if rest[0] in head.computed:
+        if _computed(rest, head) is not None:
             return target
         if rest[0] in head.branches:
             named, rest = [head.branches[rest[0]]], rest[1:]
     # Ultralytics' Conv names its layers conv, bn, act; ours is a Sequential.
     rest = [{"conv": "0", "bn": "1", "act": "2"}.get(p, p) for p in rest]
     return ".".join([target, *named, *rest])
+
+
+def _computed(rest: list[str], head: HeadMap) -> str | None:
+    """The key of head.computed that a head-relative name (["dfl", "conv", "weight"]) is or lies under."""
+    for i in range(1, len(rest) + 1):
+        if ".".join(rest[:i]) in head.computed:
+            return ".".join(rest[:i])
+    return None
 
 
 # == records, not shapes =======================================================
@@ -233,14 +256,15 @@ def _our_name(name: str, layers: tuple, head: HeadMap) -> str | None:
 # writes them as attributes of the module objects; a record an older release
 # did not write takes that release's behaviour (the default below).
 
-def check_records(model: safe_pickle.Inert, arch: str, path: str) -> None:
+def check_records(model: safe_pickle.Inert, arch: str, path: str, kpt_shape: tuple[int, int] | None = None) -> None:
     """Refuse, in one line naming the layer, a checkpoint whose modules
-    compute something else than hpcyolo's `arch` with the same tensors."""
+    compute something else than hpcyolo's `arch` with the same tensors
+    (a keypoint model's: at the checkpoint's `kpt_shape`)."""
     task = registry.ULTRALYTICS_MODELS[model.kind]
     head = HEADS[task]
     layers = head.layers(arch[:-1])
     with torch.device("meta"):  # the structure only: no memory, no initialisation cost
-        ours = task_model(task, arch, 1)
+        ours = task_model(task, arch, 1, kpt_shape)
     for name, module in _modules(model.state.get("_modules", {}).get("model"), "model"):
         for what, theirs, mine in _options(module, name, ours, layers, head):
             if theirs != mine:
@@ -299,9 +323,13 @@ def _options(module: safe_pickle.Inert, name: str, ours: DetectionModel, layers:
 
 # ---------------------------------------------------------------- onto a model
 
-def task_model(task: str, arch: str, nc: int):
+def task_model(task: str, arch: str, nc: int, kpt_shape: tuple[int, int] | None = None):
     """A fresh model of `task` (registry.ULTRALYTICS_MODELS' tasks hpcyolo builds): the detector, or its
-    segmenter, classifier or oriented-box detector."""
+    segmenter, classifier, oriented-box detector or keypoint model (at `kpt_shape`, ultralytics' [17, 3] if None)."""
+    if task == "pose":
+        from .pose import KPT_SHAPE, PoseModel
+
+        return PoseModel(nc, arch, kpt_shape or KPT_SHAPE)
     if task == "segment":
         from .segment import SegmentationModel
 
@@ -319,7 +347,7 @@ def task_model(task: str, arch: str, nc: int):
 
 def build_from(weights: Weights) -> DetectionModel:
     """A model of the weights' architecture and class count, with the weights loaded."""
-    model = task_model(weights.task, weights.arch, weights.nc)
+    model = task_model(weights.task, weights.arch, weights.nc, weights.kpt_shape)
     load_into(model, weights)
     return model
 

@@ -75,7 +75,7 @@ class TaskAlignedAssigner(nn.Module):
         """
         if gt_bboxes.shape[1] == 0:
             return self._empty(pd_scores, gt_bboxes)
-        candidates = self._inside_gts(anc_points, self._widened(gt_bboxes)) & mask_gt.bool()  # [B,M,A]
+        candidates = self._candidates(anc_points, gt_bboxes, mask_gt, **extra)  # [B,M,A]
         align, overlaps = self._alignment(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, **extra)
         mask_pos = self._topk(align, candidates)
         mask_pos = self._one_gt_per_anchor(mask_pos, overlaps)
@@ -88,6 +88,10 @@ class TaskAlignedAssigner(nn.Module):
         b, a, _ = pd_scores.shape
         fg_mask = torch.zeros(b, a, dtype=torch.bool, device=pd_scores.device)
         return gt_bboxes.new_zeros(b, a, gt_bboxes.shape[-1]), torch.zeros_like(pd_scores), fg_mask, fg_mask.long()
+
+    def _candidates(self, anc_points: Tensor, gt_bboxes: Tensor, mask_gt: Tensor, **extra: Tensor) -> Tensor:
+        """[B,M,A]: the anchors each gt may take, those inside its box (widened by STAL)."""
+        return self._inside_gts(anc_points, self._widened(gt_bboxes)) & mask_gt.bool()
 
     def _widened(self, gt_bboxes: Tensor) -> Tensor:
         """gt boxes whose sides shorter than min_side are widened to it about their centre (STAL)."""
