@@ -215,3 +215,28 @@ def test_wrong_channel_count_is_rejected():
     feats = [torch.zeros(1, NO + 1, hh, ww) for hh, ww in level_shapes(64, 64)]
     with pytest.raises(AssertionError, match="channels"):
         DetectionLoss(NC)(feats, torch.zeros(0, 6))
+
+
+@pytest.mark.parametrize("case,topk,topk2", [("v8", 10, None), ("one2one", 7, 1)])
+def test_the_assignment_of_crowded_boxes_is_ultralytics(case, topk, topk2):
+    """On crowded seeded boxes (many anchors picked by several boxes), the
+    assignment equals ultralytics' TaskAlignedAssigner's as v8DetectionLoss
+    builds it (strides 8/16/32; YOLO26's one-to-one head's topk 7 then 1):
+    the foreground, each anchor's box (an anchor several boxes pick goes to
+    the box it overlaps most among all it lies in, as ultralytics'
+    select_highest_overlaps), its target boxes and scores
+    (tests/reference/ultralytics/assigner.npz, made by ultralytics)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    ref = np.load(Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "assigner.npz")
+    assert int(ref[f"{case}_outside"]) >= 2  # anchors where the two rules for a shared anchor differ
+    t = {k: torch.from_numpy(ref[k]) for k in ("pd_scores", "pd_bboxes", "anchors", "gt_labels", "gt_bboxes", "mask_gt")}
+    boxes, scores, fg, gt_idx = TaskAlignedAssigner(topk=topk, topk2=topk2, min_side=16.0, ciou=True).assign(
+        t["pd_scores"], t["pd_bboxes"], t["anchors"], t["gt_labels"], t["gt_bboxes"], t["mask_gt"])
+    want_fg = torch.from_numpy(ref[f"{case}_fg"]).bool()
+    assert torch.equal(fg, want_fg)
+    assert torch.equal(gt_idx[fg], torch.from_numpy(ref[f"{case}_gt_idx"])[want_fg])
+    assert torch.allclose(boxes[fg], torch.from_numpy(ref[f"{case}_boxes"])[want_fg], atol=1e-5)  # background: 0
+    assert torch.allclose(scores, torch.from_numpy(ref[f"{case}_scores"]), atol=1e-6)

@@ -133,11 +133,11 @@ class TaskAlignedAssigner(nn.Module):
         return picked & candidates
 
     def _one_gt_per_anchor(self, mask_pos: Tensor, overlaps: Tensor) -> Tensor:
-        """An anchor picked by several gts keeps only the one it overlaps most."""
+        """An anchor picked by several gts goes to the gt it overlaps most among
+        all it lies in, whether that gt's top k held it or not: ultralytics'
+        select_highest_overlaps (overlaps are 0 outside a gt's candidates)."""
         multi = mask_pos.sum(1, keepdim=True) > 1  # [B,1,A]
-        # Among the gts that picked the anchor only (hence -1 elsewhere), so the
-        # winner is always a gt whose top k contained it.
-        best = overlaps.masked_fill(~mask_pos, -1).argmax(1, keepdim=True)  # [B,1,A]
+        best = overlaps.argmax(1, keepdim=True)  # [B,1,A]
         only_best = torch.zeros_like(mask_pos).scatter_(1, best, True)
         return torch.where(multi, only_best, mask_pos)
 
