@@ -69,6 +69,17 @@ def rect_letterbox(img: np.ndarray, imgsz: int, stride: int = STRIDE) -> tuple[n
     return canvas, gain, (left, top)
 
 
+def to_original(det: np.ndarray, original: np.ndarray, gain: float, left: int, top: int) -> np.ndarray:
+    """The gains (x, y) of `original`'s sides as the letterbox rounded them,
+    after det's boxes (its first 4 columns, xyxy) are moved by the padding,
+    divided by them and clipped to the image, in place: ultralytics 8.4's
+    scale_boxes (each side's own gain, not the one of the long side)."""
+    h, w = original.shape[:2]
+    gains = np.array([max(round(w * gain), 1) / w, max(round(h * gain), 1) / h], dtype=np.float32)
+    det[:, :4] = ((det[:, :4] - np.array([left, top] * 2, dtype=np.float32)) / np.tile(gains, 2)).clip(0, (w, h) * 2)
+    return gains
+
+
 def read_image(path: Path) -> np.ndarray:
     """RGB pixels as decoded, or ValueError saying why not. Probed first, as
     training checks its images: a truncated JPEG decodes to grey silently."""
@@ -100,10 +111,7 @@ def segment(model, original: np.ndarray, imgsz: int, conf: float, iou: float,
     masks = upsampled_masks(proto[0], pred[:, 6:], pred[:, :4], tuple(x.shape[2:]))
     keep = masks.flatten(1).amax(1) > 0 if len(masks) else torch.zeros(0, dtype=torch.bool)
     det, masks = pred[keep, :6].cpu().numpy(), masks[keep].cpu().numpy()
-    det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / gain
-    det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
-    det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
-    gains = np.array([round(w * gain) / w, round(h * gain) / h], np.float32)  # each side as the letterbox rounded it
+    gains = to_original(det, original, gain, left, top)
     outlines = [((outline(m) - (left, top)) / gains).clip(0, (w, h)) for m in masks]
     return det, outlines
 
@@ -140,9 +148,7 @@ def pose(model, original: np.ndarray, imgsz: int, conf: float, iou: float, devic
     pred = confident(raw, conf)[0] if end2end else \
         non_max_suppression(raw, conf_thres=conf, iou_thres=iou, nc=model.nc)[0]
     det, keypoints = pred[:, :6].cpu().numpy(), pred[:, 6:].reshape(len(pred), *model.kpt_shape).cpu().numpy()
-    # each side by its own gain, as the letterbox rounded it (ultralytics 8.4's scale_boxes and scale_coords)
-    gains = np.array([max(round(w * gain), 1) / w, max(round(h * gain), 1) / h], dtype=np.float32)
-    det[:, :4] = ((det[:, :4] - np.array([left, top] * 2, dtype=np.float32)) / np.tile(gains, 2)).clip(0, (w, h) * 2)
+    gains = to_original(det, original, gain, left, top)  # keypoints alike: ultralytics 8.4's scale_coords
     keypoints[..., :2] = ((keypoints[..., :2] - np.array([left, top], dtype=np.float32)) / gains).clip(0, (w, h))
     return det, keypoints
 
@@ -151,13 +157,10 @@ def pose(model, original: np.ndarray, imgsz: int, conf: float, iou: float, devic
 def detect(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device,
            end2end: bool = False) -> np.ndarray:
     """Detections [n, 6] in `original`'s pixels: x1 y1 x2 y2 conf cls."""
-    h, w = original.shape[:2]
     canvas, gain, (left, top) = rect_letterbox(original, imgsz)
     x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
     det = detections(model, x, conf=conf, iou=iou, end2end=end2end)[0].cpu().numpy()
-    det[:, :4] = (det[:, :4] - np.array([left, top, left, top], dtype=np.float32)) / gain
-    det[:, [0, 2]] = det[:, [0, 2]].clip(0, w)
-    det[:, [1, 3]] = det[:, [1, 3]].clip(0, h)
+    to_original(det, original, gain, left, top)
     return det
 
 
