@@ -263,21 +263,27 @@ def forward() -> None:
                   file=sys.stderr)
 
 
-def head_maps(model, x) -> dict:
-    """The segmentation head's raw maps, from its own modules on the inputs it is given."""
-    import torch
-
+def branch_maps(model, x, third: str) -> tuple:
+    """(the head, its input features, the raw maps per level of its box, class
+    and third (cv4: `third`) branches and their one-to-one copies), from the
+    head's own modules on the inputs the model gives it."""
     head, seen = model.model[-1], {}
     hook = head.register_forward_hook(lambda module, args, output: seen.setdefault("feats", args[0]))
     model(x)
     hook.remove()
     feats = seen["feats"]
     maps = {"feats": list(feats)}
-    branches = {"box": "cv2", "cls": "cv3", "mask": "cv4"}
+    branches = {"box": "cv2", "cls": "cv3", third: "cv4"}
     if getattr(head, "one2one_cv2", None) is not None:
-        branches.update({"one2one_box": "one2one_cv2", "one2one_cls": "one2one_cv3", "one2one_mask": "one2one_cv4"})
+        branches.update({f"one2one_{ours}": f"one2one_{theirs}" for ours, theirs in branches.items()})
     for ours, theirs in branches.items():
         maps[ours] = [getattr(head, theirs)[i](f) for i, f in enumerate(feats)]
+    return head, feats, maps
+
+
+def head_maps(model, x) -> dict:
+    """The segmentation head's raw maps, from its own modules on the inputs it is given."""
+    head, feats, maps = branch_maps(model, x, "mask")
     if type(head.proto).__name__ == "Proto26":
         head.proto.training = True  # its own flag only (its layers stay in eval): prototypes and semantic map
         maps["proto"], maps["semantic"] = head.proto(feats)
@@ -294,17 +300,7 @@ def obb_maps(model, x) -> dict:
     the one-to-many branches (cx, cy, w, h in pixels, class scores, angle),
     and for an end2end head `end2end`, [B, 300, 7] from the one-to-one
     branches (cx, cy, w, h, score, class, angle) as its postprocess picks them."""
-    head, seen = model.model[-1], {}
-    hook = head.register_forward_hook(lambda module, args, output: seen.setdefault("feats", args[0]))
-    model(x)
-    hook.remove()
-    feats = seen["feats"]
-    maps = {"feats": list(feats)}
-    branches = {"box": "cv2", "cls": "cv3", "angle": "cv4"}
-    if getattr(head, "one2one_cv2", None) is not None:
-        branches.update({"one2one_box": "one2one_cv2", "one2one_cls": "one2one_cv3", "one2one_angle": "one2one_cv4"})
-    for ours, theirs in branches.items():
-        maps[ours] = [getattr(head, theirs)[i](f) for i, f in enumerate(feats)]
+    head, feats, maps = branch_maps(model, x, "angle")
     maps["decoded"] = head._inference(head.forward_head(feats, **head.one2many))
     if getattr(head, "one2one_cv2", None) is not None:
         maps["end2end"] = head.postprocess(head._inference(head.forward_head(feats, **head.one2one)).permute(0, 2, 1))

@@ -12,22 +12,13 @@ import json
 import pytest
 import torch
 from conftest import REPO
+from test_task_models import reference_script
 
 from hpcyolo_trainer.model.pose import keypoint_sigmas
 from hpcyolo_trainer.optim.pose_loss import EndToEndPoseLoss, PoseLoss
 
 LOSSES = json.loads((REPO / "tests" / "reference" / "ultralytics" / "loss.json").read_text())
 REFERENCE, REFERENCE26 = LOSSES["pose"], LOSSES["pose26"]
-
-
-def reference_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ultralytics_reference", REPO / "benchmarks" /
-                                                  "ultralytics_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def as_maps(flat: torch.Tensor, hw: tuple[int, int], strides=(8, 16, 32)) -> list[torch.Tensor]:

@@ -116,15 +116,10 @@ KEPT = {"loc": lambda: torch.zeros(2), "cov": lambda: torch.eye(2),
         "mask": lambda: torch.tensor([[0.0, 1.0], [1.0, 0.0]] * 3)}
 
 
-@pytest.mark.parametrize("task", ["segment", "classify", "pose"])
-@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
-def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task, one_thread):
-    """Ultralytics' model of each family, its every tensor set from its name
-    (benchmarks/ultralytics_reference.py `fill`) and evaluated there; the same
-    tensors renamed by the task's HeadMap (model/heads.py, as a checkpoint of
-    that task is read) into hpcyolo's model: the neck's outputs, every branch's
-    raw maps, the prototypes and YOLO26's semantic map, or the classifier's
-    logits, equal within float32 rounding."""
+def reference_model(name: str, task: str):
+    """(our model of `task` holding the forward reference's weights, the
+    reference, its input): ultralytics' tensors as `fill` sets them, renamed
+    by the task's HeadMap as a checkpoint of that task is read."""
     from hpcyolo_trainer.model.heads import HEADS
     from hpcyolo_trainer.model.weights import _rename
 
@@ -142,6 +137,19 @@ def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task,
         theirs[tensor] = value
     model = MODEL_OF[task](script.FORWARD_CLASSES, name).eval()
     model.load_state_dict(_rename(theirs, name, HEADS[task], "reference"), strict=True)
+    return model, ref, x
+
+
+@pytest.mark.parametrize("task", ["segment", "classify", "pose"])
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolo26n"])
+def test_ultralytics_weights_mapped_by_name_give_ultralytics_outputs(name, task, one_thread):
+    """Ultralytics' model of each family, its every tensor set from its name
+    (benchmarks/ultralytics_reference.py `fill`) and evaluated there; the same
+    tensors renamed by the task's HeadMap (model/heads.py, as a checkpoint of
+    that task is read) into hpcyolo's model: the neck's outputs, every branch's
+    raw maps, the prototypes and YOLO26's semantic map, or the classifier's
+    logits, equal within float32 rounding."""
+    model, ref, x = reference_model(name, task)
 
     def close(ours, reference, what):
         scale = reference.abs().max().item()
