@@ -116,6 +116,7 @@ def main() -> None:
     parser.add_argument("--lr0", type=float, default=0.01)
     parser.add_argument("--seeds", type=int, default=3, help="Seeds per side (0, 1, ...): runs of one seed spread "
                         "widely at 12 epochs, so the means are compared.")
+    parser.add_argument("--first-seed", type=int, default=0, help="The first seed (more seeds of an earlier run).")
     parser.add_argument("--weights", type=Path, help="Fine-tune both sides from this ultralytics checkpoint (the "
                         "classes of its training); default: --model from scratch.")
     parser.add_argument("--set", type=recipe_setting, action="append", default=[], metavar="KEY=VALUE",
@@ -145,16 +146,16 @@ def main() -> None:
             absolute.write_text(data.read_text().replace("path: .", f"path: {folder}"))
         print(f"data: {folder} ({args.task}, {args.train} train / {max(1, args.train // 4)} val, {args.imgsz} px, 4 "
               f"classes); "
-              f"{threads} CPU threads each side; seeds 0..{args.seeds - 1}")
+              f"{threads} CPU threads each side; seeds {args.first_seed}..{args.first_seed + args.seeds - 1}")
         sides = ("hpcyolo",) if args.skip_ultralytics else ("ultralytics", "hpcyolo")
         figures: dict[str, list[float]] = {side: [] for side in sides}
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for side in sides:
                 figures[side].append(train_and_measure(side, seed, args, root, data, absolute, threads))
         means = {side: statistics.mean(values) for side, values in figures.items()}
         name = TASKS[args.task][3]
         for side, values in figures.items():
-            print(f"{side:12s} last.pt {name} by hpcyolo val, seeds 0..{args.seeds - 1}: "
+            print(f"{side:12s} last.pt {name} by hpcyolo val, seeds {args.first_seed}..{args.first_seed + args.seeds - 1}: "
                   f"{' '.join(f'{v:.3f}' for v in values)}; mean {means[side]:.3f}, spread {min(values):.3f} .. "
                   f"{max(values):.3f}")
         if args.skip_ultralytics:
