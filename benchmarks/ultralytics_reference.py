@@ -5,7 +5,7 @@ and imports nothing of hpcyolo:
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
 WHAT is parameters, forward, loss, masks, rboxes, obb-augment, obb-checkpoint, metrics,
-val, trained, end2end (of `trained` alone), val-loss, classify or
+val, trained, trained-obb, end2end (of `trained` alone), val-loss, classify or
 classify-transforms (transforms.npz of `classify` alone), each below.
 
 `parameters` writes tests/reference/ultralytics/parameters.json: for each
@@ -99,7 +99,9 @@ polygon, in image pixels); val.json also holds the columns of the
 results.csv its training wrote. For a YOLO26 model, end2end.json holds the
 same figures and predictions with ultralytics' nms=False (the one-to-one
 head, no NMS); `end2end DATA` writes it alone. `trained DATA --models NAME ...` trains only
-those of TRAINED.
+those of TRAINED. `trained-obb DATA` does the same for the OBB models of
+TRAINED_OBB on a set of TRAINED_OBB_DATA (predict.json: each oriented box's
+class, confidence, four corners and xywhr, in image pixels).
 
 `val-loss DATA` writes tests/reference/ultralytics/val_loss.json: the loss
 items ultralytics' trainer logs as its val/ columns (its validator's
@@ -888,6 +890,9 @@ def val() -> dict:
 # The models `trained` trains, the dataset it trains them on and how.
 TRAINED = ("yolo11n-seg", "yolo26n-seg")
 TRAINED_DATA = "hpcyolo make-dataset shapes DIR --task segment --train 240 --val 40 --seed 3"
+# `trained-obb DATA`: the same for oriented boxes, on a set of this command line
+TRAINED_OBB = ("yolo11n-obb", "yolo26n-obb")
+TRAINED_OBB_DATA = "hpcyolo make-dataset shapes DIR --task obb --train 240 --val 40 --seed 3"
 TRAINED_SETTINGS = dict(epochs=20, imgsz=160, batch=16, workers=0, seed=0, deterministic=True, plots=False,
                         amp=False, val=True)
 # predict.json's confidence threshold: 0.3, but yolo26n-seg's 20 epochs leave it no prediction that sure on the
@@ -908,7 +913,8 @@ def absolute_yaml(data: Path) -> Path:
 def measured(weights: Path, yaml_file: Path, images: list[Path], conf: float, tmp: str, **how) -> tuple[dict, list]:
     """(ultralytics' `val` figures of `weights`: boxes, and masks for a
     segmenter; its predictions on `images` at `conf`: class, confidence, box
-    xyxy and `Results.masks.xy`'s polygon), `how`: more val/predict arguments
+    xyxy and `Results.masks.xy`'s polygon, or an OBB model's four corners
+    `Results.obb.xyxyxyxy` and xywhr), `how`: more val/predict arguments
     (nms=False: YOLO26's NMS-free head)."""
     from ultralytics import YOLO
 
@@ -922,6 +928,12 @@ def measured(weights: Path, yaml_file: Path, images: list[Path], conf: float, tm
                            "precision": float(metrics.seg.mp), "recall": float(metrics.seg.mr)}
     predictions = []
     for result in YOLO(str(weights)).predict([str(i) for i in images], imgsz=160, conf=conf, verbose=False, **how):
+        if result.obb is not None:  # an oriented box: its four corners and xywhr
+            objects = [{"class": int(result.obb.cls[k]), "conf": float(result.obb.conf[k]),
+                        "corners": result.obb.xyxyxyxy[k].tolist(), "xywhr": result.obb.xywhr[k].tolist()}
+                       for k in range(len(result.obb))]
+            predictions.append({"image": Path(result.path).name, "objects": objects})
+            continue
         objects = []
         for k in range(len(result.boxes)):
             obj = {"class": int(result.boxes.cls[k]), "conf": float(result.boxes.conf[k]),
@@ -933,7 +945,7 @@ def measured(weights: Path, yaml_file: Path, images: list[Path], conf: float, tm
     return figures, predictions
 
 
-def trained(data: Path, names: tuple[str, ...] = TRAINED) -> None:
+def trained(data: Path, names: tuple[str, ...] = TRAINED, data_line: str = TRAINED_DATA) -> None:
     from ultralytics import YOLO
 
     yaml_file = absolute_yaml(data)
@@ -951,28 +963,28 @@ def trained(data: Path, names: tuple[str, ...] = TRAINED) -> None:
             conf = TRAINED_PREDICT_CONF.get(name, 0.3)
             figures, predictions = measured(best, yaml_file, images, conf, tmp)
             figures = {"columns": [c.strip() for c in columns], **figures}
-        about = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": TRAINED_DATA,
+        about = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": data_line,
                  "settings": TRAINED_SETTINGS}
         (dest / "val.json").write_text(json.dumps({**about, **figures}, indent=1) + "\n")
         (dest / "predict.json").write_text(json.dumps({**about, "conf": conf, "predictions": predictions}) + "\n")
         print(name, figures, file=sys.stderr)
-    end2end(data)
+    end2end(data, names, data_line)
 
 
-def end2end(data: Path) -> None:
+def end2end(data: Path, names: tuple[str, ...] = TRAINED, data_line: str = TRAINED_DATA) -> None:
     """trained/NAME/end2end.json for each YOLO26 model of TRAINED: its val
     figures and predictions (as val.json's and predict.json's) with
     ultralytics' nms=False, the one-to-one head's detections without NMS."""
     yaml_file = absolute_yaml(data)
     images = sorted((data / "images" / "val").iterdir())[:4]
-    for name in TRAINED:
+    for name in names:
         if not name.startswith("yolo26"):
             continue
         conf = END2END_PREDICT_CONF
         with tempfile.TemporaryDirectory() as tmp:
             figures, predictions = measured(OUT / "trained" / name / "model.pt", yaml_file, images, conf, tmp,
                                             nms=False)
-        about = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": TRAINED_DATA,
+        about = {"ultralytics": __import__("ultralytics").__version__, "model": name, "data": data_line,
                  "nms": False, "conf": conf}
         (OUT / "trained" / name / "end2end.json").write_text(
             json.dumps({**about, **figures, "predictions": predictions}) + "\n")
@@ -1141,9 +1153,9 @@ def classify_reference(data: Path, name: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-augment", "obb-checkpoint",
-                                         "metrics", "val", "trained", "end2end", "val-loss", "classify",
-                                         "classify-transforms"])
+    parser.add_argument("what", choices=["parameters", "forward", "loss", "masks", "rboxes", "obb-augment",
+                                         "obb-checkpoint", "metrics", "val", "trained", "trained-obb", "end2end",
+                                         "val-loss", "classify", "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
@@ -1195,6 +1207,11 @@ def main() -> None:
             others = " ".join(sorted(set(args.models) - set(TRAINED)))
             parser.error(f"trained trains {', '.join(TRAINED)}, not {others}")
         trained(Path(args.data).resolve(), tuple(args.models or TRAINED))
+        print(f"wrote {OUT / 'trained'}")
+    elif args.what == "trained-obb":
+        if not args.data:
+            parser.error(f"trained-obb needs DATA, a folder written by: {TRAINED_OBB_DATA}")
+        trained(Path(args.data).resolve(), TRAINED_OBB, TRAINED_OBB_DATA)
         print(f"wrote {OUT / 'trained'}")
     elif args.what == "end2end":
         if not args.data:

@@ -9,7 +9,10 @@ ultralytics' ONNX export gives. `dynamic`: batch, height and width are free
 its class scores, and `output1` [B, 32, H/4, W/4], the prototypes. The file
 is checked with onnx's checker and run once with onnxruntime against torch
 (every output) before it is written (atomically). A classifier's, as
-ultralytics': `output0` [B, nc], the classes' softmax probabilities.
+ultralytics': `output0` [B, nc], the classes' softmax probabilities. An
+OBB model's, as ultralytics': `output0` [B, 4 + nc + 1, anchors], each
+anchor's angle (radians) after its class scores; NMS-free (YOLO26's
+one-to-one head), [B, 300, 7]: cx, cy, w, h, score, class, angle.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def _head_classes(state: dict, path: str) -> int:
 def _read_ultralytics(path: str, tasks: tuple[str, ...] = registry.TASKS) -> Weights:
     """An ultralytics checkpoint of one of `tasks` mapped by its records. The
     tasks hpcyolo trains by default; a model hpcyolo builds but does not train
-    yet (obb: its head map, model and loss, not its run) only where asked."""
+    yet (its head map, model and loss, not its run) only where asked."""
     try:
         ckpt = safe_pickle.load(path)
     except HpcyoloError:
