@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..common.datayaml import check_labels
 from ..common.errors import HpcyoloError
+from ..common.polygon import xyxyxyxy2xywhr
 from ..data import index as dataindex
 from ..data.augment import PAD_VALUE, letterbox_to, rect_batches
 from ..data.dataset import (
@@ -54,7 +55,7 @@ from ..data.dataset import (
 from ..data.masks import instance_masks, overlap_masks, resampled
 from ..model.boxes import non_max_suppression, xywh2xyxy, xyxy2xywh
 from ..model.detector import check_end2end, confident, detections
-from ..model.rboxes import non_max_suppression_obb, xywhr2xyxyxyxy, xyxyxyxy2xywhr
+from ..model.rboxes import non_max_suppression_obb, xywhr2xyxyxyxy
 from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist, gather_objects
