@@ -101,7 +101,8 @@ same figures and predictions with ultralytics' nms=False (the one-to-one
 head, no NMS); `end2end DATA` writes it alone. `trained DATA --models NAME ...` trains only
 those of TRAINED. `trained-obb DATA` does the same for the OBB models of
 TRAINED_OBB on a set of TRAINED_OBB_DATA (predict.json: each oriented box's
-class, confidence, four corners and xywhr, in image pixels).
+class, confidence, four corners and xywhr, in image pixels); `trained-obb
+DATA --again` measures the models it holds again, without training them.
 
 `val-loss DATA` writes tests/reference/ultralytics/val_loss.json: the loss
 items ultralytics' trainer logs as its val/ columns (its validator's
@@ -896,8 +897,9 @@ TRAINED_OBB_DATA = "hpcyolo make-dataset shapes DIR --task obb --train 240 --val
 TRAINED_SETTINGS = dict(epochs=20, imgsz=160, batch=16, workers=0, seed=0, deterministic=True, plots=False,
                         amp=False, val=True)
 # predict.json's confidence threshold: 0.3, but yolo26n-seg's 20 epochs leave it no prediction that sure on the
-# first 4 val images (its best there: 0.28, 0.133, 0.127, 0.107)
-TRAINED_PREDICT_CONF = {"yolo26n-seg": 0.1}
+# first 4 val images (its best there: 0.28, 0.133, 0.127, 0.107); yolo11n-obb's one object there
+# (mAP50 0.30 after its 20 epochs)
+TRAINED_PREDICT_CONF = {"yolo26n-seg": 0.1, "yolo11n-obb": 0.1, "yolo26n-obb": 0.1}
 # end2end.json's: yolo26n-seg's one-to-one head is less sure still (none at 0.1 on those images)
 END2END_PREDICT_CONF = 0.05
 
@@ -945,7 +947,9 @@ def measured(weights: Path, yaml_file: Path, images: list[Path], conf: float, tm
     return figures, predictions
 
 
-def trained(data: Path, names: tuple[str, ...] = TRAINED, data_line: str = TRAINED_DATA) -> None:
+def trained(data: Path, names: tuple[str, ...] = TRAINED, data_line: str = TRAINED_DATA, again: bool = False) -> None:
+    """`trained` (or `trained-obb`) of `names` on `data`; `again`: the models
+    trained/NAME/model.pt holds measured again, not trained (the columns val.json has kept)."""
     from ultralytics import YOLO
 
     yaml_file = absolute_yaml(data)
@@ -954,12 +958,15 @@ def trained(data: Path, names: tuple[str, ...] = TRAINED, data_line: str = TRAIN
         dest = OUT / "trained" / name
         dest.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            model = YOLO(f"{name}.yaml")
-            model.train(data=str(yaml_file), project=tmp, name="train", exist_ok=True, **TRAINED_SETTINGS)
-            best = Path(tmp) / "train" / "weights" / "best.pt"
-            (dest / "model.pt").write_bytes(best.read_bytes())
-            # its results.csv's columns (the loss items' names as its trainer logs them for this model)
-            columns = (Path(tmp) / "train" / "results.csv").read_text().splitlines()[0].split(",")
+            if again:
+                best, columns = dest / "model.pt", json.loads((dest / "val.json").read_text())["columns"]
+            else:
+                model = YOLO(f"{name}.yaml")
+                model.train(data=str(yaml_file), project=tmp, name="train", exist_ok=True, **TRAINED_SETTINGS)
+                best = Path(tmp) / "train" / "weights" / "best.pt"
+                (dest / "model.pt").write_bytes(best.read_bytes())
+                # its results.csv's columns (the loss items' names as its trainer logs them for this model)
+                columns = (Path(tmp) / "train" / "results.csv").read_text().splitlines()[0].split(",")
             conf = TRAINED_PREDICT_CONF.get(name, 0.3)
             figures, predictions = measured(best, yaml_file, images, conf, tmp)
             figures = {"columns": [c.strip() for c in columns], **figures}
@@ -1158,6 +1165,8 @@ def main() -> None:
                                          "val-loss", "classify", "classify-transforms"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
+    parser.add_argument("--again", action="store_true", help="trained-obb: measure the models trained/ holds "
+                                                                 "again (val.json, predict.json), not train them")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
                         help="trained, classify: only these of TRAINED or CLASSIFIERS (default: all)")
     args = parser.parse_args()
@@ -1211,7 +1220,7 @@ def main() -> None:
     elif args.what == "trained-obb":
         if not args.data:
             parser.error(f"trained-obb needs DATA, a folder written by: {TRAINED_OBB_DATA}")
-        trained(Path(args.data).resolve(), TRAINED_OBB, TRAINED_OBB_DATA)
+        trained(Path(args.data).resolve(), TRAINED_OBB, TRAINED_OBB_DATA, again=args.again)
         print(f"wrote {OUT / 'trained'}")
     elif args.what == "end2end":
         if not args.data:
