@@ -99,7 +99,8 @@ def run_(site: str, job: str, resume: bool) -> None:
 @click.option("--max-objects", default=4, show_default=True, type=click.IntRange(1, 50), help="Objects per image, "
               "at most (5% of images have none).")
 # login/shapes.py's TASKS (not imported here: it loads numpy and Pillow)
-@click.option("--task", default="detect", show_default=True, type=click.Choice(["detect", "segment", "classify", "obb"]),
+@click.option("--task", default="detect", show_default=True,
+              type=click.Choice(["detect", "segment", "classify", "obb"]),
               help="The labels, as ultralytics reads them for the task: boxes; polygons (the shapes' silhouettes); "
                    "one shape per image in DIR/{train,val}/CLASS/ folders; or the four corners of each shape's "
                    "tight rotated rectangle.")

@@ -16,7 +16,8 @@ from hpcyolo.cli.group import _check_imgsz, main, this_process_vars
 @click.option("--out", default="predictions", show_default=True, type=click.Path(file_okay=False),
               help="Folder for drawn images and labels/ (or predictions.json).")
 @click.option("--format", "fmt", type=click.Choice(["txt", "json"]), default="txt", show_default=True,
-              help="txt: labels/NAME.txt, 'class cx cy w h conf' normalised; json: one predictions.json.")
+              help="txt: labels/NAME.txt, 'class cx cy w h conf' normalised (an OBB model's 'class x1 y1 ... x4 "
+                   "y4 conf'); json: one predictions.json.")
 @click.option("--conf", default=0.25, show_default=True, help="Confidence threshold.")
 @click.option("--iou", default=0.7, show_default=True, help="IoU threshold of the NMS.")
 @click.option("--imgsz", type=int, default=None, callback=_check_imgsz, help="Inference size, a multiple of 32 "
@@ -27,7 +28,8 @@ from hpcyolo.cli.group import _check_imgsz, main, this_process_vars
 def predict(weights: str, images: tuple[str, ...], out: str, fmt: str, conf: float, iou: float, imgsz: int | None,
             device: str, end2end: bool) -> None:
     """Detect objects in IMAGES (files or folders) with trained WEIGHTS (a
-    classifier's: each image's five most likely classes and their probabilities).
+    classifier's: each image's five most likely classes and their probabilities;
+    an OBB model's: each rotated box as xywhr and its four corners, in image pixels).
 
     An image that cannot be read is skipped with one warning line, as in
     training; the others are predicted.
@@ -154,7 +156,8 @@ def export(weights: str, fmt: str, output: str | None, imgsz: int | None, batch:
     Input `images` [B, 3, H, W] float in [0, 1]; output `output0` [B, 4 + nc,
     anchors]: boxes (cx, cy, w, h) in input pixels and class scores, before
     NMS (with --end2end, YOLO26's [B, 300, 6]); a segmenter's adds its 32 mask coefficients to each
-    and `output1`, the prototypes; a classifier's [B, nc], the softmax probabilities.
+    and `output1`, the prototypes; an OBB model's adds each anchor's angle after its
+    class scores ([B, 300, 7] with --end2end); a classifier's [B, nc], the softmax probabilities.
     Checked with onnxruntime against torch before it is written. Needs
     the extra `pip install 'hpcyolo[export]'`.
 

@@ -17,11 +17,11 @@ from conftest import REPO
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo_trainer.common.errors import HpcyoloError
-from hpcyolo_trainer.common.polygon import clip_polygon
+from hpcyolo_trainer.common.polygon import clip_polygon, xyxyxyxy2xywhr
 from hpcyolo_trainer.data.augment import outline_boxes, rotated_clip, transform_points
 from hpcyolo_trainer.data.dataset import AugmentHyp, YoloDataset, collate, load_data_spec
 from hpcyolo_trainer.data.masks import resampled
-from hpcyolo_trainer.model.rboxes import xywhr2xyxyxyxy, xyxyxyxy2xywhr
+from hpcyolo_trainer.model.rboxes import xywhr2xyxyxyxy
 
 REFERENCE = REPO / "tests" / "reference" / "ultralytics" / "obb" / "augment.npz"
 IMGSZ = 96

@@ -4,7 +4,7 @@ yolo11n-obb at 2 classes as ultralytics' Model.save writes it
 `obb-checkpoint`), read through the restricted unpickler, mapped by the OBB
 head map onto hpcyolo's OBBModel: ultralytics' own eval output; a record
 hpcyolo does not build is refused in one line; and `read_weights` (what
-val, predict and train read) refuses it until the obb task trains."""
+val, predict and train read) takes it now that the obb task trains."""
 
 from __future__ import annotations
 
@@ -45,13 +45,11 @@ def per_channel(out: torch.Tensor, expected: torch.Tensor) -> float:
     return ((out - expected).abs().amax(dim=(0, 2)) / expected.abs().amax(dim=(0, 2))).max().item()
 
 
-def test_read_weights_refuses_it_in_one_line_until_obb_trains():
-    with pytest.raises(HpcyoloError) as refused:
-        read_weights(CHECKPOINT)
-    said = str(refused.value)
-    assert "holds an ultralytics OBBModel (a obb model); hpcyolo trains " in said
-    assert "obb" not in said.split("trains")[1]
-    assert "\n" not in said
+def test_read_weights_takes_it_as_the_obb_task_trains():
+    weights = read_weights(CHECKPOINT)
+    assert (weights.task, weights.arch, weights.names, weights.nc) == ("obb", "yolo11n", ["plane", "ship"], 2)
+    model = build_from(weights).eval()
+    assert type(model).__name__ == "OBBModel" and model.nc == 2
 
 
 def head_record(model):

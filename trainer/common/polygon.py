@@ -1,6 +1,8 @@
 """Polygon geometry both sides need: the shapes generator (hpcyolo, before
-torch loads) clips its outlines to the image, the augmentations clip a
-transformed outline to the crop. numpy is imported where it is used (common/
+torch loads) clips its outlines to the image and fits oriented boxes, the
+augmentations clip a transformed outline to the crop, and the data path and
+the metrics convert an oriented box's corners as ultralytics does
+(xyxyxyxy2xywhr). numpy is imported where it is used (common/
 loads none at module level)."""
 
 from __future__ import annotations
@@ -71,3 +73,25 @@ def min_area_rect(points):
             best = area, u, v, (a.min(), a.max(), b.min(), b.max())
     _, u, v, (a0, a1, b0, b1) = best
     return np.array([a0 * u + b0 * v, a1 * u + b0 * v, a1 * u + b1 * v, a0 * u + b1 * v])
+
+
+def xyxyxyxy2xywhr(corners: np.ndarray) -> np.ndarray:
+    """Corners (or any polygon) [N, 8] or [N, P, 2] -> xywhr [N, 5] (float64): each
+    one's minimum-area rectangle (OpenCV's, from float32 points, as
+    ultralytics'), w the longer side, r in radians folded into [-pi/4, 3pi/4)."""
+    import cv2
+    import numpy as np
+
+    points = np.asarray(corners, dtype=np.float32).reshape(len(corners), -1, 2)
+    out = np.zeros((len(points), 5), dtype=np.float64)
+    for i, p in enumerate(points):
+        (cx, cy), (w, h), degrees = cv2.minAreaRect(p)
+        r = degrees / 180 * np.pi
+        if w < h:
+            w, h, r = h, w, r + np.pi / 2
+        while r >= 3 * np.pi / 4:
+            r -= np.pi
+        while r < -np.pi / 4:
+            r += np.pi
+        out[i] = cx, cy, w, h, r
+    return out

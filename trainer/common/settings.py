@@ -222,8 +222,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("task", DEFAULT_TASK, Literal[TASKS], f"The task, as ultralytics names it: {', '.join(TASKS)}.", True,
       "its model's head, labels and checkpoints are the task's", key="train.task", flag="--task"),
     S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
-      "empty: n, or the architecture of train.weights; with train.task segment or classify, that model's -seg or "
-      "-cls form.", True, "the checkpoints hold this architecture's weights",
+      "empty: n, or the architecture of train.weights; with train.task segment, classify or obb, that model's -seg, "
+      "-cls or -obb form.", True, "the checkpoints hold this architecture's weights",
       key="train.model", flag="--model", compare=_model,
       help=f"Detector: {_FAMILIES} ({_ALIASES}: the YOLOv8 sizes).  [default: n, or the architecture of --weights]"),
     S("weights", None, str | None, "Start from these weights: an ultralytics checkpoint (read without running its "
@@ -369,12 +369,13 @@ SETTINGS: tuple[Setting, ...] = (
       "backbone): their weights stay as they are (BatchNorm statistics still follow the data, as in ultralytics).",
       True, "which weights train", check_non_negative),
     U("patience", 100, int, "Stop early after this many epochs without a better fitness (as ultralytics 8.4 "
-      "measures it: mAP50-95; a segmentation's, the boxes' plus the masks'; a classifier's, the mean of top-1 and "
+      "measures it: mAP50-95, an OBB model's of its rotated boxes; a segmentation's, the boxes' plus the masks'; a "
+      "classifier's, the mean of top-1 and "
       "top-5), decided on every rank at once; 0: never.", False, "when the run stops early", check_non_negative),
     U("save_period", -1, int, "Also keep the weights of every Nth epoch as weights/epochE.pt (E counted from 0, as "
       "ultralytics names them); below 1: off.", False, "which epochs' weights are kept"),
     S("end2end", False, bool, "Validate each epoch with YOLO26's one-to-one head, NMS-free (ultralytics' "
-      "nms=False; detectors and segmenters); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
+      "nms=False; detectors, segmenters and OBB models); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
       "best.pt is the best epoch by this measure", key="train.end2end", flag="--end2end/--nms"),
     S("cfg", None, str | None, "An ultralytics recipe: an args.yaml or hyperparameter YAML; its settings are "
       "taken where the job spec (or the command line) does not give them, keys with no meaning here are listed, "

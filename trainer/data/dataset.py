@@ -52,6 +52,7 @@ from torch.utils.data import Dataset, default_collate
 from ..common.datayaml import IMG_EXTS, DataSpec, label_path, load_data_spec, texts
 from ..common.errors import HpcyoloError
 from ..common.fsutil import fsync_dir
+from ..common.polygon import xyxyxyxy2xywhr
 from .augment import (
     PAD_VALUE,
     AugmentHyp,
@@ -873,8 +874,6 @@ def obb_corners(items: Kept, nc: int) -> list[list[np.ndarray]]:
     of zero width), is refused in one line naming its file and line
     (ultralytics reads any polygon as an OBB's corners and fits a rectangle
     to it; a box row or a segment here is a dataset for another task)."""
-    from ..model.rboxes import xyxyxyxy2xywhr
-
     rows = items.outlines()
     for path, outlines in zip(items.paths, rows):
         for k, corners in enumerate(outlines):
@@ -893,8 +892,6 @@ def rotated_rows(cls: np.ndarray, corners: list[np.ndarray], hw: tuple[int, int]
     """An OBB item's labels [n, 6]: class, then each outline's minimum-area
     rectangle (cx, cy, w, h, r) with cx, w divided by the image's width and
     cy, h by its height, as ultralytics' Format(return_obb=True)."""
-    from ..model.rboxes import xyxyxyxy2xywhr
-
     out = np.zeros((len(cls), 6), np.float32)
     if len(cls):
         out[:, 0] = cls

@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..common.datayaml import check_labels
 from ..common.errors import HpcyoloError
+from ..common.polygon import xyxyxyxy2xywhr
 from ..data import index as dataindex
 from ..data.augment import PAD_VALUE, letterbox_to, rect_batches
 from ..data.dataset import (
@@ -44,7 +45,9 @@ from ..data.dataset import (
     cache_digest,
     check_files,
     decode_resized,
+    OBB_POINTS,
     load_data_spec,
+    obb_corners,
     open_cache,
     polygons_only,
     sift,
@@ -52,10 +55,11 @@ from ..data.dataset import (
 from ..data.masks import instance_masks, overlap_masks, resampled
 from ..model.boxes import non_max_suppression, xywh2xyxy, xyxy2xywh
 from ..model.detector import check_end2end, confident, detections
+from ..model.rboxes import non_max_suppression_obb, xywhr2xyxyxyxy
 from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist, gather_objects
-from .metrics import ConfusionMatrix, DetStats, SegStats, curves
+from .metrics import ConfusionMatrix, DetStats, OBBStats, SegStats, curves
 
 MASK_RATIO = 4  # ultralytics validates masks at the prototypes' resolution, a quarter of the input
 
@@ -74,12 +78,15 @@ class ValBatches(Dataset):
     disk (a DataLoader with batch_size=None runs them in its workers)."""
 
     def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True,
-                 cache_dir: Path | None = None, checked=None, segments: bool = False, overlap_mask: bool = True):
+                 cache_dir: Path | None = None, checked=None, segments: bool = False, overlap_mask: bool = True,
+                 obb: bool = False):
         # `checked`: the check's results for `files` from the dataset's index (dataindex).
         items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc)
         self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
-        # A segmentation's polygons, for its ground-truth masks (see __getitem__).
-        self.outlines, self.overlap_mask = (polygons_only(items, nc) if segments else None), overlap_mask
+        # A segmentation's polygons, for its ground-truth masks, or oriented boxes' corners (see __getitem__).
+        self.outlines = polygons_only(items, nc) if segments else obb_corners(items, nc) if obb else None
+        self.overlap_mask, self.obb = overlap_mask, obb
+        self.stats = SegStats if segments else OBBStats if obb else DetStats  # what validate() gathers
         self.nc = nc
         self.imgsz = imgsz
         self.batches = rect_batches(self.shapes, batch, imgsz) if len(items) else []
@@ -103,7 +110,10 @@ class ValBatches(Dataset):
         fourth part, their ground-truth masks as ultralytics validates them:
         rasterised at a quarter of the canvas, from one overlap map (the
         labels then in its order, largest first) with overlap_mask, uint8
-        [n, H/4, W/4]."""
+        [n, H/4, W/4]. Oriented boxes' images have theirs, xywhr [n, 5] in
+        the canvas's pixels, as ultralytics' OBB validator prepares them: the
+        minimum-area rectangle of the corners (resampled as loaded) moved as
+        the image was."""
         indices, shape = self.batches[k]
         canvases, metas = [], []
         for i in indices:
@@ -119,11 +129,20 @@ class ValBatches(Dataset):
             on_canvas = (img.shape[0] * gain, img.shape[1] * gain)  # ultralytics scales labels by the float gain
             if self.outlines is None:
                 metas.append((offset, self.labels[i], on_canvas))
+            elif self.obb:
+                metas.append((offset, self.labels[i], on_canvas, self._rboxes(i, offset, on_canvas)))
             else:
                 metas.append((offset, *self._masks(i, offset, on_canvas, shape)))
         x = torch.from_numpy(np.ascontiguousarray(np.stack(canvases).transpose(0, 3, 1, 2)))
         return x, metas
 
+
+    def _rboxes(self, i: int, offset: tuple[int, int], on_canvas: tuple[float, float]) -> torch.Tensor:
+        """Image i's oriented boxes, xywhr [n, 5] in the canvas's pixels: see __getitem__."""
+        scale = np.array([on_canvas[1], on_canvas[0]], np.float32)
+        corners = [resampled(o, OBB_POINTS) * scale + offset for o in self.outlines[i]]
+        return torch.from_numpy(xyxyxyxy2xywhr(np.stack(corners)).astype(np.float32) if corners else
+                                np.zeros((0, 5), np.float32))
 
     def _masks(self, i: int, offset: tuple[int, int], on_canvas: tuple[float, float], canvas: tuple[int, int]):
         """(labels, on_canvas, masks) of image i: see __getitem__."""
@@ -199,6 +218,41 @@ def segment_batch_stats(model, x: torch.Tensor, metas, device: torch.device, con
             confusion.update(det, gt, lab[:, 0])
         drawn.append((det, masks))
     return stats, drawn, items
+
+
+def obb_batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
+                    end2end: bool = False, confusion: ConfusionMatrix | None = None, loss_fn=None):
+    """batch_stats of an oriented-box detector: (OBBStats, predictions (each
+    image's [n, 7]: cx, cy, w, h, conf, cls, angle in canvas pixels), loss
+    items or None), as ultralytics' OBB validator: rotated NMS by ProbIoU
+    (multi-label), or the one-to-one head's picks; matched by ProbIoU."""
+    stats = OBBStats(method="ultralytics")
+    x = x.to(device).float() / 255
+    if loss_fn is None:
+        raw, items = model.predict(x, end2end=end2end), None
+    else:
+        out = model(x)
+        items = loss_fn(out, obb_loss_targets(metas, x.shape[2:]))[1]
+        raw = model.decode_end2end(*out[1]) if end2end else model.decode(*(out[0] if model.end2end else out))
+    preds = confident(raw, conf) if end2end else \
+        non_max_suppression_obb(raw, conf_thres=conf, iou_thres=iou, multi_label=True)
+    for det, meta in zip(preds, metas):
+        det = det.float().cpu()
+        cls = torch.from_numpy(np.array(meta[1], dtype=np.float32).reshape(-1, 5)[:, 0])
+        stats.update(det, meta[3], cls)
+        if confusion is not None:
+            confusion.update(det, meta[3], cls)
+    return stats, preds, items
+
+
+def obb_loss_targets(metas, canvas: tuple[int, int]) -> torch.Tensor:
+    """A validation batch's oriented boxes as the loss takes a training
+    batch's: [M, 7] (image, class, cx, cy, w, h as fractions of the canvas, r)."""
+    h, w = canvas
+    rows = [torch.cat([torch.full((len(meta[3]), 1), float(k)),
+                       torch.from_numpy(np.array(meta[1], dtype=np.float32).reshape(-1, 5)[:, :1]),
+                       meta[3] / torch.tensor([w, h, w, h, 1.0])], 1) for k, meta in enumerate(metas)]
+    return torch.cat(rows) if rows else torch.zeros((0, 7))
 
 
 def loss_targets(metas, canvas: tuple[int, int]) -> torch.Tensor:
@@ -311,7 +365,7 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
     if shared is None or shared is INTERRUPTED:
         return shared
     ordered, matrices = shared
-    kind = SegStats if batches.outlines is not None else DetStats
+    kind = batches.stats
     merged = kind.merge([state for state, _ in ordered])
     summary = kind.summary(merged, batches.nc, method="ultralytics")
     if loss_fn is not None:
@@ -327,7 +381,8 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
 @torch.no_grad()
 def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
              conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
-             warn=print, plots: Path | None = None, workers: int = 0, segments: bool = False) -> dict | None:
+             warn=print, plots: Path | None = None, workers: int = 0, segments: bool = False,
+             obb: bool = False) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
     row per class (name, images, instances, precision, recall, map50, map50_95).
@@ -336,7 +391,8 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
     val_batchN_labels.jpg and val_batchN_pred.jpg). `workers`: loader
     processes, at most the CPUs this process may use. `segments`: a
     segmentation's weights and polygons; `masks` then holds the masks'
-    figures, as the boxes' are."""
+    figures, as the boxes' are. `obb`: an oriented-box detector's weights
+    and corners, measured by ProbIoU."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = as_weights(weights)
@@ -355,14 +411,14 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
         raise HpcyoloError(f"{data}: split {split!r} has no images")
     labels = check_labels(spec, (split,))
     sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split, data),
-                      segments=segments)
+                      segments=segments, obb=obb)
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
     workers = min(workers, len(os.sched_getaffinity(0)))
     s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end, plots=plots is not None, workers=workers,
-                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots),
-                 measure=segment_batch_stats if segments else batch_stats)
+                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots, rotated=obb),
+                 measure=segment_batch_stats if segments else obb_batch_stats if obb else batch_stats)
     if s is None:
         return None
     if plots is not None:
@@ -413,11 +469,12 @@ def report(s: dict, labels: list, names: list[str]) -> dict:
             "recall": s["recall"], "map50": s["map50"], "map50_95": s["map50_95"], "classes": classes}
 
 
-def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None):
+def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None, rotated: bool = False):
     """validate's on_batch that draws this rank's first `batches` batches as
     ultralytics' val_batchN_labels.jpg and val_batchN_pred.jpg (predictions
     above 0.25 confidence) in `folder`; `run(fn, *args)` draws (the trainer
-    hands its plot thread's submit; default: at once)."""
+    hands its plot thread's submit; default: at once). `rotated`: oriented
+    boxes (obb_batch_stats' batches), drawn by their corners."""
     from ..report.plots import batch_grid
 
     drawn = 0
@@ -430,15 +487,24 @@ def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None):
         labels = []
         for meta in metas:
             lab, xyxy = canvas_labels(meta)
+            if rotated:
+                labels.append((corners_of(meta[3]), lab[:, 0].numpy().astype(int), None))
+                continue
             masks = meta[3].numpy() if len(meta) > 3 else None  # a segmentation's
             labels.append((xyxy.numpy(), lab[:, 0].numpy().astype(int), None, masks))
-        kept = [(det[:, :4], det[:, 5].astype(int), det[:, 4], masks) for det, masks in map(drawn_prediction, preds)]
+        kept = [(corners_of(torch.from_numpy(det[:, [0, 1, 2, 3, 6]])) if rotated else det[:, :4],
+                 det[:, 5].astype(int), det[:, 4], masks) for det, masks in map(drawn_prediction, preds)]
         x = imgs.numpy().copy()  # the loader's batch: drawn maybe later
         run(batch_grid, x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
         run(batch_grid, x, kept, names, Path(folder) / f"val_batch{drawn}_pred.jpg")
         drawn += 1
 
     return draw
+
+
+def corners_of(rboxes: torch.Tensor) -> np.ndarray:
+    """xywhr [n, 5] -> their corners [n, 4, 2], numpy, as the plots draw them."""
+    return xywhr2xyxyxyxy(rboxes.float().reshape(-1, 5)).numpy()
 
 
 def drawn_prediction(pred, conf: float = 0.25) -> tuple[np.ndarray, np.ndarray | None]:

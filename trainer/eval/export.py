@@ -12,7 +12,10 @@ is checked with onnx's checker and run once with onnxruntime against torch
 ultralytics': `output0` [B, nc], the classes' softmax probabilities. A
 keypoint model's, as ultralytics': `output0` [B, 4 + nc + K*D, anchors],
 each anchor's decoded keypoints (x, y in input pixels[, visibility after
-sigmoid]) after its class scores, and its kpt_shape in the metadata.
+sigmoid]) after its class scores, and its kpt_shape in the metadata. An
+OBB model's, as ultralytics': `output0` [B, 4 + nc + 1, anchors], each
+anchor's angle (radians) after its class scores; NMS-free (YOLO26's
+one-to-one head), [B, 300, 7]: cx, cy, w, h, score, class, angle.
 """
 
 from __future__ import annotations

@@ -361,6 +361,18 @@ class DetStats:
         }
 
 
+class OBBStats(DetStats):
+    """DetStats of oriented boxes, matched by ProbIoU (match_rotated), as
+    ultralytics' OBB validator; its summary and fitness are detection's."""
+
+    @torch.no_grad()
+    def update(self, pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor) -> None:
+        """Add one image: pred [n,7] (cx, cy, w, h, conf, cls, angle), gt_boxes [m,5] xywhr, gt_cls [m]."""
+        pred = pred.detach().reshape(-1, 7)
+        gt_boxes, gt_cls = gt_boxes.detach().reshape(-1, 5), gt_cls.detach().reshape(-1)
+        self.add(match_rotated(pred, gt_boxes, gt_cls, self.method), pred, gt_cls)
+
+
 class SegStats:
     """DetStats for boxes and, matched by mask IoU, for masks: one image at a
     time, the same shard-friendly state per kind."""
@@ -441,8 +453,11 @@ class ConfusionMatrix:
         self.matrix = np.zeros((nc + 1, nc + 1), dtype=np.int64)
 
     def update(self, pred: Tensor, gt_boxes: Tensor, gt_cls: Tensor) -> None:
-        """One image: pred [n, 6] (x1, y1, x2, y2, conf, cls), gt_boxes [m, 4], gt_cls [m]."""
-        pred = pred.detach().float().cpu().reshape(-1, 6)
+        """One image: pred [n, 6] (x1, y1, x2, y2, conf, cls), gt_boxes [m, 4], gt_cls [m]; or oriented
+        boxes, pred [n, 7] (cx, cy, w, h, conf, cls, angle) and gt_boxes [m, 5] xywhr, matched by
+        ProbIoU (ultralytics' confusion matrix of OBB)."""
+        rotated = pred.shape[-1] == 7
+        pred = pred.detach().float().cpu().reshape(-1, 7 if rotated else 6)
         pred = pred[pred[:, 4] > self.conf]
         gt_cls = gt_cls.detach().cpu().reshape(-1).long().numpy()
         pred_cls = pred[:, 5].long().numpy()
@@ -452,7 +467,11 @@ class ConfusionMatrix:
         if not len(gt_cls):
             np.add.at(self.matrix, (pred_cls, self.nc), 1)
             return
-        iou = box_iou(gt_boxes.detach().float().cpu().reshape(-1, 4), pred[:, :4]).numpy()
+        if rotated:
+            iou = batch_probiou(gt_boxes.detach().float().cpu().reshape(-1, 5),
+                                torch.cat([pred[:, :4], pred[:, 6:7]], 1)).numpy()
+        else:
+            iou = box_iou(gt_boxes.detach().float().cpu().reshape(-1, 4), pred[:, :4]).numpy()
         gi, pi = np.nonzero(iou > self.iou)
         pairs = np.stack([gi, pi, iou[gi, pi]], axis=1)
         pairs = pairs[np.argsort(-pairs[:, 2], kind="stable")]

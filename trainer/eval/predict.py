@@ -1,6 +1,7 @@
 """Predict with trained weights: boxes (a segmenter's with their masks'
 outlines, as ultralytics' Results.masks.xy; a keypoint model's with its
-keypoints, as Results.keypoints) as YOLO txt or JSON, and drawn images.
+keypoints, as Results.keypoints; an OBB model's oriented boxes with their
+four corners, as Results.obb.xyxyxyxy) as YOLO txt or JSON, and drawn images.
 
     hpcyolo predict RUN/weights/best.pt images/ --out predictions
     hpcyolo predict yolov8n.pt images/          # an ultralytics checkpoint, read safely
@@ -22,6 +23,7 @@ from ..data.augment import PAD_VALUE
 from ..data.dataset import IMG_EXTS, decode_resized, probe_image
 from ..model.boxes import non_max_suppression
 from ..model.detector import check_end2end, confident, detections
+from ..model.rboxes import non_max_suppression_obb, xywhr2xyxyxyxy
 from ..model.segment import upsampled_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..report.plots import draw_detections, save_image
@@ -173,6 +175,40 @@ def pose_line(row: np.ndarray, keypoints: np.ndarray, w: int, h: int) -> str:
                      f"{(y2 - y1) / h:.6f}", *(f"{v:.6f}" for v in points.flatten()), f"{conf:.4f}"])
 
 
+@torch.no_grad()
+def oriented(model, original: np.ndarray, imgsz: int, conf: float, iou: float, device: torch.device,
+             end2end: bool = False) -> np.ndarray:
+    """An OBB model's detections [n, 7] in `original`'s pixels: cx cy w h
+    conf cls angle, as ultralytics' OBB predictor makes them: rotated NMS
+    (best class per anchor), or the one-to-one head's picks; the centre
+    moved by the padding, then cx and w divided by the width's gain, cy and
+    h by the height's (scale_boxes with xywh=True: each side as the
+    letterbox rounded it, nothing clipped)."""
+    h, w = original.shape[:2]
+    canvas, gain, (left, top) = rect_letterbox(original, imgsz)
+    x = torch.from_numpy(np.ascontiguousarray(canvas)).permute(2, 0, 1)[None].to(device).float() / 255
+    raw = model.predict(x, end2end=end2end)
+    det = (confident(raw, conf) if end2end else non_max_suppression_obb(raw, conf_thres=conf, iou_thres=iou))[0]
+    det = det.float().cpu().numpy()
+    det[:, :2] -= np.array([left, top], dtype=np.float32)
+    det[:, [0, 2]] /= round(w * gain) / w
+    det[:, [1, 3]] /= round(h * gain) / h
+    return det
+
+
+def corners(det: np.ndarray) -> np.ndarray:
+    """Oriented detections [n, 7] -> their four corners [n, 4, 2], in ultralytics' order."""
+    return xywhr2xyxyxyxy(torch.from_numpy(det[:, [0, 1, 2, 3, 6]]).double()).numpy()
+
+
+def obb_entries(det: np.ndarray, names: list[str]) -> list[dict]:
+    """predict's JSON of oriented detections: class, name, confidence, xywhr
+    (r in radians) and the four corners, in image pixels."""
+    return [{"class": int(d[5]), "name": names[int(d[5])], "confidence": round(float(d[4]), 4),
+             "xywhr": [round(float(v), 2) for v in d[[0, 1, 2, 3, 6]]],
+             "corners_xy": [[round(float(x), 1), round(float(y), 1)] for x, y in c]} for d, c in zip(det, corners(det))]
+
+
 def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int | None = None, conf: float = 0.25,
             iou: float = 0.7, fmt: str = "txt", device: str = "cpu", end2end: bool = False,
             warn=print) -> list[dict]:
@@ -184,7 +220,7 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
     weights = as_weights(weights)
     model, names, train_size = load_weights(weights, dev)
     check_end2end(model, end2end, weights.path)
-    masks = weights.task == "segment"
+    masks, rotated = weights.task == "segment", weights.task == "obb"
     size = imgsz or train_size
     out_dir = Path(out)
     (out_dir / "labels").mkdir(parents=True, exist_ok=True)
@@ -195,13 +231,23 @@ def predict(weights: str | Weights, inputs: list[str], out: str, *, imgsz: int |
         except ValueError as e:
             warn(f"warning: {path}: corrupt image skipped ({e})")
             continue
+        h, w = img.shape[:2]
+        if rotated:
+            det = oriented(model, img, size, conf, iou, dev, end2end)
+            results.append({"image": str(path), "width": w, "height": h, "detections": obb_entries(det, names)})
+            if fmt == "txt":  # ultralytics' OBB txt: class x1 y1 ... x4 y4 (fractions of the image) conf
+                lines = [" ".join([str(int(d[5])), *(f"{v:.6f}" for v in (c / (w, h)).flatten()), f"{d[4]:.4f}"])
+                         for d, c in zip(det, corners(det))]
+                write_atomic(out_dir / "labels" / f"{path.stem}.txt", "".join(f"{x}\n" for x in lines).encode())
+            save_image(draw_detections(img, corners(det), det[:, 5].astype(int), det[:, 4], names),
+                       out_dir / f"{path.stem}.jpg")
+            continue
         keypoints = None
         if weights.task == "pose":
             (det, keypoints), outlines = pose(model, img, size, conf, iou, dev, end2end), None
         else:
             det, outlines = segment(model, img, size, conf, iou, dev, end2end) if masks else \
                 (detect(model, img, size, conf, iou, dev, end2end), None)
-        h, w = img.shape[:2]
         boxes = [{"class": int(c), "name": names[int(c)], "confidence": round(float(s), 4),
                   "box_xyxy": [round(float(v), 1) for v in b]} for *b, s, c in det]
         for box, o in zip(boxes, outlines or []):

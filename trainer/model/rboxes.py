@@ -13,7 +13,8 @@ tal.py, nms.py), written here in pure torch (no torchvision):
 - corners: (cx, cy) + (w/2) u +- (h/2) v with u = (cos r, sin r) and
   v = (-sin r, cos r), in ultralytics' order (+u+v, +u-v, -u-v, -u+v);
 - the corners back to xywhr are OpenCV's minimum-area rectangle, the longer
-  side as w, r folded into [-pi/4, 3pi/4) (ultralytics' xyxyxyxy2xywhr);
+  side as w, r folded into [-pi/4, 3pi/4) (ultralytics' xyxyxyxy2xywhr: in
+  common/polygon.py, numpy's, which the data path uses too);
 - regularize: r into [0, pi/2), w and h swapped where r mod pi >= pi/2;
 - rotated NMS is Fast-NMS (Bolya et al., arXiv 1904.02689) over the batched
   ProbIoU: a box is dropped if any higher-scoring box, kept or not, overlaps
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -73,27 +73,6 @@ def xywhr2xyxyxyxy(boxes: Tensor) -> Tensor:
     u = torch.cat((w / 2 * cos, w / 2 * sin), -1)
     v = torch.cat((-h / 2 * sin, h / 2 * cos), -1)
     return torch.stack((centre + u + v, centre + u - v, centre - u - v, centre - u + v), -2)
-
-
-def xyxyxyxy2xywhr(corners: np.ndarray) -> np.ndarray:
-    """Corners (or any polygon) [N, 8] or [N, P, 2] -> xywhr [N, 5] (float64): each
-    one's minimum-area rectangle (OpenCV's, from float32 points, as
-    ultralytics'), w the longer side, r in radians folded into [-pi/4, 3pi/4)."""
-    import cv2
-
-    points = np.asarray(corners, dtype=np.float32).reshape(len(corners), -1, 2)
-    out = np.zeros((len(points), 5), dtype=np.float64)
-    for i, p in enumerate(points):
-        (cx, cy), (w, h), degrees = cv2.minAreaRect(p)
-        r = degrees / 180 * np.pi
-        if w < h:
-            w, h, r = h, w, r + np.pi / 2
-        while r >= 3 * np.pi / 4:
-            r -= np.pi
-        while r < -np.pi / 4:
-            r += np.pi
-        out[i] = cx, cy, w, h, r
-    return out
 
 
 def regularize(boxes: Tensor) -> Tensor:

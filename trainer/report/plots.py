@@ -148,24 +148,30 @@ def _draw_label(draw, font, box: tuple[int, int, int, int], text: str, colour) -
 
 
 def draw_detections(img: np.ndarray, boxes, cls, conf, names: list[str]) -> np.ndarray:
-    """A copy of img (HxWx3 uint8 RGB) with class-coloured boxes (xyxy pixels)
-    and "name 0.87" labels ("name" alone when conf is None)."""
+    """A copy of img (HxWx3 uint8 RGB) with class-coloured boxes (xyxy pixels,
+    or an oriented box's four corners [n, 4, 2], drawn as its polygon, as
+    ultralytics draws OBB) and "name 0.87" labels ("name" alone when conf is None)."""
     from PIL import Image, ImageDraw
 
     img = np.asarray(img)
     if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
         raise ValueError(f"draw_detections: expected an HxWx3 uint8 image, got {img.shape} {img.dtype}")
-    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    boxes = np.asarray(boxes, dtype=np.float64)
+    corners = boxes.reshape(-1, 4, 2) if boxes.ndim == 3 else None
+    boxes = np.concatenate([corners.min(1), corners.max(1)], 1) if corners is not None else boxes.reshape(-1, 4)
     cls = np.asarray(cls).reshape(-1).astype(int)
     confs = [None] * len(boxes) if conf is None else np.asarray(conf, dtype=float).reshape(-1).tolist()
     h, w = img.shape[:2]
     pil = Image.fromarray(img.copy())  # draw on a copy: the caller keeps its array
     draw, font = ImageDraw.Draw(pil), _label_font(h)
     width = max(1, round(min(h, w) / 200))
-    for box, c, p in zip(boxes, cls, confs):
+    for k, (box, c, p) in enumerate(zip(boxes, cls, confs)):
         colour = PALETTE[c % len(PALETTE)]
         xyxy = _clip_box(box, w, h)
-        draw.rectangle(xyxy, outline=colour, width=width)
+        if corners is None:
+            draw.rectangle(xyxy, outline=colour, width=width)
+        else:
+            draw.polygon([tuple(q) for q in corners[k]], outline=colour, width=width)
         _draw_label(draw, font, xyxy, _label_text(c, p, names), colour)
     return np.asarray(pil)
 
