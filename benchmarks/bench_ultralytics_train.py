@@ -27,11 +27,10 @@ seed 0 gave 0.166.
 --task segment --model yolo11n (2026-11-29, mask mAP50-95 of last.pt by
 hpcyolo val, seeds 0-2): ultralytics 0.260 0.243 0.197 (mean 0.233), hpcyolo
 0.255 0.244 0.263 (mean 0.254); --model yolo26n: ultralytics 0.173 0.165 0.175
-(mean 0.171), hpcyolo 0.174 0.155 0.174 (mean 0.168). --task classify --model yolo11n (top-1):
-ultralytics 0.275 0.255 0.250 (mean 0.260), hpcyolo 0.255 0.240 0.245 (mean
-0.247): both at chance (4 classes), train/loss at ln 4; neither side learns
-the shapes class folders from scratch in 12 epochs, so that comparison shows
-no more than parity of runs that do not learn. --task obb --model yolo11n
+(mean 0.171), hpcyolo 0.174 0.155 0.174 (mean 0.168). --task classify --model yolo11n (top-1,
+the light-on-dark class-folder set, seeds 0-5): ultralytics 0.340 0.800 0.920 0.350 0.765
+0.285 (mean 0.577), hpcyolo 0.845 0.325 0.605 0.340 0.490 0.715 (mean 0.553); on the
+earlier set of random colours both stayed at chance. --task obb --model yolo11n
 (2026-11-29, OBB mAP50-95 of last.pt by hpcyolo val, seed 0 only, the cores
 shared with other jobs): ultralytics 0.780, hpcyolo 0.769.
 """
