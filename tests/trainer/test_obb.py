@@ -12,30 +12,11 @@ import math
 
 import pytest
 import torch
-from test_task_models import FORWARD, reference_script
+from test_task_models import reference_model
 
-from hpcyolo_trainer.model.heads import HEADS
 from hpcyolo_trainer.model.obb import OBBModel
-from hpcyolo_trainer.model.weights import _rename
 
 FAMILIES = ["yolov8n", "yolo11n", "yolo26n"]
-
-
-def reference_model(name: str, script) -> tuple[OBBModel, dict, torch.Tensor]:
-    """(our OBB model holding the reference's weights, the reference, its input)."""
-    ref = torch.load(FORWARD / f"{name}-obb.pt", weights_only=True)
-    x = torch.rand(script.FORWARD_INPUT, generator=torch.Generator().manual_seed(0))
-    assert float(x.double().sum()) == ref["input_sum"]  # the input the reference was computed on
-    theirs = {}
-    for tensor, shape in zip(ref["names"], ref["shapes"]):
-        value = script.fill(tensor, tuple(shape))
-        if value is None:  # what ultralytics keeps: its DFL's fixed bins, BatchNorm's counters
-            value = torch.arange(shape[1], dtype=torch.float32).view(shape) if ".dfl." in tensor else \
-                torch.zeros(shape, dtype=torch.long)
-        theirs[tensor] = value
-    model = OBBModel(script.FORWARD_CLASSES, name).eval()
-    model.load_state_dict(_rename(theirs, name, HEADS["obb"], "reference"), strict=True)
-    return model, ref, x
 
 
 def relative(ours: torch.Tensor, reference: torch.Tensor, dim: int = 1) -> float:
@@ -53,8 +34,7 @@ def test_ultralytics_obb_weights_mapped_by_name_give_ultralytics_outputs(name, o
     maps it), the eval-mode output (cx, cy, w, h px, class scores, angle) and
     YOLO26's NMS-free picks (cx, cy, w, h, score, class, angle), within 1e-4
     relative."""
-    script = reference_script()
-    model, ref, x = reference_model(name, script)
+    model, ref, x = reference_model(name, "obb")
     worst = {}
     with torch.no_grad():
         feats = model.neck(model.backbone(x))
