@@ -18,13 +18,11 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import max_abs_diff
-from test_yolo26_train import argv, env, hold_then_signal
+from test_segment import stopped_and_resumed
+from test_yolo26_train import env
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer.common.preemption import EXIT_CODE
-from hpcyolo_trainer.run import checkpoint as ckpt
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained"
@@ -179,24 +177,6 @@ def test_an_obb_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tmp_p
     data = make_shapes(tmp_path / "shapes", n_train=16, n_val=4, imgsz=64, task="obb", seed=1)
     args = ["--task", "obb", "--model", "yolo11n", "--epochs", "2", "--close-mosaic", "1", "--workers", "2",
             "--degrees", "10", "--mixup", "0.5"]
-    assert launch(argv(tmp_path / "a", data, *args), 2, env=env()) == 0
-    code, out = hold_then_signal(argv(tmp_path / "b", data, *args), 5)
-    assert code == EXIT_CODE, out
-    assert "stopping for preemption (SIGUSR2) at epoch 2, batch 1" in out
-    capfd.readouterr()
-    assert launch(argv(tmp_path / "b", data, *args), 2, env=env()) == 0
-    assert "resumed from" in capfd.readouterr().out
-    a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
-    b = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
-    assert a["global_step"] == b["global_step"] == 8
-    for part in ("model", "ema", "optimizer"):
-        assert max_abs_diff(a[part], b[part], part) == 0.0, part
-
-    def measured(run: Path) -> list[list[str]]:
-        # epoch, losses, figures, val losses, lrs: not the timing (time second)
-        return [(cells := row.split(","))[:1] + cells[2:17] for row in (run / "results.csv").read_text().splitlines()]
-
-    rows = measured(tmp_path / "a")
-    assert rows == measured(tmp_path / "b") and len(rows) == 3
+    rows = stopped_and_resumed(tmp_path, capfd, data, args, 15)  # epoch, losses, figures, val losses, lrs
     assert rows[0][1:5] == ["train/box_loss", "train/cls_loss", "train/dfl_loss", "train/angle_loss"]
     assert all(float(v) > 0 for row in rows[1:] for v in row[9:13])  # validated every epoch: a loss
