@@ -57,9 +57,10 @@ Design
   (x 0.45) and its shape drawn in a random light colour (each channel
   150-255): the class is still the silhouette alone. On this set both
   ultralytics' trainer and hpcyolo's learn in the demo's 12 epochs: top-1
-  0.6-0.92 in 4 of 6 seeds, 0.33-0.34 in the other two (chance: 0.25;
-  benchmarks/bench_ultralytics_train.py --task classify). When learning
-  begins varies by seed, from epoch 4 to epoch 9, on both sides alike.
+  0.6-0.92 in 6 of 12 runs (6 seeds a side), 0.29-0.49 in the others
+  (chance: 0.25; benchmarks/bench_ultralytics_train.py --task classify).
+  When learning begins varies by seed, from epoch 4 to past epoch 12, on
+  both sides alike.
 * **Visibility.** A new object is rejected (and re-placed, up to 30 tries)
   if its box has IoU > 0.3 with an earlier box, or if it would hide more than
   25% of the pixels of an earlier object. Objects may stick out of the image,
