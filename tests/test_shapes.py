@@ -275,7 +275,7 @@ def test_a_segment_set_is_the_detect_sets_images_with_polygons_whose_boxes_are_i
     assert lines > SMALL["n_train"]
 
 
-def test_a_classify_set_is_one_shape_per_image_in_balanced_class_folders(tmp_path):
+def test_a_classify_set_is_shapes_of_one_class_an_image_in_balanced_class_folders(tmp_path):
     dest = tmp_path / "cls"
     assert shapes.make_shapes(dest, n_train=12, n_val=6, imgsz=64, classes=3, seed=2, task="classify") == dest
     assert sorted(p.name for p in dest.iterdir()) == ["train", "val"]  # no labels, no data.yaml
@@ -284,11 +284,13 @@ def test_a_classify_set_is_one_shape_per_image_in_balanced_class_folders(tmp_pat
         assert sorted(folders) == sorted(shapes.SHAPES[:3])
         assert [len(v) for v in folders.values()] == [n // 3] * 3
         for name, images in folders.items():
-            for image in images:  # each image's one shape is its folder's class
+            for image in images:  # each image's shapes are all of its folder's class
                 rng = np.random.default_rng([2, ("train", "val").index(split), int(Path(image).stem)])
                 rng.integers(1, 5)  # the object count drawn first, as for the other tasks
-                _, boxes = shapes.render_image(rng, 64, 3, 1, only=shapes.SHAPES.index(name))
-                assert [b[0] for b in boxes] == [shapes.SHAPES.index(name)]
+                count = int(rng.integers(shapes.CLASSIFY_COUNT[0], shapes.CLASSIFY_COUNT[1] + 1))
+                _, boxes = shapes.render_image(rng, 64, 3, count, only=shapes.SHAPES.index(name),
+                                               sizes=shapes.CLASSIFY_SIZES, light=True)
+                assert 2 <= len(boxes) <= count and {b[0] for b in boxes} == {shapes.SHAPES.index(name)}
     assert files(dest) == files(shapes.make_shapes(tmp_path / "again", n_train=12, n_val=6, imgsz=64, classes=3,
                                                    seed=2, task="classify"))
 

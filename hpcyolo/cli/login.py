@@ -102,8 +102,8 @@ def run_(site: str, job: str, resume: bool) -> None:
 @click.option("--task", default="detect", show_default=True,
               type=click.Choice(["detect", "segment", "classify", "obb"]),
               help="The labels, as ultralytics reads them for the task: boxes; polygons (the shapes' silhouettes); "
-                   "one shape per image in DIR/{train,val}/CLASS/ folders; or the four corners of each shape's "
-                   "tight rotated rectangle.")
+                   "6-10 shapes of one class per image in DIR/{train,val}/CLASS/ folders; or the four corners of "
+                   "each shape's tight rotated rectangle.")
 def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int, classes: int, seed: int,
                  max_objects: int, task: str) -> None:
     """Write a synthetic dataset into DIR, in ultralytics layout, for
