@@ -83,13 +83,15 @@ def read_weights(path: str | Path) -> Weights:
 def _ours(saved, path: str) -> Weights:
     """hpcyolo's weights/*.pt ({model, scale, names, imgsz}) or a checkpoint ({model, ema, config, ...})."""
     if isinstance(saved, dict) and isinstance(saved.get("model"), dict) and "scale" in saved and "names" in saved:
+        task = _task(saved.get("task"), path)
         return Weights(_canonical(saved["scale"], path), [str(n) for n in saved["names"]], int(saved["imgsz"]),
-                       saved["model"], "hpcyolo weights", path, _task(saved.get("task"), path))
+                       saved["model"], "hpcyolo weights", path, task, _saved_kpt_shape(saved, task, path))
     if isinstance(saved, dict) and isinstance(saved.get("ema"), dict) and isinstance(saved.get("config"), dict):
         config, state = saved["config"], saved["ema"]["module"]  # the EMA, as weights/*.pt holds
-        nc = _head_classes(state, path)
+        nc, task = _head_classes(state, path), _task(config.get("task"), path)
         return Weights(_canonical(config.get("model") or "n", path), [str(i) for i in range(nc)],
-                       config.get("imgsz"), state, "hpcyolo checkpoint", path, _task(config.get("task"), path))
+                       config.get("imgsz"), state, "hpcyolo checkpoint", path, task,
+                       _saved_kpt_shape(saved, task, path))
     raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} (a torch file of something else)")
 
 
@@ -107,6 +109,17 @@ def _canonical(name: str, path: str) -> str:
     except ValueError as e:
         raise HpcyoloError(f"{path}: {e}") from None
     return family + scale
+
+
+def _saved_kpt_shape(saved: dict, task: str, path: str) -> tuple[int, int] | None:
+    """A keypoint model's kpt_shape, as our weights and checkpoints record it (None for other tasks)."""
+    if task != "pose":
+        return None
+    shape = saved.get("kpt_shape")
+    if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(isinstance(v, int) for v in shape)
+            and shape[0] >= 1 and shape[1] in (2, 3)):
+        raise HpcyoloError(f"{path}: a keypoint model without its kpt_shape ([keypoints, 2 or 3]), got {shown(shape)}")
+    return (shape[0], shape[1])
 
 
 def _head_classes(state: dict, path: str) -> int:

@@ -1,0 +1,107 @@
+"""`hpcyolo train --task pose` end to end on CPU: YOLO11 (v8PoseLoss) and
+YOLO26 (E2ELoss of PoseLoss26) train on a make-dataset pose set and
+validate the boxes by IoU and the keypoints by OKS; results.csv's columns
+ultralytics' pose trainer's (its loss names, PoseLoss26's with l1 and rle,
+the (B) and (P) metrics, the val/ losses); every figure finite, the plots
+drawn (keypoints on the batches, Pose*_curve.png), the weights read back as
+a keypoint model of the data's kpt_shape and measured again by `hpcyolo
+val`; a bad pose row or a data YAML without kpt_shape stops the run in one
+line before anything is written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_yolo26_train import env
+
+from hpcyolo.login.shapes import make_shapes
+from hpcyolo_trainer.model.weights import read_weights
+
+HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+METRICS = [f"metrics/{m}({k})" for k in "BP" for m in ("precision", "recall", "mAP50", "mAP50-95")]
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory) -> Path:
+    return make_shapes(tmp_path_factory.mktemp("pose") / "shapes", n_train=16, n_val=8, imgsz=96, task="pose", seed=0)
+
+
+def train(data: Path, run: Path, model: str, epochs: int, *more: str) -> subprocess.CompletedProcess:
+    return subprocess.run([HPCYOLO, "train", "--task", "pose", "--model", model, "--data", str(data), "--epochs",
+                           str(epochs), "--imgsz", "96", "--batch", "8", "--workers", "0", "--run-dir", str(run),
+                           *more], capture_output=True, text=True, env=env())
+
+
+@pytest.mark.parametrize("model, epochs, losses", [
+    ("yolo11n", 2, ["box_loss", "pose_loss", "kobj_loss", "cls_loss", "dfl_loss"]),
+    ("yolo26n", 1, ["box_loss", "pose_loss", "kobj_loss", "cls_loss", "l1_loss", "rle_loss"])])
+def test_a_pose_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, model, epochs, losses):
+    run = tmp_path / "run"
+    r = train(tiny_set, run, model, epochs)
+    assert r.returncode == 0, r.stderr
+    header, *rows = list(csv.reader((run / "results.csv").open()))
+    want = ["epoch", "time", *(f"train/{k}" for k in losses), *METRICS, *(f"val/{k}" for k in losses),
+            "lr/pg0", "lr/pg1", "lr/pg2"]
+    assert header[:len(want)] == want
+    assert len(rows) == epochs
+    for row in rows:
+        figures = dict(zip(header, row))
+        assert all(math.isfinite(float(figures[c])) for c in want[1:])
+        assert all(float(figures[f"train/{k}"]) > 0 for k in losses)
+        assert all(0 <= float(figures[c]) <= 1 for c in METRICS)
+    line = next(text for text in r.stdout.splitlines() if text.startswith(f"epoch {epochs}/{epochs}: loss"))
+    assert "; pose P " in line and " kobj " in line
+    assert "\nkeypoints\n" in r.stdout  # the per-class tables: the boxes', then the keypoints'
+    drawn = {p.name for p in run.iterdir()}
+    assert {"train_batch0.jpg", "labels.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg", "val_pred_0.jpg",
+            "BoxPR_curve.png", "PosePR_curve.png", "confusion_matrix.png", "results.png"} <= drawn
+    weights = read_weights(run / "weights" / "last.pt")
+    assert (weights.task, weights.arch, weights.nc, weights.kpt_shape) == ("pose", model, 4, (4, 3))
+    # hpcyolo val of last.pt: results.csv's last row (the EMA weights it holds, validated alike)
+    v = subprocess.run([HPCYOLO, "val", str(run / "weights" / "last.pt"), "--data", str(tiny_set), "--json",
+                        "--batch", "16"], capture_output=True, text=True, env=env())
+    assert v.returncode == 0, v.stderr
+    result, last = json.loads(v.stdout), dict(zip(header, rows[-1]))
+    for key, column in (("map50_95", "metrics/mAP50-95(B)"), ("precision", "metrics/precision(B)")):
+        assert result[key] == pytest.approx(float(last[column]), abs=2e-5)
+    assert result["pose"]["map50_95"] == pytest.approx(float(last["metrics/mAP50-95(P)"]), abs=2e-5)
+    assert result["pose"]["instances"] == result["instances"] > 0
+
+
+@pytest.mark.parametrize("row, said", [
+    ("1 0.5 0.5 0.2 0.2 0.4 0.5 2 0.5 0.4 2", "malformed pose row (11 numbers (kpt_shape [4, 3]: 5 + 12))"),
+    ("2 0.5 0.5 0.2 0.2 0.4 0.5 2 0.5 0.4 2 0.6 0.5 3 0.5 0.6 2",
+     "malformed pose row (keypoint visibility 3 is not 0, 1 or 2)")])
+def test_a_bad_pose_row_stops_the_run_in_one_line_before_anything_is_written(tiny_set, tmp_path, row, said):
+    shutil.copytree(tiny_set.parent, tmp_path / "set")
+    label = next(p for p in sorted((tmp_path / "set" / "labels" / "val").glob("*.txt")) if p.read_text().strip())
+    number = len(label.read_text().splitlines()) + 1
+    label.write_text(label.read_text() + row + "\n")
+    r = train(tmp_path / "set" / "data.yaml", tmp_path / "run", "yolo11n", 1)
+    assert r.returncode == 1 and not (tmp_path / "run").exists(), r.stderr
+    errors = [text for text in r.stderr.splitlines() if text.startswith("hpcyolo: error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{label}:{number}: {said}" in errors[0]
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda text: text.replace("flip_idx: [2, 1, 0, 3]", "flip_idx: [2, 1, 0, 2]"),
+     "flip_idx: flip_idx [2, 1, 0, 2] is not a permutation of 0..3"),
+    (lambda text: text.replace("kpt_shape: [4, 3]\n", "").replace("flip_idx: [2, 1, 0, 3]\n", ""),
+     "kpt_shape: missing: train.task pose needs the keypoints' shape")])
+def test_a_bad_data_yaml_stops_the_run_in_one_line_naming_its_key(tiny_set, tmp_path, edit, said):
+    shutil.copytree(tiny_set.parent, tmp_path / "set")
+    data = tmp_path / "set" / "data.yaml"
+    data.write_text(edit(data.read_text()))
+    r = train(data, tmp_path / "run", "yolo11n", 1)
+    assert r.returncode != 0 and not (tmp_path / "run").exists(), r.stderr
+    errors = [text for text in r.stderr.splitlines() if text.startswith("hpcyolo: error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{data}: {said}" in errors[0]
