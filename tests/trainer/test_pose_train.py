@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_segment import stopped_and_resumed
 from test_yolo26_train import env
 
 from hpcyolo.login.shapes import make_shapes
@@ -105,3 +106,20 @@ def test_a_bad_data_yaml_stops_the_run_in_one_line_naming_its_key(tiny_set, tmp_
     errors = [text for text in r.stderr.splitlines() if text.startswith("hpcyolo: error:")]
     assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"{data}: {said}" in errors[0]
+
+
+def test_a_pose_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tmp_path, capfd):
+    """16 images, 2 ranks x 2: 4 steps an epoch; held after step 5 (epoch 2,
+    the last: close_mosaic's), stopped by SIGUSR2, resumed; two loader
+    workers a rank; mosaic, a rotating warp, flips by flip_idx, mixup and
+    CutMix move the keypoints: model, EMA, optimizer and results.csv the
+    same as an uninterrupted run's."""
+    data = make_shapes(tmp_path / "shapes", n_train=16, n_val=4, imgsz=64, task="pose", seed=1)
+    args = ["--task", "pose", "--model", "yolo11n", "--epochs", "2", "--close-mosaic", "1", "--workers", "2",
+            "--degrees", "10", "--mixup", "0.5", "--cutmix", "0.5"]
+    # epoch, losses, box and keypoint figures, val losses, lrs
+    rows = stopped_and_resumed(tmp_path, capfd, data, args, 21)
+    assert rows[0][1:6] == ["train/box_loss", "train/pose_loss", "train/kobj_loss", "train/cls_loss",
+                            "train/dfl_loss"]
+    assert rows[0][6:14] == METRICS
+    assert all(float(v) > 0 for row in rows[1:] for v in row[14:19])  # validated every epoch: a loss
