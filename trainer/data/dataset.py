@@ -851,7 +851,7 @@ class YoloDataset(Dataset):
                     img, boxes, rect, shown = cut_mix_patch((img, boxes), (other, other_boxes), rng, min_visible=0.01)
                     if len(shown):
                         outlines = joined(outlines, [cut_outline(other_outlines[j], rect, self.obb) for j in shown])
-                elif points is not None:  # as ultralytics: their keypoints clipped to the patch, those outside unlabelled
+                elif points is not None:  # as ultralytics: keypoints clipped to the patch, those outside unlabelled
                     img, boxes, rect, shown = cut_mix_patch((img, boxes), (other, other_boxes), rng)
                     if len(shown):
                         x1, y1, x2, y2 = rect

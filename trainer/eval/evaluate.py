@@ -137,7 +137,7 @@ class ValBatches(Dataset):
             canvases.append(canvas)
             on_canvas = (img.shape[0] * gain, img.shape[1] * gain)  # ultralytics scales labels by the float gain
             if self.keypoints is not None:
-                points = torch.from_numpy(np.array(self.keypoints[i], dtype=np.float32).reshape(-1, *self.kpt_shape[:1], 3))
+                points = torch.from_numpy(np.array(self.keypoints[i], dtype=np.float32).reshape(-1, self.kpt_shape[0], 3))
                 points[..., 0] = points[..., 0] * on_canvas[1] + offset[0]
                 points[..., 1] = points[..., 1] * on_canvas[0] + offset[1]
                 metas.append((offset, self.labels[i], on_canvas, points))
