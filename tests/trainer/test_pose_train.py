@@ -74,6 +74,15 @@ def test_a_pose_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, mode
         assert result[key] == pytest.approx(float(last[column]), abs=2e-5)
     assert result["pose"]["map50_95"] == pytest.approx(float(last["metrics/mAP50-95(P)"]), abs=2e-5)
     assert result["pose"]["instances"] == result["instances"] > 0
+    # hpcyolo compare ranks it by ultralytics' fitness of a keypoint model: the boxes' mAP50-95 plus the keypoints'
+    c = subprocess.run([HPCYOLO, "compare", str(run), "-o", str(tmp_path / "cmp.png"), "--json"], capture_output=True,
+                       text=True, env=env())
+    assert c.returncode == 0, c.stderr
+    (ranked,) = json.loads(c.stdout)
+    fitness = [float(x["metrics/mAP50-95(B)"]) + float(x["metrics/mAP50-95(P)"]) for x in map(dict, (zip(header, r)
+                                                                                                for r in rows))]
+    assert ranked["fitness"] == pytest.approx(max(fitness), abs=1e-9)
+    assert f"{ranked['map50_95_pose']:.5f}" == rows[ranked["epoch"] - 1][header.index("metrics/mAP50-95(P)")]
 
 
 @pytest.mark.parametrize("row, said", [
