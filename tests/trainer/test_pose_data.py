@@ -190,3 +190,25 @@ def test_validation_items_letterbox_keypoints_with_their_boxes(pose_set, rect):
     batch = collate([ds[i] for i in range(4)])
     rows, points = batch[1]
     assert points.shape == (len(rows), 4, 3) and rows.shape[1] == 6
+
+
+def test_a_staged_copy_keeps_the_keypoint_keys_and_reads_the_sources_index(pose_set, tmp_path, monkeypatch):
+    """hpcyolo stage's copy: its data.yaml keeps kpt_shape and flip_idx, and
+    a run on it starts from the index of the source in the user's cache
+    (nothing checked again), the same keypoints."""
+    from hpcyolo.node import stage
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    spec = load_data_spec(pose_set)
+    shared = lambda spec, yaml: (lambda: dataindex.shared_file(spec.root, "train", yaml))  # noqa: E731
+    source, index, checked, _ = dataindex.refresh(spec.train, 4, spec.root, tmp_path / "a.npz",
+                                                  shared=shared(spec, pose_set), keep=True, kpt_shape=(4, 3))
+    assert checked == len(spec.train)
+    staged_yaml = stage.stage(pose_set, tmp_path / "scratch" / "data")
+    staged = load_data_spec(staged_yaml)
+    assert (staged.kpt_shape, staged.flip_idx) == (spec.kpt_shape, spec.flip_idx) and staged.root != spec.root
+    copy, index, checked, _ = dataindex.refresh(staged.train, 4, staged.root, tmp_path / "b.npz",
+                                                shared=shared(staged, staged_yaml), kpt_shape=(4, 3))
+    assert checked == 0 and index.origin is not None
+    for a, b in zip(copy.sift()[0].keypoints, source.sift()[0].keypoints):
+        np.testing.assert_array_equal(a, b)
