@@ -2,7 +2,8 @@
 YOLO26 (E2ELoss of PoseLoss26) train on a make-dataset pose set and
 validate the boxes by IoU and the keypoints by OKS; results.csv's columns
 ultralytics' pose trainer's (its loss names, PoseLoss26's with l1 and rle,
-the (B) and (P) metrics, the val/ losses); every figure finite, the plots
+the (B) and (P) metrics, the val/ losses; as its own training of yolo11n-pose
+and yolo26n-pose wrote them, the reference script's trained-pose); every figure finite, the plots
 drawn (keypoints on the batches, Pose*_curve.png), the weights read back as
 a keypoint model of the data's kpt_shape and measured again by `hpcyolo
 val`; a bad pose row or a data YAML without kpt_shape stops the run in one
@@ -26,6 +27,7 @@ from hpcyolo.login.shapes import make_shapes
 from hpcyolo_trainer.model.weights import read_weights
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
+REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained"
 METRICS = [f"metrics/{m}({k})" for k in "BP" for m in ("precision", "recall", "mAP50", "mAP50-95")]
 
 
@@ -51,6 +53,8 @@ def test_a_pose_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, mode
     want = ["epoch", "time", *(f"train/{k}" for k in losses), *METRICS, *(f"val/{k}" for k in losses),
             "lr/pg0", "lr/pg1", "lr/pg2"]
     assert header[:len(want)] == want
+    theirs = json.loads((REFERENCE / f"{model}-pose" / "val.json").read_text())["columns"]
+    assert header[:len(theirs)] == theirs  # ultralytics' own training of the model wrote these; our speed columns after
     assert len(rows) == epochs
     for row in rows:
         figures = dict(zip(header, row))
