@@ -136,3 +136,22 @@ def test_a_pose_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tmp_p
                             "train/dfl_loss"]
     assert rows[0][6:14] == METRICS
     assert all(float(v) > 0 for row in rows[1:] for v in row[14:19])  # validated every epoch: a loss
+
+
+def test_weights_of_another_kpt_shape_fine_tune_with_new_keypoint_branches(tiny_set, tmp_path):
+    """Ultralytics' yolo26n-pose checkpoint of kpt_shape [3, 2] (the
+    reference script's pose-checkpoint) onto the [4, 3] set: every tensor
+    but the keypoint branches' (and the class convs') comes from the file,
+    as ultralytics transfers those whose shapes match; the run trains."""
+    import torch
+
+    start = REFERENCE.parent / "checkpoints" / "yolo26n-pose" / "model.pt"
+    r = train(tiny_set, tmp_path / "run", "yolo26n", 1, "--weights", str(start), "--lr0", "0", "--optimizer", "sgd",
+              "--warmup-epochs", "0")
+    assert r.returncode == 0, r.stderr
+    assert "keypoint branches new for kpt_shape [4, 3] (the weights': [3, 2])" in r.stdout, r.stdout
+    read = read_weights(start)
+    last = torch.load(tmp_path / "run" / "weights" / "last.pt", weights_only=True)["model"]
+    kept = [k for k in last if k.startswith("backbone.") and "running" not in k and "num_batches" not in k]
+    assert kept and all(torch.equal(last[k].float(), read.state[k].float()) for k in kept)
+    assert last["head.kpt_out.0.weight"].shape[0] == 4 * 3 != read.state["head.kpt_out.0.weight"].shape[0]

@@ -38,6 +38,8 @@ from . import safe_pickle
 from .heads import HEADS, HeadMap
 from .detector import DetectionModel, build_model, resolve_model
 
+# A keypoint model's branches whose widths follow its kpt_shape (model/pose.py PoseHead; YOLO26's one-to-one copies)
+KEYPOINT_BRANCHES = ("head.kpt", "head.one2one_kpt")
 _NOT_WEIGHTS = f"not hpcyolo weights such as RUN/{WEIGHTS}/best.pt, nor an ultralytics checkpoint"
 _ULTRALYTICS_NAME = re.compile(f"({'|'.join(registry.FAMILIES)})([{''.join(registry.SCALES)}])?(-seg|-cls|-pose|-obb)?")
 _SUFFIX = {"detect": None, "segment": "-seg", "classify": "-cls", "pose": "-pose", "obb": "-obb"}  # yolo11n-seg.yaml
@@ -383,7 +385,11 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
     fresh initialisation (seed the RNG before building the model for the
     same initialisation on every rank). Where the class count also sets the
     class branches' width (more than 64 classes at n: COCO's 80 onto a
-    dataset of 3), the whole class branches start fresh, as in ultralytics."""
+    dataset of 3), the whole class branches start fresh, as in ultralytics.
+    A keypoint model's weights of another kpt_shape (COCO's [17, 3] onto a
+    dataset's [4, 3]) give everything but the keypoint branches (whose
+    widths follow K x D), which start fresh: ultralytics transfers the
+    tensors whose shapes match."""
     path = weights.path
     if model.arch != weights.arch:
         raise HpcyoloError(f"{path}: holds {weights.arch}, not {model.arch}")
@@ -393,9 +399,12 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
     if fresh and any(k in weights.state and weights.state[k].shape != target[k].shape
                      for k in branches if k not in fresh):
         fresh = branches
-    wanted = [k for k in target if k not in fresh]
+    other_points = weights.kpt_shape is not None and getattr(model, "kpt_shape", None) is not None and \
+        tuple(weights.kpt_shape) != tuple(model.kpt_shape)
+    points = [k for k in target if k.startswith(KEYPOINT_BRANCHES)] if other_points else []
+    wanted = [k for k in target if k not in fresh and k not in points]
     missing = [k for k in wanted if k not in weights.state]
-    extra = [k for k in weights.state if k not in target]
+    extra = [k for k in weights.state if k not in target and not (other_points and k.startswith(KEYPOINT_BRANCHES))]
     wrong = [k for k in wanted if k in weights.state and weights.state[k].shape != target[k].shape]
     if missing or extra or wrong:
         first = (f"{wrong[0]} has shape {tuple(weights.state[wrong[0]].shape)}, not {tuple(target[wrong[0]].shape)}"
@@ -409,4 +418,6 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
     line = (f"weights: {len(wanted)}/{len(target)} tensors from {Path(path).name} ({weights.origin}, "
             f"{weights.nc} classes)")
     what = "class branches" if len(fresh) > len(class_convs(model)) else "class convs"
-    return line + (f"; {what} new for {model.nc} classes" if fresh else "")
+    line += f"; {what} new for {model.nc} classes" if fresh else ""
+    return line + (f"; keypoint branches new for kpt_shape {list(model.kpt_shape)} (the weights': "
+                   f"{list(weights.kpt_shape)})" if points else "")
