@@ -443,13 +443,24 @@ def check_labels(spec: DataSpec, keys: tuple[str, ...], labelled: dict[str, int]
     return warnings
 
 
-def check_data(data: str | Path) -> list[str]:
+def check_data(data: str | Path, task: str | None = None) -> list[str]:
     """The trainer's checks of a data YAML, for a login node (validate,
-    doctor): a ConfigError for data that cannot be trained on, else the
-    warnings. A tar archive (staged, then unpacked) is checked once staged."""
+    doctor): a ConfigError for data that cannot be trained on (for `task`,
+    train.task, where given), else the warnings. A tar archive (staged, then
+    unpacked) is checked once staged."""
     if archive_flags(Path(data)) is not None:
         return []
-    return check_labels(load_data_spec(data), ("train", "val"))
+    spec = load_data_spec(data)
+    if task == "pose":
+        need_keypoints(spec)
+    return check_labels(spec, ("train", "val"))
+
+
+def need_keypoints(spec: DataSpec) -> None:
+    """A ConfigError naming the data YAML's kpt_shape where train.task pose has none to read its labels by."""
+    if spec.kpt_shape is None and not spec.folders:
+        raise ConfigError(spec.yaml, "kpt_shape", "missing: train.task pose needs the keypoints' shape, "
+                                                  "[keypoints per object, 2 or 3 values each] (e.g. [17, 3])")
 
 
 def training_files(files: list, fraction: float, spread: bool = False) -> list:

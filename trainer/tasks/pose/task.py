@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ...common import rundir
-from ...common.errors import ConfigError
+from ...common.datayaml import need_keypoints
 from ...data.dataset import YoloDataset
 from ...eval.evaluate import ValBatches, batch_drawer, evaluate, pose_batch_stats, report, table, validate
 from ...eval.export import export_onnx
@@ -121,9 +121,7 @@ def for_data(task: Task, spec) -> Task:
     (the loss and OKS); a data YAML without kpt_shape is one line."""
     if spec.folders:
         return task  # a folder of class folders: the run refuses it for every task but classify (check_layout)
-    if spec.kpt_shape is None:
-        raise ConfigError(spec.yaml, "kpt_shape", "missing: train.task pose needs the keypoints' shape, "
-                                                  "[keypoints per object, 2 or 3 values each] (e.g. [17, 3])")
+    need_keypoints(spec)
     shape, sigmas = spec.kpt_shape, spec.kpt_oks_sigmas
     return replace(task, train_set=functools.partial(train_set, kpt_shape=shape, flip_idx=spec.flip_idx),
                    val_batches=functools.partial(val_batches, kpt_shape=shape,
