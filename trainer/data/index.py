@@ -39,7 +39,8 @@ arrays): the images' names as one UTF-8 text (NUL between names, which no
 path holds; a name that is not UTF-8 kept byte for byte), image and label
 size and mtime (ns), the decoded shape, why an image was dropped, each label
 row, each row's outline (polygon) points (none at all in a dataset of boxes),
-and the problems found (their text with the files' paths left out and put
+a keypoint dataset's keypoints of each row (read by its kpt_shape, which the
+index records: one made for another shape is not used), and the problems found (their text with the files' paths left out and put
 back on reading, so a staged copy's messages name its own files). Every rank
 of every start reads the whole file from the run directory, on shared
 storage: it holds no byte per image it does not need (50k generated images
