@@ -87,6 +87,17 @@ def test_a_pose_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, mode
                                                                                                 for r in rows))]
     assert ranked["fitness"] == pytest.approx(max(fitness), abs=1e-9)
     assert f"{ranked['map50_95_pose']:.5f}" == rows[ranked["epoch"] - 1][header.index("metrics/mAP50-95(P)")]
+    # hpcyolo export of the trained weights: ultralytics' pose layout, the data's kpt_shape in the metadata
+    import onnx
+
+    e = subprocess.run([HPCYOLO, "export", str(run / "weights" / "last.pt"), "-o", str(tmp_path / "pose.onnx")],
+                       capture_output=True, text=True, env=env())
+    assert e.returncode == 0, e.stderr
+    proto = onnx.load(str(tmp_path / "pose.onnx"))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta["task"] == "pose" and meta["kpt_shape"] == "[4, 3]"
+    dims = [d.dim_value for d in proto.graph.output[0].type.tensor_type.shape.dim]
+    assert dims[:2] == [1, 4 + 4 + 4 * 3]  # boxes, class scores, K x D keypoint values per anchor
 
 
 @pytest.mark.parametrize("row, said", [
