@@ -73,15 +73,15 @@ from .augment import (
     mix,
     mosaic_affine,
     random_affine,
-    shifted,
     rect_batches,
     resized_shapes,
+    shifted,
     to_normalised,
     to_pixel_boxes,
 )
 from .filescan import cpus, per_file
 from .keypoints import clip_keypoints, flip_keypoints, parse_pose_row
-from .labels import COORD_TOL, parse_label_row
+from .labels import parse_label_row
 from .masks import instance_masks, overlap_masks, resampled
 from .sampler import STREAM
 
