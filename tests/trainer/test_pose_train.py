@@ -166,3 +166,27 @@ def test_weights_of_another_kpt_shape_fine_tune_with_new_keypoint_branches(tiny_
     kept = [k for k in last if k.startswith("backbone.") and "running" not in k and "num_batches" not in k]
     assert kept and all(torch.equal(last[k].float(), read.state[k].float()) for k in kept)
     assert last["head.kpt_out.0.weight"].shape[0] == 4 * 3 != read.state["head.kpt_out.0.weight"].shape[0]
+
+
+@pytest.mark.parametrize("arch", ["yolo11n", "yolo26n"])
+def test_the_pose_kobj_and_rle_settings_are_the_losss_gains(tiny_set, arch):
+    """train.pose, train.kobj and train.rle (ultralytics' pose, kobj, rle) reach the keypoint loss."""
+    from hpcyolo_trainer.common.datayaml import load_data_spec
+    from hpcyolo_trainer.common.settings import TrainConfig
+    from hpcyolo_trainer.tasks.task import load
+
+    task = load("pose").with_data(load_data_spec(tiny_set))
+    cfg = TrainConfig(run_dir="unused", data=str(tiny_set), task="pose", pose=3.0, kobj=0.25, rle=0.5)
+    loss = task.loss(task.build_model(arch, 4), 4, 1, cfg)
+    heads = [loss.one2many, loss.one2one] if arch == "yolo26n" else [loss]
+    assert all(h.pose_gains == (3.0, 0.25, 0.5) and h.kpt_shape == (4, 3) for h in heads)
+    assert ("rle_loss" in loss.names) == (arch == "yolo26n")
+
+
+def test_an_ultralytics_recipe_sets_the_keypoint_gains(tmp_path):
+    from hpcyolo_trainer.common.recipe import read_recipe
+
+    recipe = tmp_path / "hyp.yaml"
+    recipe.write_text("pose: 20.0\nkobj: 2.0\nrle: 0.5\n")
+    settings, ignored = read_recipe(recipe)
+    assert (settings["pose"], settings["kobj"], settings["rle"]) == (20.0, 2.0, 0.5) and not ignored

@@ -275,6 +275,11 @@ SETTINGS: tuple[Setting, ...] = (
     U("cls", 0.5, float, "Gain of the classification (BCE) loss.", True, _LOSS, check_non_negative),
     U("dfl", 1.5, float, "Gain of the distribution focal loss (YOLO26: of its L1 box loss).", True, _LOSS,
       check_non_negative),
+    U("pose", 12.0, float, "Keypoints (train.task pose): gain of the keypoint location (OKS) loss.", True, _LOSS,
+      check_non_negative),
+    U("kobj", 1.0, float, "Keypoints: gain of the keypoint visibility (BCE) loss.", True, _LOSS, check_non_negative),
+    U("rle", 1.0, float, "Keypoints, YOLO26: gain of the residual log-likelihood (RLE) loss.", True, _LOSS,
+      check_non_negative),
     U("overlap_mask", True, bool, "Segmentation: an image's ground-truth masks as one map, each smaller instance "
       "drawn over the larger ones; off: one mask per instance.", True, _LOSS),
     U("mask_ratio", 4, int, "Segmentation: the ground-truth masks at 1/mask_ratio of the image's side (4: the "

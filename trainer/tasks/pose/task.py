@@ -26,8 +26,6 @@ from ..task import Task
 
 BOX = ("precision", "recall", "map50", "map50_95")
 BOX_COLUMNS = (rundir.PRECISION, rundir.RECALL, rundir.MAP50, rundir.MAP50_95)  # (B): the boxes'
-# ultralytics' v8PoseLoss gains of the keypoint terms (its defaults `pose` and `kobj`), and PoseLoss26's RLE term
-POSE_GAIN, KOBJ_GAIN, RLE_GAIN = 12.0, 1.0, 1.0
 
 
 def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked, names=None,
@@ -48,17 +46,17 @@ def val_batches(files, nc: int, imgsz: int, batch: int, *, cache_dir: Path | Non
 
 def loss(model, nc: int, world_size: int, cfg, sigmas: tuple[float, ...] | None = None
          ) -> PoseLoss | EndToEndPoseLoss:
-    """ultralytics 8.4's keypoint loss of `model` with cfg's box, cls and dfl
-    gains and its own pose (12), kobj (1) and rle (1), the OKS sigmas the
+    """ultralytics 8.4's keypoint loss of `model` with cfg's gains (box, cls,
+    dfl, pose, kobj; YOLO26's rle), the OKS sigmas the
     data YAML's kpt_oks_sigmas (else COCO's for [17, 3], else 1/K), scaled
     for the world size: v8PoseLoss for YOLOv8 and YOLO11; for YOLO26
     (end2end), E2ELoss of PoseLoss26 over both heads (their weights change
     over cfg.epochs), with the head's RealNVP flow for the RLE term."""
     strides = tuple(model.stride.tolist())
-    gains = dict(box=cfg.box, cls=cfg.cls, dfl=cfg.dfl, pose=POSE_GAIN, kobj=KOBJ_GAIN)
+    gains = dict(box=cfg.box, cls=cfg.cls, dfl=cfg.dfl, pose=cfg.pose, kobj=cfg.kobj, rle=cfg.rle)
     if model.end2end:
         return EndToEndPoseLoss(nc, cfg.epochs, strides=strides, world_size=world_size, kpt_shape=model.kpt_shape,
-                                sigmas=sigmas, flow=model.head.flow, rle=RLE_GAIN, **gains)
+                                sigmas=sigmas, flow=model.head.flow, **gains)
     return PoseLoss(nc, reg_max=model.reg_max, strides=strides, world_size=world_size, min_side=strides[1],
                     assign_ciou=True, kpt_shape=model.kpt_shape, sigmas=sigmas, **gains)
 
