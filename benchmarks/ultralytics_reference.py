@@ -5,7 +5,7 @@ and imports nothing of hpcyolo:
     /work/bench-ul-venv/bin/python benchmarks/ultralytics_reference.py WHAT
 
 WHAT is parameters, forward, loss, assigner, masks, rboxes, obb-augment, obb-checkpoint, metrics,
-val, trained, trained-obb, end2end (of `trained` alone), val-loss, classify,
+val, trained, trained-obb, trained-pose, end2end (of `trained` alone), val-loss, classify,
 classify-transforms (transforms.npz of `classify` alone), keypoints,
 pose-predict or pose-checkpoint, each below.
 
@@ -124,6 +124,10 @@ those of TRAINED. `trained-obb DATA` does the same for the OBB models of
 TRAINED_OBB on a set of TRAINED_OBB_DATA (predict.json: each oriented box's
 class, confidence, four corners and xywhr, in image pixels); `trained-obb
 DATA --again` measures the models it holds again, without training them.
+`trained-pose DATA` does the same for the keypoint models of TRAINED_POSE on
+a set of TRAINED_POSE_DATA (val.json: the boxes' and the keypoints' figures;
+predict.json: each object's class, confidence, box xyxy and keypoints,
+`Results.keypoints.data`: x, y in image pixels and confidence).
 
 `val-loss DATA` writes tests/reference/ultralytics/val_loss.json: the loss
 items ultralytics' trainer logs as its val/ columns (its validator's
@@ -1313,6 +1317,9 @@ def val() -> dict:
     return out
 
 
+# `trained-pose DATA`: the same for keypoint models, on a set of this command line
+TRAINED_POSE = ("yolo11n-pose", "yolo26n-pose")
+TRAINED_POSE_DATA = "hpcyolo make-dataset shapes DIR --task pose --train 240 --val 40 --seed 3"
 # The models `trained` trains, the dataset it trains them on and how.
 TRAINED = ("yolo11n-seg", "yolo26n-seg")
 TRAINED_DATA = "hpcyolo make-dataset shapes DIR --task segment --train 240 --val 40 --seed 3"
@@ -1325,8 +1332,9 @@ TRAINED_SETTINGS = dict(epochs=20, imgsz=160, batch=16, workers=0, seed=0, deter
 # first 4 val images (its best there: 0.28, 0.133, 0.127, 0.107), so it trains longer.
 TRAINED_EPOCHS = {"yolo26n-seg": 60}
 # predict.json's confidence threshold: 0.3 (ultralytics' check: every object that sure), but the OBB models'
-# 20 epochs leave yolo11n-obb one object there (mAP50 0.30)
-TRAINED_PREDICT_CONF = {"yolo11n-obb": 0.1, "yolo26n-obb": 0.1}
+# 20 epochs leave yolo11n-obb one object there (mAP50 0.30), and the pose models' leave yolo11n-pose one (box mAP50
+# 0.19)
+TRAINED_PREDICT_CONF = {"yolo11n-obb": 0.1, "yolo26n-obb": 0.1, "yolo11n-pose": 0.1, "yolo26n-pose": 0.1}
 # end2end.json's: 0.3, but yolo26n-obb's one-to-one head is less sure still
 END2END_PREDICT_CONF = {"yolo26n-obb": 0.05}
 
@@ -1355,6 +1363,9 @@ def measured(weights: Path, yaml_file: Path, images: list[Path], conf: float, tm
     if hasattr(metrics, "seg"):
         figures["mask"] = {"map50": float(metrics.seg.map50), "map50_95": float(metrics.seg.map),
                            "precision": float(metrics.seg.mp), "recall": float(metrics.seg.mr)}
+    if hasattr(metrics, "pose"):
+        figures["pose"] = {"map50": float(metrics.pose.map50), "map50_95": float(metrics.pose.map),
+                           "precision": float(metrics.pose.mp), "recall": float(metrics.pose.mr)}
     predictions = []
     for result in YOLO(str(weights)).predict([str(i) for i in images], imgsz=160, conf=conf, verbose=False, **how):
         if result.obb is not None:  # an oriented box: its four corners and xywhr
@@ -1369,6 +1380,8 @@ def measured(weights: Path, yaml_file: Path, images: list[Path], conf: float, tm
                    "box": [float(v) for v in result.boxes.xyxy[k]]}
             if result.masks is not None:
                 obj["polygon"] = [[float(x), float(y)] for x, y in result.masks.xy[k]]
+            if result.keypoints is not None:
+                obj["keypoints"] = result.keypoints.data[k].tolist()
             objects.append(obj)
         predictions.append({"image": Path(result.path).name, "objects": objects})
     return figures, predictions
@@ -1705,12 +1718,14 @@ def pose_predictions() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["parameters", "forward", "loss", "assigner", "masks", "rboxes", "obb-augment",
-                                         "obb-checkpoint", "metrics", "val", "trained", "trained-obb", "end2end",
+                                         "obb-checkpoint", "metrics", "val", "trained", "trained-obb",
+                                         "trained-pose", "end2end",
                                          "val-loss", "classify", "classify-transforms", "pose-checkpoint", "keypoints",
                                          "pose-predict"])
     parser.add_argument("data", nargs="?", help="trained, val-loss: the dataset's folder (see TRAINED_DATA); "
                                                 "classify: see CLASSIFY_DATA")
-    parser.add_argument("--again", action="store_true", help="trained-obb: measure the models trained/ holds "
+    parser.add_argument("--again", action="store_true", help="trained-obb, trained-pose: measure the models "
+                                                                 "trained/ holds "
                                                                  "again (val.json, predict.json), not train them")
     parser.add_argument("--models", nargs="+", choices=TRAINED + CLASSIFIERS,
                         help="trained, classify: only these of TRAINED or CLASSIFIERS (default: all)")
@@ -1772,6 +1787,11 @@ def main() -> None:
         if not args.data:
             parser.error(f"trained-obb needs DATA, a folder written by: {TRAINED_OBB_DATA}")
         trained(Path(args.data).resolve(), TRAINED_OBB, TRAINED_OBB_DATA, again=args.again)
+        print(f"wrote {OUT / 'trained'}")
+    elif args.what == "trained-pose":
+        if not args.data:
+            parser.error(f"trained-pose needs DATA, a folder written by: {TRAINED_POSE_DATA}")
+        trained(Path(args.data).resolve(), TRAINED_POSE, TRAINED_POSE_DATA, again=args.again)
         print(f"wrote {OUT / 'trained'}")
     elif args.what == "end2end":
         if not args.data:

@@ -122,6 +122,21 @@ def test_submit_refuses_data_without_labels_before_the_queue(tmp_path, shapes):
     assert len(lines) == 1 and f"{shapes}: train: none of its 8 images has a label file" in lines[0]
 
 
+def test_validate_and_submit_refuse_a_pose_job_on_data_without_kpt_shape(tmp_path, shapes):
+    """train.task pose reads its labels by the data YAML's kpt_shape: data without one is refused on the login
+    node, in one line naming the file and the key; a bad flip_idx likewise, for any task."""
+    job = job_file(tmp_path, shapes, task="pose")
+    said = f"hpcyolo: error: {shapes}: kpt_shape: missing: train.task pose needs the keypoints' shape"
+    for command in (("validate", SITE, job), ("submit", SITE, job, "--dry-run")):
+        lines = error_lines(hpcyolo(*command, cwd=tmp_path))
+        assert len(lines) == 1 and lines[0].startswith(said), lines
+    assert hpcyolo("validate", SITE, job_file(tmp_path, shapes), cwd=tmp_path).returncode == 0  # detect: no keypoints
+    shapes.write_text(shapes.read_text() + "kpt_shape: [4, 3]\nflip_idx: [0, 0, 1, 2]\n")
+    lines = error_lines(hpcyolo("validate", SITE, job_file(tmp_path, shapes), cwd=tmp_path))
+    assert lines == [f"hpcyolo: error: {shapes}: flip_idx: flip_idx [0, 0, 1, 2] is not a permutation of 0..3 (one "
+                     "index per keypoint of kpt_shape)"]
+
+
 def test_a_majority_unlabelled_is_one_warning_with_the_count(tmp_path, shapes):
     labels = shapes.parent / "labels" / "train"
     for name in ("000000", "000001", "000002", "000003", "000004"):

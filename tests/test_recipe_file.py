@@ -123,6 +123,6 @@ def test_a_recipe_of_another_task_is_refused_in_one_line(tmp_path):
     """args.yaml's task is taken as train.task: one of a task hpcyolo does
     not train (yet) is refused naming the file and key, not trained as detection."""
     recipe = tmp_path / "args.yaml"
-    recipe.write_text(ARGS.read_text().replace("task: detect", "task: pose"))
-    with pytest.raises(ConfigError, match=r"args.yaml: task: .*pose.*detect"):
+    recipe.write_text(ARGS.read_text().replace("task: detect", "task: depth"))
+    with pytest.raises(ConfigError, match=r"args.yaml: task: .*depth.*detect"):
         read_recipe(recipe)

@@ -196,7 +196,7 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
               "optimizer": "adamw", "lr0": 0.003, "nbs": 32, "close_mosaic": 3, "multi_scale": 0.25, "rect": True,
               "end2end": True, "lrf": 0.02, "momentum": 0.9, "weight_decay": 0.001, "warmup_epochs": 1.0,
               "warmup_momentum": 0.7, "warmup_bias_lr": 0.05, "cos_lr": True, "box": 5.0, "cls": 1.0, "dfl": 2.0,
-              "overlap_mask": False, "mask_ratio": 2,
+              "pose": 10.0, "kobj": 2.0, "rle": 0.5, "overlap_mask": False, "mask_ratio": 2,
               "mosaic": 0.5, "hsv_h": 0.01, "hsv_s": 0.5, "hsv_v": 0.3, "degrees": 10.0, "translate": 0.2,
               "scale": 0.3, "shear": 2.0, "flipud": 0.5, "fliplr": 0.3, "bgr": 0.1, "erasing": 0.2, "dropout": 0.25, "amp": False,
               "auto_augment": "none",

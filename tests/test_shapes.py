@@ -302,10 +302,12 @@ def test_the_cli_writes_each_task_and_refuses_another(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "cls"), r.stderr
     r = hpcyolo("make-dataset", "shapes", tmp_path / "obb", "--task", "obb", "--train", "4", "--val", "2")
     assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "obb" / "data.yaml"), r.stderr
-    r = hpcyolo("make-dataset", "shapes", tmp_path / "pose", "--task", "pose")
-    assert r.returncode == 2 and "--task" in r.stderr and not (tmp_path / "pose").exists()
-    with pytest.raises(HpcyoloError, match="task must be one of detect, segment, classify, obb"):
-        shapes.make_shapes(tmp_path / "x", task="pose")
+    r = hpcyolo("make-dataset", "shapes", tmp_path / "pose", "--task", "pose", "--train", "4", "--val", "2")
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "pose" / "data.yaml"), r.stderr
+    r = hpcyolo("make-dataset", "shapes", tmp_path / "depth", "--task", "depth")
+    assert r.returncode == 2 and "--task" in r.stderr and not (tmp_path / "depth").exists()
+    with pytest.raises(HpcyoloError, match="task must be one of detect, segment, classify, obb, pose"):
+        shapes.make_shapes(tmp_path / "x", task="depth")
     assert not (tmp_path / "x").exists()
 
 
@@ -368,3 +370,47 @@ def test_an_obb_set_labels_each_shape_with_its_tight_rotated_rectangle(tmp_path)
             compared += 1
     assert compared > 40
     assert files(obb) == files(shapes.make_shapes(tmp_path / "again", **SMALL, task="obb").parent)
+
+
+# == --task pose ===================================================================
+
+def test_a_pose_set_labels_each_shape_with_its_extreme_points(tmp_path):
+    """Every line is a box and four keypoints (x y v): the shape's leftmost,
+    topmost, rightmost and bottommost points, those inside the image
+    visible (2) on the box's left, top, right and bottom edge (the box is
+    the drawn pixels', the points the outline's: within a pixel), those
+    outside 0 0 0; the data YAML names kpt_shape and the flip_idx that a
+    left-right mirror needs; the same seed writes the same files."""
+    pose = shapes.make_shapes(tmp_path / "pose", **SMALL, task="pose").parent
+    spec = yaml.safe_load((pose / "data.yaml").read_text())
+    assert spec["kpt_shape"] == [4, 3] and spec["flip_idx"] == [2, 1, 0, 3]
+    size, visible, hidden = SMALL["imgsz"], 0, 0
+    for label in sorted((pose / "labels").rglob("*.txt")):
+        for line in label.read_text().splitlines():
+            values = np.asarray(line.split()[1:], dtype=float)
+            assert len(values) == 4 + 4 * 3
+            box = np.array([values[0] - values[2] / 2, values[1] - values[3] / 2, values[0] + values[2] / 2,
+                            values[1] + values[3] / 2]) * size
+            points = values[4:].reshape(4, 3) * (size, size, 1)
+            assert set(points[:, 2]) <= {0.0, 2.0}
+            hidden += int((points[:, 2] == 0).sum())
+            assert (points[points[:, 2] == 0] == 0).all()
+            shown = points[:, 2] == 2
+            visible += int(shown.sum())
+            edges = np.array([points[0, 0] - box[0], points[1, 1] - box[1], box[2] - points[2, 0],
+                              box[3] - points[3, 1]])
+            assert np.abs(edges[shown]).max(initial=0) < 1.0, (label, line)
+    assert visible > 4 * SMALL["n_train"] and hidden > 0
+    assert files(pose) == files(shapes.make_shapes(tmp_path / "again", **SMALL, task="pose").parent)
+
+
+def test_flip_idx_names_each_keypoint_of_the_mirrored_shape():
+    """The extreme points of a mirrored outline are the original's, mirrored
+    and reordered by FLIP_IDX (leftmost <-> rightmost)."""
+    rng = np.random.default_rng(3)
+    for kind in ("triangle", "star", "cross", "square"):
+        outline = shapes.outline(kind, 40, 30, rng.uniform(0, 6.3)) + (50, 60)
+        mirrored = outline * (-1, 1) + (160, 0)
+        ours, theirs = shapes.extreme_points(outline, 160), shapes.extreme_points(mirrored, 160)
+        np.testing.assert_allclose(theirs[:, 0], 160 - ours[list(shapes.FLIP_IDX), 0], atol=1e-9)
+        np.testing.assert_allclose(theirs[:, 1], ours[list(shapes.FLIP_IDX), 1], atol=1e-9)

@@ -34,7 +34,7 @@ def validate(site: str, job: str) -> None:
     from hpcyolo.login.runcheck import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
-    for warning in check_data(plan.data):
+    for warning in check_data(plan.data, dict(plan.train_settings).get("task")):
         click.echo(f"warning: {warning}", err=True)
     warn_job(plan, plan.run_dir)
     click.echo(f"ok: {plan.layout} = world size {plan.world_size}, "
@@ -100,15 +100,16 @@ def run_(site: str, job: str, resume: bool) -> None:
               "at most (5% of images have none).")
 # login/shapes.py's TASKS (not imported here: it loads numpy and Pillow)
 @click.option("--task", default="detect", show_default=True,
-              type=click.Choice(["detect", "segment", "classify", "obb"]),
+              type=click.Choice(["detect", "segment", "classify", "obb", "pose"]),
               help="The labels, as ultralytics reads them for the task: boxes; polygons (the shapes' silhouettes); "
-                   "6-10 shapes of one class per image in DIR/{train,val}/CLASS/ folders; or the four corners of "
-                   "each shape's tight rotated rectangle.")
+                   "6-10 shapes of one class per image in DIR/{train,val}/CLASS/ folders; the four corners of "
+                   "each shape's tight rotated rectangle; or boxes with 4 keypoints, the outline's leftmost, topmost, "
+                   "rightmost and bottommost points (kpt_shape [4, 3]).")
 def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int, classes: int, seed: int,
                  max_objects: int, task: str) -> None:
     """Write a synthetic dataset into DIR, in ultralytics layout, for
     detection (boxes), segmentation (polygons), classification (class
-    folders) or oriented boxes (four corners).
+    folders), oriented boxes (four corners) or keypoints (pose).
 
     KIND `shapes`: coloured shapes on noisy backgrounds, the class given by the
     silhouette alone. Small and learnable: a YOLO n trained from scratch on a
@@ -120,6 +121,7 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
         hpcyolo make-dataset shapes /scratch/$USER/shapes
         hpcyolo make-dataset shapes --task segment /scratch/$USER/shapes-seg
         hpcyolo make-dataset shapes --task obb /scratch/$USER/shapes-obb
+        hpcyolo make-dataset shapes --task pose /scratch/$USER/shapes-pose
 
     DIR must not exist or be empty; it appears complete or not at all.
     Prints the path of its data.yaml on stdout (for classify: DIR, the

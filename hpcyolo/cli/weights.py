@@ -130,6 +130,8 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
                    f"({result['images']} images)")
     elif "masks" in result:  # a segmentation: its boxes' table, then its masks'
         click.echo(f"boxes\n{table(result)}\nmasks\n{table(result['masks'])}")
+    elif "pose" in result:  # a keypoint model: its boxes' table, then its keypoints'
+        click.echo(f"boxes\n{table(result)}\nkeypoints\n{table(result['pose'])}")
     else:
         click.echo(table(result))
 

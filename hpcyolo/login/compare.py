@@ -2,7 +2,8 @@
 
 One PNG with every run's mAP50-95, mAP50 and training-loss curves, and a
 table ranking the runs by their best fitness (ultralytics 8.4's: mAP50-95; a
-segmentation's, the boxes' plus the masks'; a classifier's, the mean of
+segmentation's, the boxes' plus the masks'; a keypoint model's, the boxes'
+plus the keypoints'; a classifier's, the mean of
 top-1 and top-5) with the settings that differ between them. Read from the runs'
 results.csv and config.yaml; no torch.
 """
@@ -45,26 +46,38 @@ class Run:
         return bool(self.rows) and rundir.MASK_MAP50_95 in self.rows[0]
 
     @property
+    def keypoints(self) -> bool:
+        return bool(self.rows) and rundir.POSE_MAP50_95 in self.rows[0]
+
+    @property
+    def second(self) -> tuple[tuple[str, str], ...]:
+        """(key, column) of what a segmentation (its masks) or a keypoint
+        model (its keypoints) is judged by beside its boxes; () for others."""
+        if self.segmenter:
+            return ("map50_mask", rundir.MASK_MAP50), ("map50_95_mask", rundir.MASK_MAP50_95)
+        if self.keypoints:
+            return ("map50_pose", rundir.POSE_MAP50), ("map50_95_pose", rundir.POSE_MAP50_95)
+        return ()
+
+    @property
     def figures(self) -> tuple[tuple[str, str], ...]:
         """(key, results.csv column) of the figures the run's kind is judged
         by: a classifier's top-1 and top-5, else its boxes' mAP50 and
-        mAP50-95 (and a segmentation's masks' too)."""
+        mAP50-95 (and a segmentation's masks' or a keypoint model's keypoints' too)."""
         if self.classifier:
             return ("top1", rundir.TOP1), ("top5", rundir.TOP5)
-        boxes = ("map50", rundir.MAP50), ("map50_95", rundir.MAP50_95)
-        masks = ("map50_mask", rundir.MASK_MAP50), ("map50_95_mask", rundir.MASK_MAP50_95)
-        return boxes + masks if self.segmenter else boxes
+        return (("map50", rundir.MAP50), ("map50_95", rundir.MAP50_95)) + self.second
 
     @property
     def fitness(self) -> list[float]:
         if self.classifier:
             return [rundir.classify_fitness(a, b) for a, b in zip(self.column(rundir.TOP1), self.column(rundir.TOP5))]
         boxes = [rundir.fitness(a, b) for a, b in zip(self.column(rundir.MAP50), self.column(rundir.MAP50_95))]
-        if not self.segmenter:
+        if not self.second:
             return boxes
-        masks = [rundir.fitness(a, b)
-                 for a, b in zip(self.column(rundir.MASK_MAP50), self.column(rundir.MASK_MAP50_95))]
-        return [a + b for a, b in zip(boxes, masks)]  # ultralytics' of a segmentation: the boxes' plus the masks'
+        (_, map50), (_, map50_95) = self.second
+        other = [rundir.fitness(a, b) for a, b in zip(self.column(map50), self.column(map50_95))]
+        return [a + b for a, b in zip(boxes, other)]  # ultralytics': the boxes' plus the masks' or keypoints'
 
     @property
     def best(self) -> int:
@@ -133,7 +146,7 @@ def ranking(runs: list[Run]) -> list[dict]:
 
 
 FIGURE_HEADS = {"map50": "mAP50", "map50_95": "mAP50-95", "map50_mask": "mAP50(M)", "map50_95_mask": "mAP50-95(M)",
-                "top1": "top1", "top5": "top5"}
+                "map50_pose": "mAP50(P)", "map50_95_pose": "mAP50-95(P)", "top1": "top1", "top5": "top5"}
 
 
 def text_table(rows: list[dict]) -> str:

@@ -1,5 +1,5 @@
 """A synthetic dataset of coloured shapes, in ultralytics layout, for
-detection, instance segmentation, classification or oriented boxes.
+detection, instance segmentation, classification, oriented boxes or keypoints.
 
 `make_shapes(dest)` (and `hpcyolo make-dataset shapes DIR`) writes::
 
@@ -15,7 +15,16 @@ a hole), the polygon ultralytics reads segments from. `task="obb"` (`--task obb`
 writes one `class x1 y1 x2 y2 x3 y3 x4 y4` line per object: the four
 corners of the tight rotated rectangle (minimum area) around that polygon,
 normalised, an object whose rectangle would leave the image placed again
-(ultralytics refuses corners beyond 1% outside). `task="classify"`
+(ultralytics refuses corners beyond 1% outside). `task="pose"` (`--task
+pose`) writes one `class cx cy w h` line per object followed by 4
+keypoints `x y v`: the extreme points of the shape's whole outline, in the
+order leftmost, topmost, rightmost, bottommost (where several outline points
+tie, their middle), each visibility 2 where it lies inside the image, else
+`0 0 0` (unlabelled, as ultralytics writes them); data.yaml gets
+`kpt_shape: [4, 3]` and `flip_idx: [2, 1, 0, 3]` (a left-right mirror swaps
+the leftmost and rightmost points; ultralytics reorders by flip_idx on an
+up-down flip too, which would want [0, 3, 2, 1]: that flip, off by default
+in ultralytics and hpcyolo, is wrong for this set). `task="classify"`
 writes 6-10 shapes of one class per image into ultralytics' classification layout, the
 classes balanced, no labels and no data.yaml (the folder is the dataset)::
 
@@ -108,7 +117,10 @@ from PIL import Image, ImageDraw
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring")
 SPLITS = ("train", "val")
-TASKS = ("detect", "segment", "classify", "obb")  # what make_shapes writes labels for
+TASKS = ("detect", "segment", "classify", "obb", "pose")  # what make_shapes writes labels for
+KEYPOINTS = ("leftmost", "topmost", "rightmost", "bottommost")  # a pose label's keypoints, in order
+FLIP_IDX = (2, 1, 0, 3)           # a left-right mirror of KEYPOINTS: leftmost <-> rightmost
+TIE_PX = 0.5                      # outline points this close to the extreme one share it
 ROUND_POINTS = 32                 # polygon points of a circle's (and a ring's each) outline
 
 MIN_SIZE, MAX_SIZE = 0.12, 0.50   # object side, fraction of the image side
@@ -276,7 +288,8 @@ def _box_iou(a, b) -> float:
 
 def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: int, *, only: int | None = None,
                  outlines: list | None = None, rotated: bool = False,
-                 sizes: tuple[float, float] = (MIN_SIZE, MAX_SIZE), light: bool = False):
+                 sizes: tuple[float, float] = (MIN_SIZE, MAX_SIZE), light: bool = False,
+                 keypoints: list | None = None):
     """One image: (uint8 array (imgsz, imgsz, 3), [(class, x0, y0, x1, y1)] in pixels).
 
     Boxes are tight around the alpha >= 0.5 pixels of each shape, clipped to
@@ -287,6 +300,8 @@ def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: 
     instead, a placement whose rectangle leaves the image drawn again.
     `sizes`: the range of an object's side, fractions of the image side.
     `light`: light shapes on a darkened background (classify's images).
+    `keypoints`: a list that gets each object's extreme points (4, 3) in
+    image pixels (extreme_points; those outside the image: 0 0 0).
     """
     S = imgsz
     img = _background(rng, S)
@@ -351,10 +366,28 @@ def render_image(rng: np.random.Generator, imgsz: int, classes: int, n_objects: 
             boxes.append((cls, *map(float, box)))
             if outlines is not None:
                 outlines.append(points)
+            if keypoints is not None:
+                keypoints.append(extreme_points(outline(kind, w, h, rot) + (x, y), S))
             break
     img += _noise(rng, S) * np.float32(rng.uniform(4, 10))
     np.clip(img + 0.5, 0, 255, out=img)
     return np.ascontiguousarray(img.astype(np.uint8).transpose(1, 2, 0)), boxes
+
+
+def extreme_points(points: np.ndarray, size: int) -> np.ndarray:
+    """The keypoints (4, 3) of an outline (k, 2) in an image size x size:
+    its leftmost, topmost, rightmost and bottommost points (where outline
+    points tie within TIE_PX, their middle along the other axis), each x, y,
+    visibility 2 if it lies inside the image, else 0, 0, 0."""
+    out = np.zeros((4, 3))
+    for k, (axis, sign) in enumerate(((0, -1), (1, -1), (0, 1), (1, 1))):
+        along = points[:, axis] * sign
+        tied = points[along >= along.max() - TIE_PX, 1 - axis]
+        point = np.empty(2)
+        point[axis], point[1 - axis] = points[along.argmax(), axis], (tied.min() + tied.max()) / 2
+        if 0 <= point.min() and point.max() <= size:
+            out[k] = (*point, 2)
+    return out
 
 
 def _label_text(boxes, imgsz: int) -> str:
@@ -369,6 +402,12 @@ def _label_text(boxes, imgsz: int) -> str:
 def _polygon_text(boxes, outlines, imgsz: int) -> str:
     return "".join(f"{cls} " + " ".join(f"{v:.6f}" for v in (points / imgsz).ravel()) + "\n"
                    for (cls, *_), points in zip(boxes, outlines))
+
+
+def _pose_text(boxes, keypoints, imgsz: int) -> str:
+    lines = _label_text(boxes, imgsz).splitlines()
+    return "".join(line + "".join(f" {x / imgsz:.6f} {y / imgsz:.6f} {v:g}" for x, y, v in points) + "\n"
+                   for line, points in zip(lines, keypoints))
 
 
 def _encode_jpeg(arr: np.ndarray) -> bytes:
@@ -399,9 +438,14 @@ def _write_one(job) -> None:
         Path(root, name, SHAPES[cls], stem + ".jpg").write_bytes(_encode_jpeg(arr))
         return
     outlines = [] if task in ("segment", "obb") else None
-    arr, boxes = render_image(rng, imgsz, classes, n_objects, outlines=outlines, rotated=task == "obb")
+    keypoints = [] if task == "pose" else None
+    arr, boxes = render_image(rng, imgsz, classes, n_objects, outlines=outlines, rotated=task == "obb",
+                              keypoints=keypoints)
     Path(root, "images", name, stem + ".jpg").write_bytes(_encode_jpeg(arr))
-    text = _label_text(boxes, imgsz) if outlines is None else _polygon_text(boxes, outlines, imgsz)
+    if keypoints is not None:
+        text = _pose_text(boxes, keypoints, imgsz)
+    else:
+        text = _label_text(boxes, imgsz) if outlines is None else _polygon_text(boxes, outlines, imgsz)
     Path(root, "labels", name, stem + ".txt").write_text(text)
 
 
@@ -493,10 +537,14 @@ def make_shapes(dest: Path, *, n_train: int = 800, n_val: int = 200, imgsz: int 
                 for done, _ in enumerate(pool.imap_unordered(_write_one, jobs, chunksize=chunk), 1):
                     tick(done)
         names = "\n".join(f"  {i}: {SHAPES[i]}" for i in range(classes))
+        pose = "" if task != "pose" else \
+            (f"# keypoints: {', '.join(KEYPOINTS)} of each shape's outline\n"
+             f"kpt_shape: [{len(KEYPOINTS)}, 3]\nflip_idx: [{', '.join(map(str, FLIP_IDX))}]\n")
         if task != "classify":
             (partial / "data.yaml").write_text(
                 f"# Synthetic shapes: hpcyolo make-dataset shapes{'' if task == 'detect' else ' --task ' + task} "
-                f"(seed {seed}, imgsz {imgsz})\npath: .\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
+                f"(seed {seed}, imgsz {imgsz})\npath: .\ntrain: images/train\nval: images/val\n{pose}"
+                f"names:\n{names}\n")
         _check_dest(dest)
         try:
             os.rename(partial, dest)  # replaces an empty directory, fails on a non-empty one

@@ -62,13 +62,13 @@ def test_a_rotating_warp_boxes_each_outline_not_its_box():
     turn = np.eye(3)
     turn[:2] = cv2.getRotationMatrix2D((50, 50), 45, 1.0)
     img = np.zeros((100, 100, 3), np.uint8)
-    _, hull, _ = warp(img, boxes, np.array([1600.0]), turn, 1.0, 100)
-    _, boxed, outlines = warp(img, boxes, np.array([1600.0]), turn, 1.0, 100, [diamond])
+    _, hull, _, _ = warp(img, boxes, np.array([1600.0]), turn, 1.0, 100)
+    _, boxed, outlines, _ = warp(img, boxes, np.array([1600.0]), turn, 1.0, 100, [diamond])
     np.testing.assert_allclose(hull[0, 1:], [50 - 20 * 2 ** 0.5] * 2 + [50 + 20 * 2 ** 0.5] * 2, atol=1e-4)
     np.testing.assert_allclose(boxed[0, 1:], [50 - 10 * 2 ** 0.5] * 2 + [50 + 10 * 2 ** 0.5] * 2, atol=1e-4)
     assert len(outlines) == 1 and outlines[0].shape == (4, 2)
     shift = np.array([[1, 0, -55], [0, 1, 0], [0, 0, 1]], np.float64)  # all but the diamond's right tip off
-    _, cut, _ = warp(img, boxes, np.array([1600.0]), shift, 0.1, 100, [diamond])
+    _, cut, _, _ = warp(img, boxes, np.array([1600.0]), shift, 0.1, 100, [diamond])
     np.testing.assert_allclose(cut[0, 1:], [0, 35, 15, 65], atol=1e-4)  # the clipped box would be 0, 30, 15, 70
 
 

@@ -331,15 +331,15 @@ def test_mosaic_without_canvas_matches_canvas_then_warp():
         hyp = AugmentHyp()
         r = np.random.default_rng((1, t))
         canvas, placed, areas = mosaic4(images, boxes, IMGSZ, r)
-        want, want_boxes, _ = random_affine(canvas, placed, areas, IMGSZ, hyp, r)
-        got, got_boxes, none = mosaic_affine(images, boxes, IMGSZ, hyp, np.random.default_rng((1, t)))
+        want, want_boxes, _, _ = random_affine(canvas, placed, areas, IMGSZ, hyp, r)
+        got, got_boxes, none, _ = mosaic_affine(images, boxes, IMGSZ, hyp, np.random.default_rng((1, t)))
         diff = np.abs(want.astype(int) - got.astype(int))
         assert diff.mean() < 2 and (diff > 40).mean() < 0.02
         assert len(got_boxes) == len(want_boxes) and np.abs(got_boxes - want_boxes).max(initial=0) < 1.5
         assert none is None
         # With outlines (here each box's rectangle), boxes from them: the same boxes, each with its outline.
         rects = [[b[[1, 2, 3, 2, 3, 4, 1, 4]].reshape(4, 2) for b in bxs] for bxs in boxes]
-        _, outlined, outlines = mosaic_affine(images, boxes, IMGSZ, hyp, np.random.default_rng((1, t)), rects)
+        _, outlined, outlines, _ = mosaic_affine(images, boxes, IMGSZ, hyp, np.random.default_rng((1, t)), rects)
         np.testing.assert_allclose(outlined, got_boxes, atol=1e-3)
         assert len(outlines) == len(outlined)
         for box, outline in zip(outlined, outlines):  # within the rounding of the parts' edges

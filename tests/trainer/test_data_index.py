@@ -448,10 +448,10 @@ def test_runs_that_start_together_check_the_dataset_once_and_a_held_lock_is_wait
     shared = tmp_path / "cache" / "shapes-train.npz"
     real, inside = dataindex.check_each, threading.Event()
 
-    def slow_check(paths, nc):
+    def slow_check(paths, nc, kpt_shape=None):
         inside.set()
         threading.Event().wait(1.0)
-        return real(paths, nc)
+        return real(paths, nc, kpt_shape)
 
     monkeypatch.setattr(dataindex, "check_each", slow_check)
     out = {}

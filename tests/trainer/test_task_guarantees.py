@@ -1,5 +1,5 @@
 """The cluster guarantees detection's tests show, for `--task segment`,
-`--task classify` and `--task obb`: TensorBoard, MLflow and W&B (offline, in a network
+`--task classify`, `--task obb` and `--task pose`: TensorBoard, MLflow and W&B (offline, in a network
 namespace whose one interface is loopback) across a preemption and requeue,
 each epoch's numbers equal to results.csv under the task's own ultralytics
 column names; `hpcyolo compare` of two segmentation runs, by their fitness
@@ -39,19 +39,21 @@ from hpcyolo_trainer.run.watchdog import HANG_EXIT_CODE
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 HOST = socket.gethostname()
-TASKS = ("segment", "classify", "obb")
+TASKS = ("segment", "classify", "obb", "pose")
 TRAINED = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained"
 # ultralytics' own models trained on shapes sets (tests/reference/ultralytics): fine-tuned, their
 # fitness moves from the first epoch on (a new model's stays at zero, which ultralytics counts as improving).
 START = {"segment": TRAINED / "yolo11n-seg" / "model.pt", "classify": TRAINED / "yolo11n-cls" / "model.pt",
-         "obb": TRAINED / "yolo11n-obb" / "model.pt"}
-TRAIN = {"segment": 8, "classify": 12, "obb": 8}  # each task's training images
+         "obb": TRAINED / "yolo11n-obb" / "model.pt", "pose": TRAINED / "yolo11n-pose" / "model.pt"}
+TRAIN = {"segment": 8, "classify": 12, "obb": 8, "pose": 8}  # each task's training images
 CLS_VAL = 12  # the classify set's validation images: top-1 and top-5 are counts of these
 # Each task's columns as ultralytics names them (some of them).
 COLUMNS = {"segment": ["train/box_loss", "train/seg_loss", "metrics/mAP50-95(B)", "metrics/mAP50(M)",
                        "metrics/mAP50-95(M)", "val/seg_loss"],
            "classify": ["train/loss", "metrics/accuracy_top1", "metrics/accuracy_top5", "val/loss"],
-           "obb": ["train/box_loss", "train/angle_loss", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/angle_loss"]}
+           "obb": ["train/box_loss", "train/angle_loss", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/angle_loss"],
+           "pose": ["train/box_loss", "train/pose_loss", "train/kobj_loss", "metrics/mAP50-95(B)",
+                    "metrics/mAP50(P)", "metrics/mAP50-95(P)", "val/kobj_loss"]}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,8 @@ def data(tmp_path_factory) -> dict[str, Path]:
     return {"segment": make_shapes(tmp / "seg", n_train=TRAIN["segment"], n_val=4, imgsz=64, task="segment", seed=0),
             "classify": make_shapes(tmp / "cls", n_train=TRAIN["classify"], n_val=CLS_VAL, imgsz=64, classes=6,
                                     task="classify", seed=0),
-            "obb": make_shapes(tmp / "obb", n_train=TRAIN["obb"], n_val=4, imgsz=64, task="obb", seed=0)}
+            "obb": make_shapes(tmp / "obb", n_train=TRAIN["obb"], n_val=4, imgsz=64, task="obb", seed=0),
+            "pose": make_shapes(tmp / "pose", n_train=TRAIN["pose"], n_val=4, imgsz=64, task="pose", seed=0)}
 
 
 def train_argv(run: Path, data: Path, task: str, *extra: str) -> list[str]:
@@ -145,7 +148,7 @@ def test_tensorboard_mlflow_and_wandb_show_results_csv_once_an_epoch_across_a_re
 # Planned epochs of the patience runs. On their sets these stop where only the task's own fitness says: the
 # segmentation's boxes alone would go on (at epoch 2 their mAP50-95 rises, the masks' falls further), and the
 # classifier's top-1 alone too (at epoch 3 it rises, top-5 falls as much).
-PATIENCE_EPOCHS = {"segment": 8, "classify": 15, "obb": 8}
+PATIENCE_EPOCHS = {"segment": 8, "classify": 15, "obb": 8, "pose": 8}
 
 
 @pytest.fixture(scope="module")
@@ -166,13 +169,15 @@ def patient(data, tmp_path_factory) -> dict:
 
 def fitness_of(task: str, row: dict[str, str]):
     """Ultralytics' fitness of a results.csv row: a segmentation's boxes'
-    mAP50-95 plus its masks'; an OBB model's mAP50-95; a classifier's mean of
-    top-1 and top-5, here twice it in images (exact: each a count of the
-    validation images)."""
+    mAP50-95 plus its masks'; a keypoint model's boxes' plus its keypoints';
+    an OBB model's mAP50-95; a classifier's mean of top-1 and top-5, here
+    twice it in images (exact: each a count of the validation images)."""
     if task == "obb":
         return float(row["metrics/mAP50-95(B)"])
     if task == "segment":
         return float(row["metrics/mAP50-95(B)"]) + float(row["metrics/mAP50-95(M)"])
+    if task == "pose":
+        return float(row["metrics/mAP50-95(B)"]) + float(row["metrics/mAP50-95(P)"])
     return sum(round(float(row[c]) * CLS_VAL) for c in ("metrics/accuracy_top1", "metrics/accuracy_top5"))
 
 

@@ -15,7 +15,9 @@ And once for ultralytics' yolo11n-seg trained on a shapes set with polygons
 (SegmentationLoss); and for its yolo26n-seg: both heads, the mask-aware
 assignment and the semantic map's term (EndToEndSegmentationLoss). And for ultralytics' yolo11n-obb and yolo26n-obb
 trained on a shapes set of oriented boxes: the rotated assignment, ProbIoU and angle terms (OBBLoss, and both heads'
-EndToEndOBBLoss). And once for a yolo11n classifier, freshly initialised,
+EndToEndOBBLoss). And for ultralytics' yolo11n-pose and yolo26n-pose trained on a shapes set of keypoints: the
+keypoint terms (PoseLoss: OKS location and visibility), and YOLO26's both heads with the OKS-aware assignment and
+the RLE term through the head's flow (EndToEndPoseLoss). And once for a yolo11n classifier, freshly initialised,
 on a shapes set of class folders, BatchNorm frozen: the cross entropy over
 the global batch (ClassificationLoss).
 """
@@ -45,6 +47,14 @@ OBB, OBB26 = "yolo11n-obb-shapes", "yolo26n-obb-shapes"
 OBB_WEIGHTS = {name: SEGMENT_WEIGHTS[SEGMENT].parent.parent / model / "model.pt"
                for name, model in ((OBB, "yolo11n-obb"), (OBB26, "yolo26n-obb"))}
 OBB_DATA = "HPCYOLO_TEST_OBB_DATA"
+# Likewise ultralytics' yolo11n-pose and yolo26n-pose, on the keypoints `steps` writes (POSE_DATA). yolo26n-pose in
+# float64, as the classifier: in float32 one rank's step and two ranks' differed by 1.4e-5 (relative; the largest
+# gaps in stage 5's BatchNorm biases, 5 x 5 maps whose gradients cancel, reordered by the ranks' split; 1.8e-6 with
+# BatchNorm frozen), in float64 by 3.1e-8 (the loss's own float32 terms): rounding, not the world size's scaling.
+POSE, POSE26 = "yolo11n-pose-shapes", "yolo26n-pose-shapes"
+POSE_WEIGHTS = {name: SEGMENT_WEIGHTS[SEGMENT].parent.parent / model / "model.pt"
+                for name, model in ((POSE, "yolo11n-pose"), (POSE26, "yolo26n-pose"))}
+POSE_DATA = "HPCYOLO_TEST_POSE_DATA"
 # Not a fixture either: a yolo11n classifier from its seeded initialisation, on the class folders `steps` writes,
 # its BatchNorm training, in float64: in float32 this fresh classifier's gradient is itself 2.2e-5 (relative) from
 # float64's, and one rank's step and two ranks' differed by 8.4e-5 (rounding spread over every layer); in float64
@@ -52,7 +62,8 @@ OBB_DATA = "HPCYOLO_TEST_OBB_DATA"
 CLASSIFY, CLASSIFY_DATA = "yolo11n-classify-shapes", "HPCYOLO_TEST_CLASSIFY_DATA"
 CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in (10.0, 0.0)] + \
         [("yolo26n-shapes", "train", 10.0), (SEGMENT, "train", 10.0), (SEGMENT26, "train", 10.0),
-         (OBB, "train", 10.0), (OBB26, "train", 10.0), (CLASSIFY, "train", 0.0)]
+         (OBB, "train", 10.0), (OBB26, "train", 10.0), (POSE, "train", 10.0), (POSE26, "train", 10.0),
+         (CLASSIFY, "train", 0.0)]
 GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
 STEP = 5  # an optimizer step at batch 5, inside the warm-up (18 batches here): warm-up LR and momentum apply
 
@@ -86,13 +97,15 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     from hpcyolo_trainer.model.weights import read_weights
     from hpcyolo_trainer.tasks.task import load
 
-    segment, obb = fixture in SEGMENT_WEIGHTS, fixture in OBB_WEIGHTS
-    task = load("segment" if segment else "obb" if obb else "classify" if fixture == CLASSIFY else "detect")
-    data = os.environ[SEGMENT_DATA] if segment else os.environ[OBB_DATA] if obb else os.environ[CLASSIFY_DATA] \
-        if fixture == CLASSIFY else str(FIXTURES / fixture / "data.yaml")
+    segment, obb, pose = fixture in SEGMENT_WEIGHTS, fixture in OBB_WEIGHTS, fixture in POSE_WEIGHTS
+    task = load("segment" if segment else "obb" if obb else "pose" if pose else "classify" if fixture == CLASSIFY
+                else "detect")
+    data = os.environ[SEGMENT_DATA] if segment else os.environ[OBB_DATA] if obb else os.environ[POSE_DATA] if pose \
+        else os.environ[CLASSIFY_DATA] if fixture == CLASSIFY else str(FIXTURES / fixture / "data.yaml")
     cfg = TrainConfig(run_dir="unused", data=data, batch=GLOBAL_BATCH, nbs=NBS, task=task.name,
                       imgsz=IMGSZ, clip_norm=clip, epochs=10, optimizer="sgd")
     spec = load_data_spec(cfg.data)
+    task = task.with_data(spec)  # pose: the data YAML's kpt_shape in the model, the dataset and the loss
     if fixture == CLASSIFY:
         from hpcyolo_trainer.data.classify import ClassifyDataset
 
@@ -100,12 +113,12 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
         model, _ = initial_model("yolo11n", len(spec.names), cfg.seed, None, task.build_model)
     else:
         dataset = YoloDataset(spec.train, IMGSZ, augment=False, hyp=AugmentHyp(), names_count=len(spec.names),
-                              segments=segment, obb=obb)
+                              segments=segment, obb=obb, kpt_shape=spec.kpt_shape if pose else None)
         weights = read_weights(SEGMENT_WEIGHTS[fixture] if segment else OBB_WEIGHTS[fixture] if obb
-                               else FIXTURES / fixture / "model.pt")
+                               else POSE_WEIGHTS[fixture] if pose else FIXTURES / fixture / "model.pt")
         model, _ = initial_model(weights.arch, len(spec.names), cfg.seed, weights, task.build_model)
     model = place_model(model, d)
-    dtype = torch.float64 if fixture == CLASSIFY else torch.float32
+    dtype = torch.float64 if fixture in (CLASSIFY, POSE26) else torch.float32
     model = model.to(dtype)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     net = data_parallel(model, d)
@@ -161,12 +174,14 @@ def steps(tmp_path_factory) -> dict:
                                                task="segment", seed=4))
     os.environ[OBB_DATA] = str(make_shapes(tmp / "obb", n_train=2 * GLOBAL_BATCH, n_val=2, imgsz=IMGSZ, task="obb",
                                            seed=4))
+    os.environ[POSE_DATA] = str(make_shapes(tmp / "pose", n_train=2 * GLOBAL_BATCH, n_val=2, imgsz=IMGSZ, task="pose",
+                                            seed=4))
     os.environ[CLASSIFY_DATA] = str(make_shapes(tmp / "classify", n_train=2 * GLOBAL_BATCH, n_val=3, imgsz=IMGSZ,
                                                 classes=3, task="classify", seed=4))
     try:
         return {world: steps_of(world, tmp) for world in (1, 2, 4)}
     finally:
-        del os.environ[SEGMENT_DATA], os.environ[OBB_DATA], os.environ[CLASSIFY_DATA]
+        del os.environ[SEGMENT_DATA], os.environ[OBB_DATA], os.environ[POSE_DATA], os.environ[CLASSIFY_DATA]
 
 
 def test_loader_workers_are_capped_at_the_cpus_a_rank_may_count_on(steps):

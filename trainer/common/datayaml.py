@@ -166,6 +166,14 @@ class DataSpec:
     folders: bool = False
     """A classification dataset in ultralytics' folder layout (`classify_spec`):
     each image's class is the name of the folder it lies in, no label files."""
+    kpt_shape: tuple[int, int] | None = None
+    """A keypoint dataset's `kpt_shape` (keypoints per object, 2 or 3 values
+    each): every label row is then `cls cx cy w h` and K keypoints; None: no keypoints."""
+    flip_idx: tuple[int, ...] | None = None
+    """A keypoint dataset's `flip_idx`: keypoint k of a flipped image is keypoint
+    flip_idx[k] of the original (a permutation of 0..K-1); None: no flips (ultralytics')."""
+    kpt_oks_sigmas: tuple[float, ...] | None = None
+    """A keypoint dataset's own OKS sigmas (K positive values), or None."""
 
 
 def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
@@ -187,7 +195,47 @@ def load_data_spec(path: str | Path, *, listed: bool = True) -> DataSpec:
         if spec.get(key) in (None, "", []):
             raise ConfigError(file, key, "missing: give a folder, a .txt list of images, or a list of those")
     splits = {key: _split_files(file, root, key, spec.get(key)) if listed else None for key in ("train", "val", "test")}
-    return DataSpec(root=root, names=_names(file, spec), yaml=file, **splits)
+    return DataSpec(root=root, names=_names(file, spec), yaml=file, **splits, **keypoint_keys(file, spec))
+
+
+def keypoint_keys(file: str, spec: dict) -> dict:
+    """A data YAML's keypoint keys, checked (ultralytics' pose datasets):
+    `kpt_shape` [K, 2 or 3], `flip_idx` a permutation of 0..K-1,
+    `kpt_oks_sigmas` K positive numbers; a ConfigError naming the file and
+    the key for anything else. None for each one absent."""
+    shape = spec.get("kpt_shape")
+    if shape is None:
+        for key in ("flip_idx", "kpt_oks_sigmas"):
+            if spec.get(key) is not None:
+                raise ConfigError(file, key, "is given without kpt_shape (a keypoint dataset's [keypoints, 2 or 3])")
+        return {}
+    if not (isinstance(shape, list) and len(shape) == 2 and all(_whole(v) for v in shape) and shape[0] >= 1
+            and shape[1] in (2, 3)):
+        raise ConfigError(file, "kpt_shape", f"must be [keypoints, 2 or 3] (e.g. [17, 3]), got {shown(shape)}")
+    k = shape[0]
+    flip_idx = spec.get("flip_idx")
+    if flip_idx is not None and (why := flip_idx_problem(flip_idx, k)):
+        raise ConfigError(file, "flip_idx", why)
+    sigmas = spec.get("kpt_oks_sigmas")
+    if sigmas is not None and not (isinstance(sigmas, list) and len(sigmas) == k and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in sigmas)):
+        raise ConfigError(file, "kpt_oks_sigmas", f"must be {k} positive numbers (one per keypoint of kpt_shape), "
+                                                  f"got {shown(sigmas)}")
+    return {"kpt_shape": (k, shape[1]), "flip_idx": None if flip_idx is None else tuple(flip_idx),
+            "kpt_oks_sigmas": None if sigmas is None else tuple(float(v) for v in sigmas)}
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def flip_idx_problem(flip_idx, k: int) -> str | None:
+    """Why `flip_idx` (a data YAML's) cannot reorder K keypoints, or None if it can."""
+    if not isinstance(flip_idx, list) or not all(_whole(i) for i in flip_idx):
+        return f"flip_idx must be a list of keypoint indices, got {flip_idx!r}"
+    if sorted(flip_idx) != list(range(k)):
+        return f"flip_idx {flip_idx} is not a permutation of 0..{k - 1} (one index per keypoint of kpt_shape)"
+    return None
 
 
 def classify_splits(folder: Path) -> dict[str, Path]:
@@ -395,13 +443,24 @@ def check_labels(spec: DataSpec, keys: tuple[str, ...], labelled: dict[str, int]
     return warnings
 
 
-def check_data(data: str | Path) -> list[str]:
+def check_data(data: str | Path, task: str | None = None) -> list[str]:
     """The trainer's checks of a data YAML, for a login node (validate,
-    doctor): a ConfigError for data that cannot be trained on, else the
-    warnings. A tar archive (staged, then unpacked) is checked once staged."""
+    doctor): a ConfigError for data that cannot be trained on (for `task`,
+    train.task, where given), else the warnings. A tar archive (staged, then
+    unpacked) is checked once staged."""
     if archive_flags(Path(data)) is not None:
         return []
-    return check_labels(load_data_spec(data), ("train", "val"))
+    spec = load_data_spec(data)
+    if task == "pose":
+        need_keypoints(spec)
+    return check_labels(spec, ("train", "val"))
+
+
+def need_keypoints(spec: DataSpec) -> None:
+    """A ConfigError naming the data YAML's kpt_shape where train.task pose has none to read its labels by."""
+    if spec.kpt_shape is None and not spec.folders:
+        raise ConfigError(spec.yaml, "kpt_shape", "missing: train.task pose needs the keypoints' shape, "
+                                                  "[keypoints per object, 2 or 3 values each] (e.g. [17, 3])")
 
 
 def training_files(files: list, fraction: float, spread: bool = False) -> list:

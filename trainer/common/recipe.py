@@ -28,12 +28,12 @@ from .yamlfile import read_yaml
 
 # Keys with no meaning for training on a cluster: where and how ultralytics
 # saves and shows, the device, validation/prediction/export settings, and the
-# other tasks' (segmentation, pose, OBB, classification, depth) settings.
+# other tasks' (OBB, depth) settings.
 NOT_FOR_TRAINING = frozenset("""
 mode data device project name exist_ok save save_dir verbose deterministic profile compile
 resume split save_json conf iou max_det half dnn agnostic_nms source vid_stride stream_buffer visualize augment
 retina_masks embed show save_frames save_txt save_conf save_crop show_labels show_conf show_boxes line_width format
-optimize dynamic simplify opset workspace quantize int8 tracker cfg pose kobj rle angle dis
+optimize dynamic simplify opset workspace quantize int8 tracker cfg angle dis
 dlog dgrad dlam cls_remap pretrained
 """.split())
 # Training settings hpcyolo does not implement yet, at ultralytics 8.4.190's default.

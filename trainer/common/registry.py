@@ -5,7 +5,7 @@ family is that module, and its name and published parameter counts here."""
 
 # The tasks hpcyolo trains, as ultralytics names them (train.task, --task): each
 # is a folder of hpcyolo_trainer.tasks; adding one is that folder and its name here.
-TASKS = ("detect", "segment", "classify", "obb")
+TASKS = ("detect", "segment", "classify", "obb", "pose")
 DEFAULT_TASK = "detect"
 # The model class an ultralytics checkpoint pickles, by task: how a file says what it holds.
 ULTRALYTICS_MODELS = {"DetectionModel": "detect", "SegmentationModel": "segment", "ClassificationModel": "classify",

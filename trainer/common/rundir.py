@@ -54,6 +54,7 @@ TIMING_COLUMNS = ("time", "speed/images_per_s", "speed/data_wait", "speed/gpu_me
 MAP50, MAP50_95 = "metrics/mAP50(B)", "metrics/mAP50-95(B)"
 PRECISION, RECALL = "metrics/precision(B)", "metrics/recall(B)"
 MASK_MAP50, MASK_MAP50_95 = "metrics/mAP50(M)", "metrics/mAP50-95(M)"  # a segmentation's masks'
+POSE_MAP50, POSE_MAP50_95 = "metrics/mAP50(P)", "metrics/mAP50-95(P)"  # a keypoint model's keypoints'
 # A classifier's, as ultralytics names them.
 TOP1, TOP5 = "metrics/accuracy_top1", "metrics/accuracy_top5"
 LR_GROUPS = 3  # the optimizer's parameter groups, as ultralytics': biases, decayed weights, other weights
@@ -314,7 +315,8 @@ def scores(row: dict[str, str]) -> str:
     """`mAP50 0.123, mAP50-95 0.045`: an epoch's row in words (a classifier's: `top1 0.812, top5 0.990`)."""
     if TOP1 in row:
         return f"top1 {float(row[TOP1]):.3f}, top5 {float(row[TOP5]):.3f}"
-    also = f", mask mAP50-95 {float(row[MASK_MAP50_95]):.3f}" if MASK_MAP50_95 in row else ""
+    also = f", mask mAP50-95 {float(row[MASK_MAP50_95]):.3f}" if MASK_MAP50_95 in row else \
+        f", pose mAP50-95 {float(row[POSE_MAP50_95]):.3f}" if POSE_MAP50_95 in row else ""
     return f"mAP50 {float(row[MAP50]):.3f}, mAP50-95 {float(row[MAP50_95]):.3f}{also}"
 
 

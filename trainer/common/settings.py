@@ -214,7 +214,8 @@ def U(name: str, default: Any, type_: Any, doc: str, same_run: bool, why: str, c
 SETTINGS: tuple[Setting, ...] = (
     S("run_dir", REQUIRED, str, "Run directory (shared).", False, "the same directory, however it is spelled",
       flag="--run-dir", path="folder"),
-    S("data", REQUIRED, str, "Ultralytics-style data YAML (path, train, val, names), or for train.task classify a folder of "
+    S("data", REQUIRED, str, "Ultralytics-style data YAML (path, train, val, names; for train.task pose also kpt_shape, "
+      "and flip_idx for the flips), or for train.task classify a folder of "
       "train/CLASS/*.jpg and val/CLASS/*.jpg; relative to this file.", True,
       "the images and classes the weights learnt; the results would mix two datasets (compared as the dataset: a "
       "staged copy stands for its source)", key="data.yaml", flag="--data", path="file-name", help="Data YAML (classify: a folder of class folders).",
@@ -222,8 +223,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("task", DEFAULT_TASK, Literal[TASKS], f"The task, as ultralytics names it: {', '.join(TASKS)}.", True,
       "its model's head, labels and checkpoints are the task's", key="train.task", flag="--task"),
     S("model", None, Literal[CHOICES] | None, f"Detector: {', '.join(MODELS)} ({_ALIASES}: the YOLOv8 sizes); "
-      "empty: n, or the architecture of train.weights; with train.task segment, classify or obb, that model's -seg, "
-      "-cls or -obb form.", True, "the checkpoints hold this architecture's weights",
+      "empty: n, or the architecture of train.weights; with train.task segment, classify, obb or pose, that model's "
+      "-seg, -cls, -obb or -pose form.", True, "the checkpoints hold this architecture's weights",
       key="train.model", flag="--model", compare=_model,
       help=f"Detector: {_FAMILIES} ({_ALIASES}: the YOLOv8 sizes).  [default: n, or the architecture of --weights]"),
     S("weights", None, str | None, "Start from these weights: an ultralytics checkpoint (read without running its "
@@ -273,6 +274,11 @@ SETTINGS: tuple[Setting, ...] = (
     U("box", 7.5, float, "Gain of the box (CIoU) loss.", True, _LOSS, check_non_negative),
     U("cls", 0.5, float, "Gain of the classification (BCE) loss.", True, _LOSS, check_non_negative),
     U("dfl", 1.5, float, "Gain of the distribution focal loss (YOLO26: of its L1 box loss).", True, _LOSS,
+      check_non_negative),
+    U("pose", 12.0, float, "Keypoints (train.task pose): gain of the keypoint location (OKS) loss.", True, _LOSS,
+      check_non_negative),
+    U("kobj", 1.0, float, "Keypoints: gain of the keypoint visibility (BCE) loss.", True, _LOSS, check_non_negative),
+    U("rle", 1.0, float, "Keypoints, YOLO26: gain of the residual log-likelihood (RLE) loss.", True, _LOSS,
       check_non_negative),
     U("overlap_mask", True, bool, "Segmentation: an image's ground-truth masks as one map, each smaller instance "
       "drawn over the larger ones; off: one mask per instance.", True, _LOSS),
@@ -370,12 +376,12 @@ SETTINGS: tuple[Setting, ...] = (
       True, "which weights train", check_non_negative),
     U("patience", 100, int, "Stop early after this many epochs without a better fitness (as ultralytics 8.4 "
       "measures it: mAP50-95, an OBB model's of its rotated boxes; a segmentation's, the boxes' plus the masks'; a "
-      "classifier's, the mean of top-1 and "
+      "keypoint model's, the boxes' plus the keypoints' (by OKS); a classifier's, the mean of top-1 and "
       "top-5), decided on every rank at once; 0: never.", False, "when the run stops early", check_non_negative),
     U("save_period", -1, int, "Also keep the weights of every Nth epoch as weights/epochE.pt (E counted from 0, as "
       "ultralytics names them); below 1: off.", False, "which epochs' weights are kept"),
     S("end2end", False, bool, "Validate each epoch with YOLO26's one-to-one head, NMS-free (ultralytics' "
-      "nms=False; detectors, segmenters and OBB models); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
+      "nms=False; detectors, segmenters, OBB and keypoint models); off: its one-to-many head and NMS, as ultralytics validates by default.", True,
       "best.pt is the best epoch by this measure", key="train.end2end", flag="--end2end/--nms"),
     S("cfg", None, str | None, "An ultralytics recipe: an args.yaml or hyperparameter YAML; its settings are "
       "taken where the job spec (or the command line) does not give them, keys with no meaning here are listed, "

@@ -9,7 +9,11 @@ rotates, shears or tilts; copy_paste), the outlines beside them: a list of
 part inside the output, as ultralytics boxes its warped segments. Oriented
 boxes travel as their four corners (`rotated`): where a step cuts one,
 ultralytics' rule for OBB replaces it by the rectangle of its visible part
-at its own angle (`rotated_clip`), where a segment's points are clamped. Every
+at its own angle (`rotated_clip`), where a segment's points are clamped.
+Keypoints (a pose dataset's) travel as float32 [n, K, 3] (x, y in pixels,
+visibility), one row per box: moved as ultralytics moves them (by the warp's
+matrix, clipped to the mosaic canvas and the output, those outside
+unlabelled: data/keypoints.py), kept with their boxes. Every
 random choice comes from the `rng` (a numpy Generator) passed in: the dataset
 makes one per (seed, epoch, index), so a resumed run sees the same pixels.
 No function writes into its input image: the RAM cache hands out read-only
@@ -26,6 +30,7 @@ import numpy as np
 
 from ..common.polygon import clip_polygon, convex_hull
 from ..common.registry import MAX_STRIDE
+from .keypoints import clip_keypoints, warp_keypoints
 from .masks import resampled
 
 PAD_VALUE = 114  # grey fill for letterbox borders, mosaic gaps and affine borders
@@ -298,7 +303,8 @@ def mosaic4(images: list[np.ndarray], boxes: list[np.ndarray], size: int,
 
 def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, hyp: AugmentHyp,
                   rng: np.random.Generator, outlines: list[list[np.ndarray]] | None = None,
-                  paste: bool = False, rotated: bool = False) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+                  paste: bool = False, rotated: bool = False, keypoints: list[np.ndarray] | None = None,
+                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None, np.ndarray | None]:
     """mosaic4 then random_affine, the same random draws, without building
     the 2*size canvas where the warp is only a scale and a shift (no rotation
     or shear, YOLO's default): each image's visible part is resized straight
@@ -312,7 +318,10 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
     without). With `paste` (copy_paste's flip mode), the canvas gets
     copy_paste_flip before the warp, as ultralytics pastes between its
     mosaic and its affine warp (no random draw). `rotated`: the outlines are
-    oriented boxes' corners (see cut_outline)."""
+    oriented boxes' corners (see cut_outline). `keypoints` (each image's, [n,
+    K, 3] in its pixels, one per box): placed, clipped to the canvas (those
+    outside unlabelled, as ultralytics' Mosaic clips its instances), warped,
+    and returned with the kept boxes (None without)."""
     layout = mosaic_layout([img.shape[:2] for img in images], size, rng)
     matrix, gain = affine_matrix((2 * size, 2 * size), size, hyp, rng)
     placed, areas = _placed_boxes(boxes, layout)
@@ -320,6 +329,8 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
     canvas_outlines = None if outlines is None else \
         [cut_outline(o + (ox, oy), (x1, y1, x2, y2), rotated) for outs, (ox, oy, x1, y1, x2, y2)
          in zip(outlines, layout) for o in outs]
+    canvas_points = None if keypoints is None else \
+        [clip_keypoints(shifted(k, ox, oy), 2 * size, 2 * size) for k, (ox, oy, *_) in zip(keypoints, layout)]
     pasting = paste and bool(hyp.copy_paste) and outlines is not None
     if pasting or matrix[0, 1] != 0 or matrix[1, 0] != 0 or matrix[2, 0] != 0 or matrix[2, 1] != 0:
         # rotation, shear, perspective or pasting: warp the whole canvas
@@ -332,14 +343,15 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
             canvas, pasted, pasted_outlines = copy_paste_flip(canvas, placed, moved, hyp.copy_paste)
             placed, areas = np.concatenate([placed, pasted]), np.concatenate([areas, box_areas(pasted)])
             canvas_outlines += [o.clip(0, 2 * size) for o in pasted_outlines]
-        return warp(canvas, placed, areas, matrix, gain, size, canvas_outlines, rotated)
+        return warp(canvas, placed, areas, matrix, gain, size, canvas_outlines, rotated,
+                    None if canvas_points is None else np.concatenate(canvas_points))
     out = np.full((size, size, 3), PAD_VALUE, dtype=np.uint8)
     # Edge coordinates (pixel i spans [i, i + 1)): out = s * canvas + c, where
     # the matrix maps pixel centres (OpenCV's convention for warpAffine).
     s = float(matrix[0, 0])
     cx, cy = float(matrix[0, 2]) + 0.5 - 0.5 * s, float(matrix[1, 2]) + 0.5 - 0.5 * s
-    moved, warped, first = [], [], 0
-    for img, bxs, (ox, oy, x1, y1, x2, y2) in zip(images, placed, layout):
+    moved, warped, points, first = [], [], [], 0
+    for k, (img, bxs, (ox, oy, x1, y1, x2, y2)) in enumerate(zip(images, placed, layout)):
         # The part's rectangle on the output, rounded to whole pixels: shared
         # edges round alike, so neighbouring parts neither overlap nor gap.
         xa, xb = (min(max(round(s * v + cx), 0), size) for v in (x1, x2))
@@ -358,15 +370,29 @@ def mosaic_affine(images: list[np.ndarray], boxes: list[np.ndarray], size: int, 
                 mine = [(o - (u0, v0)) * (fx, fy) + (xa, ya) for o in canvas_outlines[first:first + len(bxs)]]
                 b = outline_boxes(b, mine, (xa, ya, xb, yb))
                 warped += mine
+            if canvas_points is not None:  # as the part's pixels moved
+                mapped = np.array([[fx, 0, xa - u0 * fx], [0, fy, ya - v0 * fy], [0, 0, 1]])
+                points.append(warp_keypoints(canvas_points[k], mapped, (size, size)))
         else:  # not on the output: its boxes end up outside and are dropped
             b = transform_boxes(bxs, matrix) if len(bxs) else bxs
             if canvas_outlines is not None:
                 warped += [transform_points(o, matrix) for o in canvas_outlines[first:first + len(bxs)]]
+            if canvas_points is not None:
+                points.append(warp_keypoints(canvas_points[k], matrix, (size, size)))
         moved.append(b)
         first += len(bxs)
     moved = clip_boxes(np.concatenate(moved), size, size)
     keep = keep_boxes(moved, areas, gain)
-    return out, moved[keep], None if outlines is None else in_boxes(warped, moved, keep, size, rotated)
+    return out, moved[keep], None if outlines is None else in_boxes(warped, moved, keep, size, rotated), \
+        None if keypoints is None else clip_keypoints(np.concatenate(points), size, size)[keep]
+
+
+def shifted(keypoints: np.ndarray, dx: float, dy: float) -> np.ndarray:
+    """Keypoints [n, K, 3] moved by (dx, dy) pixels, their visibility kept."""
+    out = keypoints.astype(np.float32, copy=True)
+    out[..., 0] += dx
+    out[..., 1] += dy
+    return out
 
 
 # -- random affine ----------------------------------------------------------
@@ -418,32 +444,38 @@ def keep_boxes(boxes: np.ndarray, areas_before: np.ndarray, gain: float) -> np.n
 
 def random_affine(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, size: int, hyp: AugmentHyp,
                   rng: np.random.Generator, outlines: list[np.ndarray] | None = None, rotated: bool = False,
-                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+                  keypoints: np.ndarray | None = None,
+                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None, np.ndarray | None]:
     """Warp `img` (any size) onto a size x size output; boxes follow (from
     their `outlines` where given), are clipped to it, and those that became
     tiny or mostly cut off are dropped. Returns (image, boxes, the kept
-    boxes' outlines warped, or None; `rotated`: oriented boxes' corners, see cut_outline)."""
+    boxes' outlines warped, or None; `rotated`: oriented boxes' corners, see
+    cut_outline; the kept boxes' `keypoints` warped, those outside the
+    output unlabelled and clipped to it, or None)."""
     matrix, gain = affine_matrix(img.shape[:2], size, hyp, rng)
-    return warp(img, boxes, areas_before, matrix, gain, size, outlines, rotated)
+    return warp(img, boxes, areas_before, matrix, gain, size, outlines, rotated, keypoints)
 
 
 def warp(img: np.ndarray, boxes: np.ndarray, areas_before: np.ndarray, matrix: np.ndarray, gain: float,
          size: int, outlines: list[np.ndarray] | None = None, rotated: bool = False,
-         ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+         keypoints: np.ndarray | None = None,
+         ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None, np.ndarray | None]:
     border = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
     if matrix[2, 0] or matrix[2, 1]:
         out = cv2.warpPerspective(img, matrix, dsize=(size, size), flags=cv2.INTER_LINEAR, borderValue=border)
     else:
         out = cv2.warpAffine(img, matrix[:2], dsize=(size, size), flags=cv2.INTER_LINEAR, borderValue=border)
     if not len(boxes):
-        return out, boxes, outlines
+        return out, boxes, outlines, keypoints
     moved = transform_boxes(boxes, matrix)
     if outlines is not None:
         outlines = [transform_points(o, matrix) for o in outlines]
         moved = outline_boxes(moved, outlines, (0, 0, size, size))
     moved = clip_boxes(moved, size, size)
     keep = keep_boxes(moved, areas_before, gain)
-    return out, moved[keep], None if outlines is None else in_boxes(outlines, moved, keep, size, rotated)
+    if keypoints is not None:  # as ultralytics' RandomPerspective: moved, then clipped with its instances
+        keypoints = clip_keypoints(warp_keypoints(keypoints, matrix, (size, size)), size, size)[keep]
+    return out, moved[keep], None if outlines is None else in_boxes(outlines, moved, keep, size, rotated), keypoints
 
 
 def in_boxes(outlines: list[np.ndarray], boxes: np.ndarray, keep: np.ndarray, size: int,

@@ -40,7 +40,7 @@ import shutil
 import socket
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -75,10 +75,13 @@ from .augment import (
     random_affine,
     rect_batches,
     resized_shapes,
+    shifted,
     to_normalised,
     to_pixel_boxes,
 )
 from .filescan import cpus, per_file
+from .keypoints import clip_keypoints, flip_keypoints, parse_pose_row
+from .labels import parse_label_row
 from .masks import instance_masks, overlap_masks, resampled
 from .sampler import STREAM
 
@@ -90,7 +93,9 @@ __all__ = ["IMG_EXTS", "AugmentHyp", "DataSpec", "YoloDataset", "cache_bytes", "
 # edges on loading; OpenCV's minimum-area rectangle of those points is the
 # box's Format makes, and where a warp tilts a box the points pick its angle.
 OBB_POINTS = 100
-COORD_TOL = 0.01  # label tools write 1.0000001 or -0.0004; beyond this a coordinate is wrong
+# A keypoint dataset's row that does not read as its kpt_shape says: the problem's words, which the
+# keypoint task's datasets refuse (a row of another shape is a dataset for another task or a wrong kpt_shape).
+MALFORMED_POSE_ROW = "malformed pose row"
 # Problem lines kept per dataset, the rest counted: a systematic fault (class
 # ids counted from 1, a wrong `names`) would otherwise print one per label.
 MAX_PROBLEM_LINES = 20
@@ -112,35 +117,6 @@ cv2.setNumThreads(0)
 
 # == labels and images =======================================================
 
-def parse_label_row(text: str, nc: int) -> np.ndarray | str:
-    """One row -> (cls, cx, cy, w, h) normalised and clipped to the image, or
-    the reason it is malformed. `class cx cy w h` is a box; `class x1 y1 x2 y2
-    x3 y3 ...` (an odd count >= 7) a polygon, which becomes its bounding box."""
-    try:
-        values = [float(v) for v in text.split()]
-    except ValueError:
-        return "not all numbers"
-    n = len(values)
-    if n != 5 and (n < 7 or n % 2 == 0):
-        return f"{n} numbers (a box has 5, a polygon a class and at least 3 x y pairs)"
-    if not all(math.isfinite(v) for v in values):
-        return "not finite"
-    cls, coords = values[0], np.array(values[1:])
-    if cls != int(cls) or not 0 <= cls < nc:
-        return f"class {values[0]:g} is not one of 0..{nc - 1}"
-    if ((coords < -COORD_TOL) | (coords > 1 + COORD_TOL)).any():
-        return "coordinates outside [0, 1]"
-    if n == 5:
-        cx, cy, w, h = coords
-        x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-    else:
-        x1, y1, x2, y2 = coords[0::2].min(), coords[1::2].min(), coords[0::2].max(), coords[1::2].max()
-    x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))
-    if x2 <= x1 or y2 <= y1:
-        return "box of zero size"
-    return np.array([cls, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], dtype=np.float32)
-
-
 def read_labels(path: Path, nc: int) -> tuple[np.ndarray, list[str]]:
     """Rows of a label file and one message per malformed line. A missing or
     empty file is a background image. Raises OSError if the file exists but
@@ -149,13 +125,19 @@ def read_labels(path: Path, nc: int) -> tuple[np.ndarray, list[str]]:
     return rows, problems
 
 
-def read_label_file(path: Path, nc: int) -> tuple[np.ndarray, list[str], list[np.ndarray | None]]:
+def read_label_file(path: Path, nc: int, kpt_shape: tuple[int, int] | None = None
+                    ) -> tuple[np.ndarray, list[str], list[np.ndarray | None]]:
     """read_labels' rows and problems, and read_outlines' outlines, from one
-    read of the file."""
+    read of the file. With `kpt_shape` (a keypoint dataset's), every row is a
+    pose row (data/keypoints.py parse_pose_row) and the third part is each
+    row's keypoints [K, 3] instead (a malformed row's problem says
+    MALFORMED_POSE_ROW: the keypoint tasks refuse it)."""
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return np.zeros((0, 5), np.float32), [], []
+    if kpt_shape is not None:
+        return _read_pose_rows(path, text, nc, kpt_shape)
     rows, problems, outlines = [], [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -167,6 +149,21 @@ def read_label_file(path: Path, nc: int) -> tuple[np.ndarray, list[str], list[np
             rows.append(row)
             outlines.append(_outline(line))
     return (np.stack(rows) if rows else np.zeros((0, 5), np.float32)), problems, outlines
+
+
+def _read_pose_rows(path: Path, text: str, nc: int, kpt_shape: tuple[int, int]
+                    ) -> tuple[np.ndarray, list[str], list[np.ndarray]]:
+    rows, problems, keypoints = [], [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parsed = parse_pose_row(line, nc, kpt_shape)
+        if isinstance(parsed, str):
+            problems.append(f"{path}:{number}: {MALFORMED_POSE_ROW} ({parsed}): {line.strip()[:80]!r}")
+        else:
+            rows.append(parsed[0])
+            keypoints.append(parsed[1])
+    return (np.stack(rows) if rows else np.zeros((0, 5), np.float32)), problems, keypoints
 
 
 def _outline(line: str) -> np.ndarray | None:
@@ -250,9 +247,10 @@ class Checked:
     problems: tuple[str, ...] = ()
     dropped: str | None = None  # "corrupt images" or "unreadable label files"
     outlines: tuple[np.ndarray | None, ...] = ()  # per label row: its polygon (k, 2), or None for a box
+    keypoints: np.ndarray | None = None  # a keypoint dataset's: per label row its keypoints, float32 [n, K, 3]
 
 
-def check_one(path: Path, nc: int) -> Checked:
+def check_one(path: Path, nc: int, kpt_shape: tuple[int, int] | None = None) -> Checked:
     try:
         st = path.stat()
         shape = probe_image(path)
@@ -262,40 +260,48 @@ def check_one(path: Path, nc: int) -> Checked:
         return Checked(path, problems=(f"{path}: corrupt image dropped ({type(e).__name__}: {e})",),
                        dropped="corrupt images")
     try:
-        labels, problems, outlines = read_label_file(label_path(path), nc)
+        labels, problems, outlines = read_label_file(label_path(path), nc, kpt_shape)
     except OSError as e:
         return Checked(path, problems=(f"{label_path(path)}: unreadable label file, image dropped ({e})",),
                        dropped="unreadable label files")
+    if kpt_shape is not None:
+        keypoints = np.stack(outlines) if outlines else np.zeros((0, kpt_shape[0], 3), np.float32)
+        return Checked(path, shape, labels, (st.st_size, st.st_mtime_ns), tuple(problems),
+                       outlines=(None,) * len(labels), keypoints=keypoints)
     return Checked(path, shape, labels, (st.st_size, st.st_mtime_ns), tuple(problems), outlines=tuple(outlines))
 
 
-def check_each(files: list[Path], nc: int) -> list[Checked]:
+def check_each(files: list[Path], nc: int, kpt_shape: tuple[int, int] | None = None) -> list[Checked]:
     """check_one of every file, kept and dropped alike, in input order."""
-    return per_file(lambda part: [check_one(Path(p), nc) for p in part], files)
+    return per_file(lambda part: [check_one(Path(p), nc, kpt_shape) for p in part], files)
 
 
-def check_files(files: list[Path], nc: int) -> tuple[Kept, list[str], dict[str, int]]:
+def check_files(files: list[Path], nc: int, kpt_shape: tuple[int, int] | None = None
+                ) -> tuple[Kept, list[str], dict[str, int]]:
     """Kept images in input order, problem messages, and counts for the summary."""
-    return sift(check_each(files, nc))
+    return sift(check_each(files, nc, kpt_shape))
 
 
 class Kept:
     """The images a check kept, column by column, in input order: `paths`,
     `shapes` (h, w), `labels` (float32 [n, 5] each), `stats` (image size and
-    mtime in ns, int64 [N, 2]) and, on demand, `outlines()` (per image, per
-    label row its polygon or None). From Checked results (`of`), or built by
-    the dataset's index straight from its arrays, without a Checked per image."""
+    mtime in ns, int64 [N, 2]), on demand, `outlines()` (per image, per
+    label row its polygon or None) and, for a keypoint dataset, `keypoints`
+    (float32 [n, K, 3] each: x, y as fractions of the image, visibility; else
+    None). From Checked results (`of`), or built by the dataset's index
+    straight from its arrays, without a Checked per image."""
 
     def __init__(self, paths: list[Path], shapes: list[tuple[int, int]], labels: list[np.ndarray],
-                 stats: np.ndarray, outlines):
-        self.paths, self.shapes, self.labels = paths, shapes, labels
+                 stats: np.ndarray, outlines, keypoints: list[np.ndarray] | None = None):
+        self.paths, self.shapes, self.labels, self.keypoints = paths, shapes, labels, keypoints
         self.stats = np.asarray(stats, np.int64).reshape(-1, 2)
         self._outlines = outlines  # list of per-image outlines, or a function that makes that list
 
     @classmethod
     def of(cls, items: list[Checked]) -> Kept:
+        keypoints = [it.keypoints for it in items] if items and items[0].keypoints is not None else None
         return cls([it.path for it in items], [it.shape for it in items], [it.labels for it in items],
-                   [it.stat for it in items], [list(it.outlines) for it in items])
+                   [it.stat for it in items], [list(it.outlines) for it in items], keypoints)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -537,25 +543,44 @@ class YoloDataset(Dataset):
     (rows, masks), the masks rasterised at 1 / `mask_ratio` of the image,
     one map per image with `overlap_mask` (its rows in the map's order,
     largest instance first), else one mask per row (data/masks.py).
+
+    `kpt_shape=(K, D)` (train.task pose; the data YAML's): every label row
+    is a pose row (data/keypoints.py), its K keypoints carried through each
+    augmentation as ultralytics carries them (warped with the image, those
+    that leave it unlabelled, flipped and reordered by `flip_idx`; without
+    a flip_idx neither flip is used, as in ultralytics); an item's labels
+    are (rows [n, 5], keypoints float32 [n, K, 3]: x, y as fractions of the
+    image, visibility). A row that does not read as kpt_shape says is
+    refused in one line naming its file and line.
     """
 
     def __init__(self, files: list[Path], imgsz: int, *, augment: bool, hyp: AugmentHyp = AugmentHyp(),
                  seed: int = 0, cache: Literal["none", "ram", "disk"] = "none", cache_dir: Path | None = None,
                  names_count: int, rect_batch: int = 0, hsv_on_device: bool = False,
                  checked=None, segments: bool = False, mask_ratio: int = 4, overlap_mask: bool = True,
-                 obb: bool = False):
+                 obb: bool = False, kpt_shape: tuple[int, int] | None = None, flip_idx: list[int] | None = None):
         if imgsz < 1 or seed < 0 or names_count < 1:
             raise ValueError(f"need imgsz >= 1, seed >= 0, names_count >= 1 (got {imgsz}, {seed}, {names_count})")
         if cache not in ("none", "ram", "disk") or (cache != "none" and cache_dir is None):
             raise ValueError(f"cache must be none, ram or disk (ram and disk need a cache_dir), got {cache!r}")
+        if kpt_shape is not None and flip_idx is None and (hyp.fliplr or hyp.flipud):
+            hyp = replace(hyp, fliplr=0.0, flipud=0.0)  # as ultralytics: a flip needs to know which keypoint is which
+            flips_off = True
+        else:
+            flips_off = False
         self.imgsz, self.augment, self.hyp, self.seed = imgsz, augment, hyp, seed
         # The channel swap comes after the colour jitter: where it may swap, the jitter stays here.
         self.hsv_on_device = hsv_on_device and not hyp.bgr
         self.epoch = 0
         # `checked`: the check's results for `files` from the dataset's index (dataindex), read from one file.
         items, self.problems, self.counts = sift(checked) if checked is not None else \
-            check_files(list(files), names_count)
+            check_files(list(files), names_count, kpt_shape)
         self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
+        self.kpt_shape, self.flip_idx = kpt_shape, None if flip_idx is None else list(flip_idx)
+        self.keypoints = pose_keypoints(items, self.problems, kpt_shape) if kpt_shape is not None else None
+        if flips_off and augment:
+            self.problems.append("no flip_idx in the data YAML: fliplr and flipud are off (as ultralytics turns "
+                                 "them off; flip_idx names each keypoint's mirror image)")
         self.resized = resized_shapes(self.shapes, imgsz)
         # Rectangular batches of `rect_batch` images (ultralytics' rect): each
         # image's canvas is its batch's shape; batch with `self.batches`.
@@ -609,10 +634,12 @@ class YoloDataset(Dataset):
         return rows
 
     def keep_classes(self, classes) -> None:
-        """Drop the label rows (and outlines) of every class not in `classes`."""
+        """Drop the label rows (and outlines, keypoints) of every class not in `classes`."""
         keep = [np.isin(lb[:, 0], classes) for lb in self.labels]
         if self.outlines is not None:
             self.outlines = [[o for o, k in zip(outs, mask) if k] for outs, mask in zip(self.outlines, keep)]
+        if self.keypoints is not None:
+            self.keypoints = [kp[mask] for kp, mask in zip(self.keypoints, keep)]
         self.labels = [lb[mask] for lb, mask in zip(self.labels, keep)]
 
     def _outlines_px(self, i: int, labels: np.ndarray, shape: tuple[int, int],
@@ -628,6 +655,21 @@ class YoloDataset(Dataset):
         if self.obb:  # an oriented box's corners, resampled as ultralytics loads them: their rectangles fit alike
             return [resampled(o, OBB_POINTS) * scale + offset for o in self.outlines[i]]
         return [o * scale + offset for o in self.outlines[i]]
+
+    def _keypoints_px(self, i: int, labels: np.ndarray, shape: tuple[float, float],
+                      offset: tuple[float, float]) -> np.ndarray | None:
+        """Image i's keypoints [n, K, 3] in pixels of its resized `shape`
+        (h, w), shifted by `offset` (x, y); None for a dataset without
+        keypoints, none where its loaded `labels` are not their rows."""
+        if self.keypoints is None:
+            return None
+        points = self.keypoints[i]
+        if len(labels) != len(points):
+            return np.zeros((0, self.kpt_shape[0], 3), np.float32)
+        out = points.astype(np.float32, copy=True)
+        out[..., 0] = out[..., 0] * shape[1] + offset[0]
+        out[..., 1] = out[..., 1] * shape[0] + offset[1]
+        return out
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -736,13 +778,17 @@ class YoloDataset(Dataset):
             # The only source of randomness: a resumed run, any worker count,
             # any global seed state give the same item (in the same batch).
             rng = np.random.default_rng((self.seed, epoch, i))
-            img, boxes, gains, outlines = self._train_sample(i, rng, partners, load, mosaic)
+            img, boxes, gains, outlines, points = self._train_sample(i, rng, partners, load, mosaic)
             if self.hsv_on_device:
                 meta["hsv"] = None if gains is None else tuple(float(g) for g in gains)
         else:
-            img, boxes, outlines = self._val_sample(i)
+            img, boxes, outlines, points = self._val_sample(i)
         labels = to_normalised(boxes, img.shape[:2])
         to_planes(img, out.numpy())
+        if points is not None:  # as ultralytics' Format: x, y as fractions of the image
+            points = points / np.array([img.shape[1], img.shape[0], 1.0], np.float32)
+            return out, (torch.from_numpy(labels), torch.from_numpy(points.astype(np.float32))), \
+                str(self.paths[i]), meta
         if self.obb:
             return out, torch.from_numpy(rotated_rows(labels[:, 0], outlines, img.shape[:2])), str(self.paths[i]), meta
         if self.segments:
@@ -757,9 +803,11 @@ class YoloDataset(Dataset):
             return torch.from_numpy(labels[order]), torch.from_numpy(masks)
         return torch.from_numpy(labels), torch.from_numpy(instance_masks(hw, outlines, self.mask_ratio))
 
-    def _val_sample(self, i: int, load=None) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+    def _val_sample(self, i: int, load=None
+                    ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None, np.ndarray | None]:
         """(image letterboxed, boxes in its pixels, their outlines there where
-        the dataset has outlines, else None)."""
+        the dataset has outlines, else None, their keypoints there where it
+        has keypoints, else None)."""
         img, labels = (load or self.load)(i)
         if self.batches:
             canvas, gain, pad = letterbox_to(img, self.canvas[i])
@@ -767,36 +815,48 @@ class YoloDataset(Dataset):
             (canvas, pad), gain = letterbox(img, self.imgsz), 1.0
         h, w = img.shape[:2]
         outlines = None if self.outlines is None else self._outlines_px(i, labels, (h * gain, w * gain), pad)
-        return canvas, to_pixel_boxes(labels, img.shape[:2], pad), outlines
+        return canvas, to_pixel_boxes(labels, img.shape[:2], pad), outlines, \
+            self._keypoints_px(i, labels, (h * gain, w * gain), pad)
 
     def _train_sample(self, i: int, rng: np.random.Generator, partners, load, mosaic: bool
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, list[np.ndarray] | None]:
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, list[np.ndarray] | None,
+                                 np.ndarray | None]:
         """(image, boxes, HSV gains left for the device or None, the boxes'
-        outlines where the dataset has them (a segmentation's), else None).
+        outlines where the dataset has them (a segmentation's), else None,
+        their keypoints where it has them, else None).
         `partners(rng)`: the three other images of a mosaic; `load(j)`: image j."""
         if self.batches:  # rectangular: mosaic and the affine warp would make a square image
-            img, boxes, outlines = self._val_sample(i, load)
+            img, boxes, outlines, points = self._val_sample(i, load)
         else:
-            img, boxes, outlines = self._warped(i, rng, partners, load, mosaic)
+            img, boxes, outlines, points = self._warped(i, rng, partners, load, mosaic)
             # Copy-Paste's mode mixup, as ultralytics: after the warp, from a second sample made the same way.
             if mosaic and self.hyp.copy_paste and self.hyp.copy_paste_mode == "mixup" and self.outlines is not None \
                     and len(boxes):
-                source, source_boxes, source_outlines = self._warped(partners(rng)[0], rng, partners, load, mosaic)
+                source, source_boxes, source_outlines, _ = self._warped(partners(rng)[0], rng, partners, load, mosaic)
                 if source_outlines is not None:
                     img, chosen = copy_paste(img, boxes, source, source_boxes, source_outlines, self.hyp.copy_paste)
                     boxes = np.concatenate([boxes, source_boxes[chosen]])
                     outlines = joined(outlines, [source_outlines[j] for j in chosen])
             # MixUp, as ultralytics: while mosaics are on, with a second sample made the same way.
             if mosaic and self.hyp.mixup and rng.random() < self.hyp.mixup:
-                other, other_boxes, other_outlines = self._warped(partners(rng)[0], rng, partners, load, mosaic)
+                other, other_boxes, other_outlines, other_points = self._warped(partners(rng)[0], rng, partners,
+                                                                                load, mosaic)
                 img, boxes = mix((img, boxes), (other, other_boxes), rng)
                 outlines = joined(outlines, other_outlines)
+                points = None if points is None else np.concatenate([points, other_points])
             if mosaic and self.hyp.cutmix and rng.random() < self.hyp.cutmix:  # then CutMix, likewise
-                other, other_boxes, other_outlines = self._warped(partners(rng)[0], rng, partners, load, mosaic)
+                other, other_boxes, other_outlines, other_points = self._warped(partners(rng)[0], rng, partners,
+                                                                                load, mosaic)
                 if self.segments or self.obb:  # as ultralytics: instances that show 1% of their box, cut to the patch
                     img, boxes, rect, shown = cut_mix_patch((img, boxes), (other, other_boxes), rng, min_visible=0.01)
                     if len(shown):
                         outlines = joined(outlines, [cut_outline(other_outlines[j], rect, self.obb) for j in shown])
+                elif points is not None:  # as ultralytics: keypoints clipped to the patch, those outside unlabelled
+                    img, boxes, rect, shown = cut_mix_patch((img, boxes), (other, other_boxes), rng)
+                    if len(shown):
+                        x1, y1, x2, y2 = rect
+                        cut = clip_keypoints(shifted(other_points[shown], -x1, -y1), x2 - x1, y2 - y1)
+                        points = np.concatenate([points, shifted(cut, x1, y1)])
                 else:
                     img, boxes = cut_mix((img, boxes), (other, other_boxes), rng)
         # The same draws either way, so a run's flips and boxes do not depend
@@ -810,16 +870,18 @@ class YoloDataset(Dataset):
             img, boxes = flip_ud(img, boxes)
             outlines = None if outlines is None else [np.column_stack([o[:, 0], img.shape[0] - o[:, 1]])
                                                       for o in outlines]
+            points = None if points is None else flip_keypoints(points, img.shape[0], self.flip_idx, 1)
         if rng.random() < self.hyp.fliplr:
             img, boxes = flip_lr(img, boxes)
             outlines = None if outlines is None else [np.column_stack([img.shape[1] - o[:, 0], o[:, 1]])
                                                       for o in outlines]
+            points = None if points is None else flip_keypoints(points, img.shape[1], self.flip_idx, 0)
         if self.hyp.bgr and rng.random() < self.hyp.bgr:
             img = cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
-        return img, boxes, gains, outlines
+        return img, boxes, gains, outlines, points
 
     def _warped(self, i: int, rng: np.random.Generator, partners, load,
-                mosaic: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+                mosaic: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None, np.ndarray | None]:
         """Image i in a mosaic (with probability hyp.mosaic, while mosaics
         are on), else alone, randomly warped; with its boxes' outlines warped
         where the dataset has them (else None). Copy-Paste's mode flip pastes
@@ -827,17 +889,17 @@ class YoloDataset(Dataset):
         paste = mosaic and bool(self.hyp.copy_paste) and self.hyp.copy_paste_mode == "flip"
         if mosaic and rng.random() < self.hyp.mosaic:
             return self._mosaic([i, *partners(rng)], load, rng, paste)
-        img, boxes, outlines = self._val_sample(i, load)
+        img, boxes, outlines, points = self._val_sample(i, load)
         if outlines is not None:
             if len(outlines) != len(boxes):
                 outlines = None
             elif paste and len(boxes):  # as in ultralytics, pasted before the warp
                 img, pasted, pasted_outlines = copy_paste_flip(img, boxes, outlines, self.hyp.copy_paste)
                 boxes, outlines = np.concatenate([boxes, pasted]), outlines + pasted_outlines
-        return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng, outlines, self.obb)
+        return random_affine(img, boxes, box_areas(boxes), self.imgsz, self.hyp, rng, outlines, self.obb, points)
 
     def _mosaic(self, indices: list[int], load, rng: np.random.Generator,
-                paste: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None]:
+                paste: bool) -> tuple[np.ndarray, np.ndarray, list[np.ndarray] | None, np.ndarray | None]:
         """Mosaic of four images, warped at once (mosaic_affine)."""
         loaded = [load(j) for j in indices]
         images = [img for img, _ in loaded]
@@ -846,13 +908,27 @@ class YoloDataset(Dataset):
             [self._outlines_px(j, labels, img.shape[:2], (0, 0)) for j, (img, labels) in zip(indices, loaded)]
         if outlines is not None and any(len(o) != len(b) for o, b in zip(outlines, boxes)):
             outlines = None
-        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines, paste, self.obb)
+        points = None if self.keypoints is None else \
+            [self._keypoints_px(j, labels, img.shape[:2], (0, 0)) for j, (img, labels) in zip(indices, loaded)]
+        return mosaic_affine(images, boxes, self.imgsz, self.hyp, rng, outlines, paste, self.obb, points)
 
 
 def joined(outlines: list[np.ndarray] | None, more: list[np.ndarray] | None) -> list[np.ndarray] | None:
     """A sample's outlines and another's pasted or mixed in; None (no
     outlines to follow the boxes) where either is None."""
     return None if outlines is None or more is None else outlines + more
+
+
+def pose_keypoints(items: Kept, problems: list[str], kpt_shape: tuple[int, int]) -> list[np.ndarray]:
+    """Every kept image's keypoints (float32 [n, K, 3]), for the keypoint
+    task; the first row that did not read as kpt_shape says (its problem
+    line, among `problems`) is refused in one line naming its file and line."""
+    bad = next((p for p in problems if f": {MALFORMED_POSE_ROW} (" in p), None)
+    if bad is not None:
+        raise HpcyoloError(bad)
+    if items.keypoints is None:
+        return [np.zeros((len(lb), kpt_shape[0], 3), np.float32) for lb in items.labels]
+    return items.keypoints
 
 
 def polygons_only(items: Kept, nc: int) -> list[list[np.ndarray]]:
@@ -949,11 +1025,17 @@ def _rows_of_one_tensor(imgs) -> torch.Tensor | None:
 def collate(batch):
     """-> (imgs uint8 [B, 3, H, W], targets float32 [M, 6] = (index in batch,
     cls, cx, cy, w, h), paths, metas); a segmentation's targets are
-    (targets, masks): masks [B, h, w] (one overlap map per image) or [M, h, w]."""
+    (targets, masks): masks [B, h, w] (one overlap map per image) or [M, h, w];
+    a keypoint dataset's (targets, keypoints [M, K, 3])."""
     imgs, labels, paths, metas = zip(*batch)
     masks = None
     if labels and isinstance(labels[0], tuple):
         labels, masks = zip(*labels)
+        if masks[0].dim() == 3 and masks[0].dtype == torch.float32:  # keypoints, one [K, 3] per row
+            targets = [torch.cat((torch.full((len(lb), 1), float(k)), lb), dim=1) for k, lb in enumerate(labels)]
+            stacked = _rows_of_one_tensor(imgs)
+            stacked = default_collate(list(imgs)) if stacked is None else stacked
+            return stacked, (torch.cat(targets), torch.cat(masks)), list(paths), list(metas)
     targets = [torch.cat((torch.full((len(lb), 1), float(k)), lb), dim=1) for k, lb in enumerate(labels)]
     stacked = _rows_of_one_tensor(imgs)
     if stacked is None:

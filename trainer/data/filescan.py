@@ -31,6 +31,8 @@ from pathlib import Path
 
 from ..common.datayaml import DataSpec, ImagePaths, label_str, load_data_spec, texts, training_files
 
+KEYPOINT_KEYS = ("kpt_shape", "flip_idx", "kpt_oks_sigmas")  # the DataSpec's keypoint fields, handed over as read
+
 FILE_CHUNK = 256  # files per task of per_file's thread pool, and per measured chunk
 IO_BOUND = 2.0  # a chunk whose wall time exceeds this many times its CPU time waited (threads for the rest) ...
 IO_WAITS = 1 / 16  # ... where it also blocked (a voluntary context switch) at least once per 16 files: on I/O
@@ -174,7 +176,8 @@ def _encode(spec: DataSpec, fraction: float) -> bytes:
     blobs = [("\0".join(lists[s].strings)).encode("utf-8", "surrogateescape") for s in lists]
     blobs += [counted[s].tobytes() for s in counted]
     header = {"root": str(spec.root), "names": spec.names, "yaml": spec.yaml, "folders": spec.folders, "lists": list(lists),
-              "stats": list(counted), "sizes": [len(b) for b in blobs]}
+              "stats": list(counted), "sizes": [len(b) for b in blobs],
+              "keypoints": {key: getattr(spec, key) for key in KEYPOINT_KEYS}}
     return json.dumps(header).encode() + b"\n" + b"".join(blobs)
 
 
@@ -194,6 +197,7 @@ def _decode(raw: bytes) -> Scan | None:
         return None
     lists = {s: ImagePaths(b.decode("utf-8", "surrogateescape").split("\0")) for s, b in zip(header["lists"], blobs)}
     counted = {s: np.frombuffer(b, np.int64).reshape(-1, 4) for s, b in zip(header["stats"], blobs[len(lists):])}
+    keypoints = {key: None if value is None else tuple(value) for key, value in header["keypoints"].items()}
     spec = DataSpec(root=Path(header["root"]), names=header["names"], yaml=header["yaml"],
-                    folders=header.get("folders", False), **{s: lists.get(s) for s in SPLITS})
+                    folders=header.get("folders", False), **{s: lists.get(s) for s in SPLITS}, **keypoints)
     return Scan(spec, counted)

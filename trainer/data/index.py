@@ -39,7 +39,8 @@ arrays): the images' names as one UTF-8 text (NUL between names, which no
 path holds; a name that is not UTF-8 kept byte for byte), image and label
 size and mtime (ns), the decoded shape, why an image was dropped, each label
 row, each row's outline (polygon) points (none at all in a dataset of boxes),
-and the problems found (their text with the files' paths left out and put
+a keypoint dataset's keypoints of each row (read by its kpt_shape, which the
+index records: one made for another shape is not used), and the problems found (their text with the files' paths left out and put
 back on reading, so a staged copy's messages name its own files). Every rank
 of every start reads the whole file from the run directory, on shared
 storage: it holds no byte per image it does not need (50k generated images
@@ -94,9 +95,10 @@ def relatives(files: list[Path] | ImagePaths, root: Path) -> list[str]:
             for text in (files.strings if isinstance(files, ImagePaths) else map(str, files))]
 
 
-def version_of(names: list[str], stat: np.ndarray, nc: int) -> str:
-    """Changes with the file list, any size or mtime, the class count or the format."""
-    h = hashlib.sha256(json.dumps([FORMAT, nc, len(names)]).encode())
+def version_of(names: list[str], stat: np.ndarray, nc: int, kpt_shape: tuple[int, int] | None = None) -> str:
+    """Changes with the file list, any size or mtime, the class count, the
+    keypoints' shape (a keypoint dataset's rows read by it) or the format."""
+    h = hashlib.sha256(json.dumps([FORMAT, nc, len(names), *([list(kpt_shape)] if kpt_shape else [])]).encode())
     h.update("\0".join(names).encode("utf-8", errors="surrogateescape"))
     h.update(np.ascontiguousarray(stat, dtype=np.int64).tobytes())
     return h.hexdigest()[:20]
@@ -113,6 +115,9 @@ class Index:
         self.row_start = np.concatenate([[0], np.cumsum(arrays["nrows"])])
         self.pt_start = np.concatenate([[0], np.cumsum(arrays["npts"])])
         self.polygons = bool(len(arrays["pts"]))
+        # A keypoint dataset's: each label row's keypoints, float32 [rows, K, 3]
+        shape = self.meta.get("kpt_shape")
+        self.keypoints = arrays["kpts"].reshape(-1, shape[0], 3) if shape and "kpts" in arrays else None
         self.problems: dict[int, list[tuple[int, str]]] = {}
         for i, text in zip(arrays["pimage"], arrays["ptext"]):
             self.problems.setdefault(int(i), []).append(str(text))
@@ -130,7 +135,8 @@ class Index:
             return Checked(path, problems=self.problems_of(i, path), dropped=dropped)
         st = a["stat"][i]
         return Checked(path, (int(a["shape"][i, 0]), int(a["shape"][i, 1])), a["rows"][lo:hi].copy(),
-                       (int(st[0]), int(st[1])), self.problems_of(i, path), outlines=tuple(self.outlines(i)))
+                       (int(st[0]), int(st[1])), self.problems_of(i, path), outlines=tuple(self.outlines(i)),
+                       keypoints=None if self.keypoints is None else self.keypoints[lo:hi].copy())
 
     def outlines(self, i: int) -> list[np.ndarray | None]:
         """Entry i's outlines: per label row its polygon (k, 2), or None for a box."""
@@ -206,8 +212,13 @@ class Results:
             malformed += 0 if dropped[i] else len(index.problems[i])
         counts = {"corrupt images": int((dropped == 1).sum()), "malformed label lines": malformed,
                   "unreadable label files": int((dropped == 2).sum())}
+        keypoints = None
+        if index.keypoints is not None:
+            points = index.keypoints.view()
+            points.flags.writeable = False
+            keypoints = [points[starts[i]:starts[i + 1]] for i in keep.tolist()]
         kept = Kept(paths, list(map(tuple, a["shape"][keep].tolist())), labels, a["stat"][keep, :2],
-                    lambda: [index.outlines(i) for i in keep.tolist()])
+                    lambda: [index.outlines(i) for i in keep.tolist()], keypoints)
         return kept, cut_problems(problems), counts
 
 
@@ -237,10 +248,12 @@ def load(file: Path) -> Index | None:
         return None
 
 
-def arrays_of(results: list[Checked], names: list[str], stat: np.ndarray, nc: int) -> dict[str, np.ndarray]:
+def arrays_of(results: list[Checked], names: list[str], stat: np.ndarray, nc: int,
+              kpt_shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """The index's arrays for check results `results` of the files `names`
-    (relative), whose stats before the check were `stat`."""
-    nrows, rows, npts, pts = [], [], [], []
+    (relative), whose stats before the check were `stat`; with `kpt_shape`,
+    each row's keypoints too."""
+    nrows, rows, npts, pts, kpts = [], [], [], [], []
     pimage, ptext = [], []
     shape = np.zeros((len(results), 2), np.int32)
     dropped = np.zeros(len(results), np.int8)
@@ -251,6 +264,9 @@ def arrays_of(results: list[Checked], names: list[str], stat: np.ndarray, nc: in
         labels = r.labels if r.labels is not None and not r.dropped else np.zeros((0, 5), np.float32)
         nrows.append(len(labels))
         rows.append(labels)
+        if kpt_shape is not None:
+            kpts.append(r.keypoints if r.keypoints is not None and not r.dropped else
+                        np.zeros((0, kpt_shape[0], 3), np.float32))
         outlines = list(r.outlines) if len(r.outlines) == len(labels) else [None] * len(labels)
         for o in outlines:
             npts.append(0 if o is None else len(o))
@@ -259,8 +275,14 @@ def arrays_of(results: list[Checked], names: list[str], stat: np.ndarray, nc: in
         for text in r.problems:
             pimage.append(i)
             ptext.append(text.replace(str(label_path(r.path)), LABEL).replace(str(r.path), IMAGE))
-    meta = {"format": FORMAT, "nc": nc, "version": version_of(names, stat, nc)}
+    meta = {"format": FORMAT, "nc": nc, "version": version_of(names, stat, nc, kpt_shape)}
+    extra = {}
+    if kpt_shape is not None:
+        meta["kpt_shape"] = list(kpt_shape)
+        extra["kpts"] = np.concatenate(kpts).astype(np.float32) if kpts else \
+            np.zeros((0, kpt_shape[0], 3), np.float32)
     return {
+        **extra,
         "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
         "names": encode_names(names),
         "stat": np.asarray(stat, np.int64).reshape(-1, 4),
@@ -310,8 +332,8 @@ def shared_file(root: Path, split: str, yaml: str | Path | None = None) -> Path 
 
 
 def refresh(files: list[Path], nc: int, root: Path, file: Path, now: np.ndarray | None = None,
-            shared: Callable[[], Path | None] | None = None, keep: bool = False
-            ) -> tuple[Results, Index | None, int, str]:
+            shared: Callable[[], Path | None] | None = None, keep: bool = False,
+            kpt_shape: tuple[int, int] | None = None) -> tuple[Results, Index | None, int, str]:
     """(every file's check result in order, the index to write (None: the
     one in `file` is current), how many images were checked anew, the
     index's version). Rank 0's part (see the module's doc); `write` puts
@@ -322,25 +344,27 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path, now: np.ndarray 
     it is the index to write, its `origin` set to its path), else the old
     one to start from where `file` holds none. `keep`: this process also
     brings that one up to date (the run reads the whole split), under its
-    lock (`building`): runs that start together check the dataset once."""
+    lock (`building`): runs that start together check the dataset once.
+    `kpt_shape`: a keypoint dataset's (its rows read as pose rows, each
+    one's keypoints kept; an index made for another shape is not used)."""
     # The split's files as ImagePaths (the data YAML's already are): their text is read, a Path made only
     # where one is asked for.
     files = files if isinstance(files, ImagePaths) else ImagePaths(texts(files))
     now = stats(files) if now is None or len(now) != len(files) else now
-    own = _usable(load(file), nc)
-    results = _current(own, files, now, nc, root)
+    own = _usable(load(file), nc, kpt_shape)
+    results = _current(own, files, now, nc, root, kpt_shape)
     if results is not None:
         return results, None, 0, own.version
     shared = shared() if shared is not None else None
     if shared is None:
-        return _check(files, nc, root, now, own)
+        return _check(files, nc, root, now, own, kpt_shape)
     with building(shared) if keep else contextlib.nullcontext():
-        theirs = _usable(load(shared), nc)
-        results = _current(theirs, files, now, nc, root)
+        theirs = _usable(load(shared), nc, kpt_shape)
+        results = _current(theirs, files, now, nc, root, kpt_shape)
         if results is not None:
             theirs.origin = shared
             return results, theirs, 0, theirs.version
-        out = _check(files, nc, root, now, own or theirs)
+        out = _check(files, nc, root, now, own or theirs, kpt_shape)
         if keep:
             try:
                 write(shared, out[1])
@@ -349,12 +373,16 @@ def refresh(files: list[Path], nc: int, root: Path, file: Path, now: np.ndarray 
         return out
 
 
-def _usable(index: Index | None, nc: int) -> Index | None:
-    """`index`, unless it was made for another class count (then nothing of it is kept)."""
-    return index if index is not None and index.meta.get("nc") == nc else None
+def _usable(index: Index | None, nc: int, kpt_shape: tuple[int, int] | None = None) -> Index | None:
+    """`index`, unless it was made for another class count or keypoints'
+    shape (then nothing of it is kept: its rows were read otherwise)."""
+    if index is None or index.meta.get("nc") != nc:
+        return None
+    return index if index.meta.get("kpt_shape") == (None if kpt_shape is None else list(kpt_shape)) else None
 
 
-def _current(index: Index | None, files: ImagePaths, now: np.ndarray, nc: int, root: Path) -> Results | None:
+def _current(index: Index | None, files: ImagePaths, now: np.ndarray, nc: int, root: Path,
+             kpt_shape: tuple[int, int] | None = None) -> Results | None:
     """The results `index` holds where it is current for `files` (their text
     as listed, their stats `now`), else None. The index's images, in its
     order: their names are the index's, and the text of its paths is the
@@ -362,13 +390,13 @@ def _current(index: Index | None, files: ImagePaths, now: np.ndarray, nc: int, r
     if index is None:
         return None
     paths = index.paths(root)
-    if paths.strings == files.strings and index.version == version_of(index.names, now, nc):
+    if paths.strings == files.strings and index.version == version_of(index.names, now, nc, kpt_shape):
         return Results(index, paths)
     return None
 
 
-def _check(files: ImagePaths, nc: int, root: Path, now: np.ndarray, old: Index | None
-           ) -> tuple[Results, Index, int, str]:
+def _check(files: ImagePaths, nc: int, root: Path, now: np.ndarray, old: Index | None,
+           kpt_shape: tuple[int, int] | None = None) -> tuple[Results, Index, int, str]:
     """refresh's answer where no index is current: the images that `old`
     holds with the same stats taken from it, the others checked anew."""
     names = relatives(files, root)
@@ -383,9 +411,9 @@ def _check(files: ImagePaths, nc: int, root: Path, now: np.ndarray, old: Index |
                 results[i] = old.checked(j, files[i])
             else:
                 again.append(i)
-    for i, r in zip(again, check_each([files[i] for i in again], nc)):
+    for i, r in zip(again, check_each([files[i] for i in again], nc, kpt_shape)):
         results[i] = r
-    index = Index(arrays_of(results, names, now, nc))
+    index = Index(arrays_of(results, names, now, nc, kpt_shape))
     # As the other ranks read them: every rank then holds the same results.
     return index.results(root), index, len(again), index.version
 

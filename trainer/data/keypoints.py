@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dataset import COORD_TOL, parse_label_row
+from ..common.datayaml import flip_idx_problem
+from .labels import COORD_TOL, parse_label_row
 
 VISIBILITY = (0.0, 1.0, 2.0)  # unlabelled, labelled but occluded, visible
 
@@ -63,13 +64,7 @@ def parse_pose_row(text: str, nc: int, kpt_shape: tuple[int, int]) -> tuple[np.n
 def check_flip_idx(flip_idx: list | None, k: int) -> str | None:
     """Why `flip_idx` (a data.yaml's) cannot reorder K keypoints, or None if
     it can (or is absent: then neither flip is used)."""
-    if flip_idx is None:
-        return None
-    if not isinstance(flip_idx, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in flip_idx):
-        return f"flip_idx must be a list of keypoint indices, got {flip_idx!r}"
-    if sorted(flip_idx) != list(range(k)):
-        return f"flip_idx {flip_idx} is not a permutation of 0..{k - 1} (one index per keypoint of kpt_shape)"
-    return None
+    return None if flip_idx is None else flip_idx_problem(flip_idx, k)
 
 
 def flip_keypoints(keypoints: np.ndarray, size: float, flip_idx: list[int], axis: int) -> np.ndarray:

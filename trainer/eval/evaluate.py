@@ -27,6 +27,7 @@ one process does.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -50,16 +51,19 @@ from ..data.dataset import (
     obb_corners,
     open_cache,
     polygons_only,
+    pose_keypoints,
     sift,
 )
 from ..data.masks import instance_masks, overlap_masks, resampled
 from ..model.boxes import non_max_suppression, xywh2xyxy, xyxy2xywh
 from ..model.detector import check_end2end, confident, detections
 from ..model.rboxes import non_max_suppression_obb, xywhr2xyxyxyxy
+from ..model.pose import keypoint_sigmas
 from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
 from ..parallel.dist import Dist, gather_objects
 from .metrics import ConfusionMatrix, DetStats, OBBStats, SegStats, curves
+from .pose_metrics import PoseStats
 
 MASK_RATIO = 4  # ultralytics validates masks at the prototypes' resolution, a quarter of the input
 
@@ -79,14 +83,18 @@ class ValBatches(Dataset):
 
     def __init__(self, files: list[Path], nc: int, imgsz: int, batch: int, rect: bool = True,
                  cache_dir: Path | None = None, checked=None, segments: bool = False, overlap_mask: bool = True,
-                 obb: bool = False):
+                 obb: bool = False, kpt_shape: tuple[int, int] | None = None, sigmas: torch.Tensor | None = None):
         # `checked`: the check's results for `files` from the dataset's index (dataindex).
-        items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc)
+        items, self.problems, _ = sift(checked) if checked is not None else check_files(list(files), nc, kpt_shape)
         self.paths, self.shapes, self.labels = items.paths, items.shapes, items.labels
         # A segmentation's polygons, for its ground-truth masks, or oriented boxes' corners (see __getitem__).
         self.outlines = polygons_only(items, nc) if segments else obb_corners(items, nc) if obb else None
+        # A keypoint dataset's keypoints (kpt_shape, the data YAML's), measured by OKS with `sigmas` (PoseStats).
+        self.keypoints = pose_keypoints(items, self.problems, kpt_shape) if kpt_shape is not None else None
+        self.kpt_shape, self.sigmas = kpt_shape, sigmas
         self.overlap_mask, self.obb = overlap_mask, obb
-        self.stats = SegStats if segments else OBBStats if obb else DetStats  # what validate() gathers
+        # what validate() gathers
+        self.stats = SegStats if segments else OBBStats if obb else PoseStats if kpt_shape is not None else DetStats
         self.nc = nc
         self.imgsz = imgsz
         self.batches = rect_batches(self.shapes, batch, imgsz) if len(items) else []
@@ -113,7 +121,8 @@ class ValBatches(Dataset):
         [n, H/4, W/4]. Oriented boxes' images have theirs, xywhr [n, 5] in
         the canvas's pixels, as ultralytics' OBB validator prepares them: the
         minimum-area rectangle of the corners (resampled as loaded) moved as
-        the image was."""
+        the image was. A keypoint dataset's images have theirs, float32 [n,
+        K, 3] (x, y in the canvas's pixels, visibility), moved as the boxes."""
         indices, shape = self.batches[k]
         canvases, metas = [], []
         for i in indices:
@@ -127,7 +136,12 @@ class ValBatches(Dataset):
             canvas, gain, offset = letterbox_to(img, shape)
             canvases.append(canvas)
             on_canvas = (img.shape[0] * gain, img.shape[1] * gain)  # ultralytics scales labels by the float gain
-            if self.outlines is None:
+            if self.keypoints is not None:
+                points = torch.from_numpy(np.array(self.keypoints[i], dtype=np.float32).reshape(-1, self.kpt_shape[0], 3))
+                points[..., 0] = points[..., 0] * on_canvas[1] + offset[0]
+                points[..., 1] = points[..., 1] * on_canvas[0] + offset[1]
+                metas.append((offset, self.labels[i], on_canvas, points))
+            elif self.outlines is None:
                 metas.append((offset, self.labels[i], on_canvas))
             elif self.obb:
                 metas.append((offset, self.labels[i], on_canvas, self._rboxes(i, offset, on_canvas)))
@@ -243,6 +257,48 @@ def obb_batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: f
         if confusion is not None:
             confusion.update(det, meta[3], cls)
     return stats, preds, items
+
+
+def pose_batch_stats(model, x: torch.Tensor, metas, device: torch.device, conf: float, iou: float,
+                     end2end: bool = False, confusion: ConfusionMatrix | None = None, loss_fn=None, *,
+                     sigmas: torch.Tensor):
+    """batch_stats of a keypoint model: (PoseStats, predictions (each
+    image's [n, 6 + K*D]: box, conf, class, then its keypoints x, y in
+    canvas pixels (and visibility)), loss items or None), as ultralytics'
+    pose validator: NMS (multi-label) carrying each box's keypoints, or the
+    one-to-one head's picks (YOLO26, end2end); boxes matched by IoU, keypoints
+    by OKS with `sigmas`."""
+    stats = PoseStats(sigmas, method="ultralytics")
+    x = x.to(device).float() / 255
+    if loss_fn is None:
+        raw, items = model.predict(x, end2end=end2end), None
+    else:
+        out = model(x)  # YOLO26's: both heads' (no sigma maps in eval mode), as ultralytics validates
+        items = loss_fn(out, (loss_targets(metas, x.shape[2:]), pose_loss_keypoints(metas, x.shape[2:])))[1]
+        if end2end:
+            maps, keypoints = out[1][:2]
+            raw = model.decode_end2end(maps, extra=model.decode_keypoints(keypoints))
+        else:
+            maps, keypoints = (out[0] if model.end2end else out)[:2]
+            raw = torch.cat([model.decode(maps), model.decode_keypoints(keypoints)], 1)
+    preds = confident(raw, conf) if end2end else \
+        non_max_suppression(raw, conf_thres=conf, iou_thres=iou, multi_label=True, nc=model.nc)
+    k, dims = model.kpt_shape
+    for det, meta in zip(preds, metas):
+        det = det.float().cpu()
+        lab, gt = canvas_labels(meta)
+        stats.update(det[:, :6], det[:, 6:].reshape(len(det), k, dims), gt, lab[:, 0], meta[3])
+        if confusion is not None:
+            confusion.update(det[:, :6], gt, lab[:, 0])
+    return stats, preds, items
+
+
+def pose_loss_keypoints(metas, canvas: tuple[int, int]) -> torch.Tensor:
+    """A validation batch's keypoints as the loss takes a training batch's:
+    [M, K, 3], x, y as fractions of the canvas, in loss_targets' order."""
+    h, w = canvas
+    scale = torch.tensor([w, h, 1.0])
+    return torch.cat([meta[3] / scale for meta in metas]) if metas else torch.zeros((0, 1, 3))
 
 
 def obb_loss_targets(metas, canvas: tuple[int, int]) -> torch.Tensor:
@@ -372,9 +428,11 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
         summary["val_losses"] = mean_items([items for _, items in ordered], loss_fn.names)
     if plots:
         summary["confusion"] = sum(matrices)
-        summary["curves"] = curves(merged["boxes"] if kind is SegStats else merged, batches.nc)
+        summary["curves"] = curves(merged["boxes"] if kind in (SegStats, PoseStats) else merged, batches.nc)
         if kind is SegStats:
             summary["mask_curves"] = curves(merged["masks"], batches.nc)
+        if kind is PoseStats:
+            summary["pose_curves"] = curves(merged["keypoints"], batches.nc)
     return summary
 
 
@@ -382,7 +440,7 @@ def validate(d: Dist, model, batches: ValBatches, *, conf: float = 0.001, iou: f
 def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = None, batch: int = 16, split: str = "val",
              conf: float = 0.001, iou: float = 0.7, rect: bool = True, end2end: bool = False,
              warn=print, plots: Path | None = None, workers: int = 0, segments: bool = False,
-             obb: bool = False) -> dict | None:
+             obb: bool = False, keypoints: bool = False) -> dict | None:
     """The metrics of `weights` on `split` of `data` (rank 0; None elsewhere):
     map50, map50_95, precision, recall, images, instances, and `classes`: one
     row per class (name, images, instances, precision, recall, map50, map50_95).
@@ -392,7 +450,9 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
     processes, at most the CPUs this process may use. `segments`: a
     segmentation's weights and polygons; `masks` then holds the masks'
     figures, as the boxes' are. `obb`: an oriented-box detector's weights
-    and corners, measured by ProbIoU."""
+    and corners, measured by ProbIoU. `keypoints`: a keypoint model's weights
+    and the data's keypoints (its kpt_shape the weights'), matched by OKS;
+    `pose` then holds the keypoints' figures."""
     if split not in ("train", "val"):
         raise HpcyoloError(f"--split must be train or val, not {split!r}")
     w = as_weights(weights)
@@ -403,6 +463,12 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
                            f"{w.task} model, measured on a data YAML")
     if len(spec.names) != w.nc:
         raise HpcyoloError(f"{weights}: has {w.nc} classes, {data} names {len(spec.names)}")
+    kpt_shape = sigmas = None
+    if keypoints:
+        if spec.kpt_shape != w.kpt_shape:
+            raise HpcyoloError(f"{weights}: a keypoint model of kpt_shape {list(w.kpt_shape or ())}; {data} has "
+                               f"{'no kpt_shape' if spec.kpt_shape is None else f'kpt_shape {list(spec.kpt_shape)}'}")
+        kpt_shape, sigmas = spec.kpt_shape, keypoint_sigmas(spec.kpt_shape, spec.kpt_oks_sigmas)
     size = imgsz or w.imgsz or 640
     model = build_from(w).to(d.device)
     check_end2end(model, end2end, weights)
@@ -410,15 +476,18 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
     if not files:
         raise HpcyoloError(f"{data}: split {split!r} has no images")
     labels = check_labels(spec, (split,))
-    sets = ValBatches(files, w.nc, size, batch, rect, checked=indexed_split(d, files, w.nc, spec.root, split, data),
-                      segments=segments, obb=obb)
+    sets = ValBatches(files, w.nc, size, batch, rect,
+                      checked=indexed_split(d, files, w.nc, spec.root, split, data, kpt_shape),
+                      segments=segments, obb=obb, kpt_shape=kpt_shape, sigmas=sigmas)
     if d.is_main:
         for problem in labels + sets.problems:
             warn(f"warning: {problem}")
     workers = min(workers, len(os.sched_getaffinity(0)))
     s = validate(d, model, sets, conf=conf, iou=iou, end2end=end2end, plots=plots is not None, workers=workers,
-                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots, rotated=obb),
-                 measure=segment_batch_stats if segments else obb_batch_stats if obb else batch_stats)
+                 on_batch=None if plots is None or not d.is_main else batch_drawer(spec.names, plots, rotated=obb,
+                                                                                   kpt_shape=kpt_shape),
+                 measure=segment_batch_stats if segments else obb_batch_stats if obb else
+                 functools.partial(pose_batch_stats, sigmas=sigmas) if keypoints else batch_stats)
     if s is None:
         return None
     if plots is not None:
@@ -429,10 +498,13 @@ def evaluate(d: Dist, weights: str | Weights, data: str, *, imgsz: int | None = 
            **report(s, sets.labels, spec.names)}
     if segments:
         out["masks"] = report({k[:-5]: v for k, v in s.items() if k.endswith("_mask")}, sets.labels, spec.names)
+    if keypoints:
+        out["pose"] = report({k[:-5]: v for k, v in s.items() if k.endswith("_pose")}, sets.labels, spec.names)
     return out
 
 
-def indexed_split(d: Dist, files, nc: int, root: Path, split: str, yaml: str | Path | None = None):
+def indexed_split(d: Dist, files, nc: int, root: Path, split: str, yaml: str | Path | None = None,
+                  kpt_shape: tuple[int, int] | None = None):
     """The check results of a split's images through the dataset's index in
     the user's cache (dataindex.shared_file: one file per dataset and split,
     which training runs share): a second `hpcyolo val` of the same data, or
@@ -443,7 +515,7 @@ def indexed_split(d: Dist, files, nc: int, root: Path, split: str, yaml: str | P
     if file is None:
         return None
     try:
-        results, index, _, _ = dataindex.refresh(files, nc, root, file)
+        results, index, _, _ = dataindex.refresh(files, nc, root, file, kpt_shape=kpt_shape)
     except OSError:
         return None
     if index is not None and d.is_main:  # the other ranks of a distributed val check alike but leave it to rank 0
@@ -469,12 +541,14 @@ def report(s: dict, labels: list, names: list[str]) -> dict:
             "recall": s["recall"], "map50": s["map50"], "map50_95": s["map50_95"], "classes": classes}
 
 
-def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None, rotated: bool = False):
+def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None, rotated: bool = False,
+                 kpt_shape: tuple[int, int] | None = None):
     """validate's on_batch that draws this rank's first `batches` batches as
     ultralytics' val_batchN_labels.jpg and val_batchN_pred.jpg (predictions
     above 0.25 confidence) in `folder`; `run(fn, *args)` draws (the trainer
     hands its plot thread's submit; default: at once). `rotated`: oriented
-    boxes (obb_batch_stats' batches), drawn by their corners."""
+    boxes (obb_batch_stats' batches), drawn by their corners. `kpt_shape`: a
+    keypoint model's (pose_batch_stats' batches), each box with its keypoints."""
     from ..report.plots import batch_grid
 
     drawn = 0
@@ -490,10 +564,15 @@ def batch_drawer(names: list[str], folder: Path, batches: int = 3, run=None, rot
             if rotated:
                 labels.append((corners_of(meta[3]), lab[:, 0].numpy().astype(int), None))
                 continue
+            if kpt_shape is not None:
+                labels.append((xyxy.numpy(), lab[:, 0].numpy().astype(int), None, None, meta[3].numpy()))
+                continue
             masks = meta[3].numpy() if len(meta) > 3 else None  # a segmentation's
             labels.append((xyxy.numpy(), lab[:, 0].numpy().astype(int), None, masks))
         kept = [(corners_of(torch.from_numpy(det[:, [0, 1, 2, 3, 6]])) if rotated else det[:, :4],
-                 det[:, 5].astype(int), det[:, 4], masks) for det, masks in map(drawn_prediction, preds)]
+                 det[:, 5].astype(int), det[:, 4], masks,
+                 None if kpt_shape is None else det[:, 6:].reshape(len(det), *kpt_shape))
+                for det, masks in map(drawn_prediction, preds)]
         x = imgs.numpy().copy()  # the loader's batch: drawn maybe later
         run(batch_grid, x, labels, names, Path(folder) / f"val_batch{drawn}_labels.jpg")
         run(batch_grid, x, kept, names, Path(folder) / f"val_batch{drawn}_pred.jpg")

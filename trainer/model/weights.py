@@ -38,6 +38,8 @@ from . import safe_pickle
 from .heads import HEADS, HeadMap
 from .detector import DetectionModel, build_model, resolve_model
 
+# A keypoint model's branches whose widths follow its kpt_shape (model/pose.py PoseHead; YOLO26's one-to-one copies)
+KEYPOINT_BRANCHES = ("head.kpt", "head.one2one_kpt")
 _NOT_WEIGHTS = f"not hpcyolo weights such as RUN/{WEIGHTS}/best.pt, nor an ultralytics checkpoint"
 _ULTRALYTICS_NAME = re.compile(f"({'|'.join(registry.FAMILIES)})([{''.join(registry.SCALES)}])?(-seg|-cls|-pose|-obb)?")
 _SUFFIX = {"detect": None, "segment": "-seg", "classify": "-cls", "pose": "-pose", "obb": "-obb"}  # yolo11n-seg.yaml
@@ -83,13 +85,15 @@ def read_weights(path: str | Path) -> Weights:
 def _ours(saved, path: str) -> Weights:
     """hpcyolo's weights/*.pt ({model, scale, names, imgsz}) or a checkpoint ({model, ema, config, ...})."""
     if isinstance(saved, dict) and isinstance(saved.get("model"), dict) and "scale" in saved and "names" in saved:
+        task = _task(saved.get("task"), path)
         return Weights(_canonical(saved["scale"], path), [str(n) for n in saved["names"]], int(saved["imgsz"]),
-                       saved["model"], "hpcyolo weights", path, _task(saved.get("task"), path))
+                       saved["model"], "hpcyolo weights", path, task, _saved_kpt_shape(saved, task, path))
     if isinstance(saved, dict) and isinstance(saved.get("ema"), dict) and isinstance(saved.get("config"), dict):
         config, state = saved["config"], saved["ema"]["module"]  # the EMA, as weights/*.pt holds
-        nc = _head_classes(state, path)
+        nc, task = _head_classes(state, path), _task(config.get("task"), path)
         return Weights(_canonical(config.get("model") or "n", path), [str(i) for i in range(nc)],
-                       config.get("imgsz"), state, "hpcyolo checkpoint", path, _task(config.get("task"), path))
+                       config.get("imgsz"), state, "hpcyolo checkpoint", path, task,
+                       _saved_kpt_shape(saved, task, path))
     raise HpcyoloError(f"{path}: {_NOT_WEIGHTS} (a torch file of something else)")
 
 
@@ -107,6 +111,17 @@ def _canonical(name: str, path: str) -> str:
     except ValueError as e:
         raise HpcyoloError(f"{path}: {e}") from None
     return family + scale
+
+
+def _saved_kpt_shape(saved: dict, task: str, path: str) -> tuple[int, int] | None:
+    """A keypoint model's kpt_shape, as our weights and checkpoints record it (None for other tasks)."""
+    if task != "pose":
+        return None
+    shape = saved.get("kpt_shape")
+    if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(isinstance(v, int) for v in shape)
+            and shape[0] >= 1 and shape[1] in (2, 3)):
+        raise HpcyoloError(f"{path}: a keypoint model without its kpt_shape ([keypoints, 2 or 3]), got {shown(shape)}")
+    return (shape[0], shape[1])
 
 
 def _head_classes(state: dict, path: str) -> int:
@@ -370,7 +385,11 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
     fresh initialisation (seed the RNG before building the model for the
     same initialisation on every rank). Where the class count also sets the
     class branches' width (more than 64 classes at n: COCO's 80 onto a
-    dataset of 3), the whole class branches start fresh, as in ultralytics."""
+    dataset of 3), the whole class branches start fresh, as in ultralytics.
+    A keypoint model's weights of another kpt_shape (COCO's [17, 3] onto a
+    dataset's [4, 3]) give everything but the keypoint branches (whose
+    widths follow K x D), which start fresh: ultralytics transfers the
+    tensors whose shapes match."""
     path = weights.path
     if model.arch != weights.arch:
         raise HpcyoloError(f"{path}: holds {weights.arch}, not {model.arch}")
@@ -380,9 +399,12 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
     if fresh and any(k in weights.state and weights.state[k].shape != target[k].shape
                      for k in branches if k not in fresh):
         fresh = branches
-    wanted = [k for k in target if k not in fresh]
+    other_points = weights.kpt_shape is not None and getattr(model, "kpt_shape", None) is not None and \
+        tuple(weights.kpt_shape) != tuple(model.kpt_shape)
+    points = [k for k in target if k.startswith(KEYPOINT_BRANCHES)] if other_points else []
+    wanted = [k for k in target if k not in fresh and k not in points]
     missing = [k for k in wanted if k not in weights.state]
-    extra = [k for k in weights.state if k not in target]
+    extra = [k for k in weights.state if k not in target and not (other_points and k.startswith(KEYPOINT_BRANCHES))]
     wrong = [k for k in wanted if k in weights.state and weights.state[k].shape != target[k].shape]
     if missing or extra or wrong:
         first = (f"{wrong[0]} has shape {tuple(weights.state[wrong[0]].shape)}, not {tuple(target[wrong[0]].shape)}"
@@ -396,4 +418,6 @@ def load_into(model: DetectionModel, weights: Weights) -> str:
     line = (f"weights: {len(wanted)}/{len(target)} tensors from {Path(path).name} ({weights.origin}, "
             f"{weights.nc} classes)")
     what = "class branches" if len(fresh) > len(class_convs(model)) else "class convs"
-    return line + (f"; {what} new for {model.nc} classes" if fresh else "")
+    line += f"; {what} new for {model.nc} classes" if fresh else ""
+    return line + (f"; keypoint branches new for kpt_shape {list(model.kpt_shape)} (the weights': "
+                   f"{list(weights.kpt_shape)})" if points else "")

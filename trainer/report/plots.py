@@ -209,8 +209,8 @@ def batch_grid(imgs: np.ndarray, drawn: list[tuple], names: list[str], path: str
                max_images: int = 16, max_side: int = 1920) -> None:
     """Up to `max_images` images of a batch (uint8 [B, 3, H, W]) in a square
     grid, each with its boxes (`drawn`: per image (boxes xyxy pixels, classes,
-    confidences or None)), at most `max_side` pixels wide, as ultralytics'
-    train_batch and val_batch images."""
+    confidences or None[, masks or None[, keypoints [n, K, 3] or None]])), at
+    most `max_side` pixels wide, as ultralytics' train_batch and val_batch images."""
     from PIL import Image
 
     n = min(len(imgs), max_images)
@@ -221,11 +221,13 @@ def batch_grid(imgs: np.ndarray, drawn: list[tuple], names: list[str], path: str
     rows = math.ceil(n / cols)
     grid = np.full((rows * h, cols * w, 3), 255, np.uint8)
     for k in range(n):
-        boxes, cls, conf, *masks = drawn[k]
+        boxes, cls, conf, *extra = drawn[k]
         tile = np.ascontiguousarray(imgs[k].transpose(1, 2, 0))
-        if masks and masks[0] is not None:
-            tile = with_masks(tile, masks[0], cls)
+        if extra and extra[0] is not None:
+            tile = with_masks(tile, extra[0], cls)
         tile = draw_detections(tile, boxes, cls, conf, names)
+        if len(extra) > 1 and extra[1] is not None:
+            tile = with_keypoints(tile, extra[1])
         r, c = divmod(k, cols)
         grid[r * h:(r + 1) * h, c * w:(c + 1) * w] = tile
     scale = min(1.0, max_side / max(grid.shape[:2]))
@@ -233,6 +235,28 @@ def batch_grid(imgs: np.ndarray, drawn: list[tuple], names: list[str], path: str
         size = (round(grid.shape[1] * scale), round(grid.shape[0] * scale))
         grid = np.asarray(Image.fromarray(grid).resize(size, Image.BILINEAR))
     save_image(grid, path)
+
+
+def with_keypoints(img: np.ndarray, keypoints, visible: float = 0.5) -> np.ndarray:
+    """A copy of img (HxWx3 uint8) with each object's keypoints ([n, K, 2
+    or 3], pixels) as dots, each keypoint index in its own colour (as
+    ultralytics colours a skeleton's points): those whose third value
+    (visibility, or a prediction's confidence) is above `visible`."""
+    import cv2
+
+    out = np.ascontiguousarray(img).copy()
+    points = np.asarray(keypoints, np.float64)
+    if points.size == 0:
+        return out
+    points = points.reshape(len(points), -1, points.shape[-1])
+    radius = max(2, round(min(img.shape[:2]) / 120))
+    for person in points:
+        for j, p in enumerate(person):
+            if p.shape[0] > 2 and p[2] <= visible:
+                continue
+            colour = PALETTE[(j + 3) % len(PALETTE)]
+            cv2.circle(out, (int(round(p[0])), int(round(p[1]))), radius, colour, -1, lineType=cv2.LINE_AA)
+    return out
 
 
 def with_masks(img: np.ndarray, masks, cls) -> np.ndarray:
@@ -328,6 +352,9 @@ def write_val_plots(summary: dict, names: list[str], folder: str | os.PathLike) 
     if "mask_curves" in summary:  # a segmentation's
         plot_curves(summary["mask_curves"], names, folder, summary["map50_mask"], prefix="Mask")
         kinds.append("Mask")
+    if "pose_curves" in summary:  # a keypoint model's, matched by OKS
+        plot_curves(summary["pose_curves"], names, folder, summary["map50_pose"], prefix="Pose")
+        kinds.append("Pose")
     return [folder / n for n in ("confusion_matrix.png", "confusion_matrix_normalized.png")] + \
         [folder / f"{kind}{curve}_curve.png" for kind in kinds for curve in ("PR", "F1", "P", "R")]
 

@@ -172,7 +172,8 @@ def _index_on_rank_0(d: Dist, spec: DataSpec, nc: int, run: Path, splits: dict[s
             # run starts from it, and keeps it up to date where it reads the whole split (not a --fraction).
             shared = functools.partial(dataindex.shared_file, spec.root, split, spec.yaml)
             built[split] = dataindex.refresh(files, nc, spec.root, rundir.index_file(run, split),
-                                             (stats or {}).get(split), shared, keep=files is getattr(spec, split))
+                                             (stats or {}).get(split), shared, keep=files is getattr(spec, split),
+                                             kpt_shape=spec.kpt_shape)
             if built[split][2]:
                 print0(d, f"{split}: checked {built[split][2]} of {len(files)} images in "
                           f"{time.monotonic() - t0:.1f} s for the dataset index ({rundir.index_file(run, split)})")

@@ -72,5 +72,8 @@ def numbers(row: dict[str, str]) -> dict[str, float]:
 
 def save_weights(path: Path, model, cfg: TrainConfig, names: list[str]) -> None:
     """Inference weights: the EMA model and what is needed to rebuild it."""
-    ckpt.save({"model": model.state_dict(), "scale": model.arch, "names": list(names), "imgsz": cfg.imgsz,
-               "task": cfg.task}, path)
+    saved = {"model": model.state_dict(), "scale": model.arch, "names": list(names), "imgsz": cfg.imgsz,
+             "task": cfg.task}
+    if getattr(model, "kpt_shape", None):  # a keypoint model's: how its head's keypoint rows split
+        saved["kpt_shape"] = list(model.kpt_shape)
+    ckpt.save(saved, path)

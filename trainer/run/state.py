@@ -97,6 +97,8 @@ def save_state(r, preempted: str = "") -> None:
                  "batch": pos.batch, "global_step": pos.global_step, "best_fitness": pos.best_fitness,
                  "best_epoch": pos.best_epoch, "epoch_seconds": pos.epoch_seconds, "epochs": pos.epochs,
                  "run_seconds": pos.run_seconds, "plan_seconds": pos.plan_seconds, "end_seconds": pos.end_seconds}
+        if getattr(parts.model, "kpt_shape", None):  # a keypoint model's, to build it again from the file
+            state["kpt_shape"] = list(parts.model.kpt_shape)
         parts.writer.save(state, r.folder / rundir.CHECKPOINTS, r.cfg.keep, wait=bool(preempted),
                           steady=steady_tensors(parts.model, state))
         if preempted:

@@ -127,6 +127,7 @@ def prepare(r: Run, settings: dict, prescan: Prescan | None) -> None:
     # Rank 0's listing and stats of the dataset, made while this process imported torch (`prescan`).
     scan = prescan.take(cfg.data, cfg.fraction) if prescan is not None and d.is_main else None
     spec = scan.spec if scan else load_data_spec(cfg.data, listed=d.is_main)  # the other ranks: from the index
+    r.task = r.task.with_data(spec)  # the task's parts as the data YAML's own keys shape them (pose: kpt_shape)
     # This run's newest valid checkpoint, or the weights to start from (or neither): checked before the
     # dataset's index in the run directory is brought up to date, so that a start refused here writes nothing.
     state, weights = checkpoint_to_resume(r.task, cfg, d, r.folder, settings,

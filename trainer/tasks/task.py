@@ -54,6 +54,13 @@ class Task:
     folders: bool = False
     # report/: a new run's training labels as ultralytics' labels.jpg draws them (labels, names, path), or None
     draw_labels: Callable[..., None] | None = None
+    # the task as a data YAML's own keys shape it (pose: kpt_shape, flip_idx, kpt_oks_sigmas): (task, the
+    # DataSpec) -> the task whose parts take them; raises where the data cannot be this task's; None: as it is
+    for_data: Callable[[Task, Any], Task] | None = None
+
+    def with_data(self, spec) -> Task:
+        """This task for the data YAML `spec` (common/datayaml.py DataSpec): see `for_data`."""
+        return self if self.for_data is None else self.for_data(self, spec)
 
     @property
     def not_validated(self) -> dict:
