@@ -63,6 +63,10 @@ def fitness(metrics: dict) -> float:
     return rundir.fitness(metrics["map50"], metrics["map50_95"])
 
 
+BOX = ("precision", "recall", "map50", "map50_95")
+BOX_COLUMNS = (rundir.PRECISION, rundir.RECALL, rundir.MAP50, rundir.MAP50_95)  # (B): the boxes'
+
+
 def describe(m: dict) -> str:
     return f"P {m['precision']:.3f} R {m['recall']:.3f} mAP50 {m['map50']:.3f} mAP50-95 {m['map50_95']:.3f}"
 
@@ -70,6 +74,25 @@ def describe(m: dict) -> str:
 def per_class(metrics: dict, labels: list, names: list[str]) -> str:
     """The per-class table a run ends with, as ultralytics prints it."""
     return table(report(metrics, labels, names))
+
+
+def with_second_kind(suffix: str, letter: str, word: str, title: str):
+    """(metrics, describe, per_class) of a task measured on its boxes and on a
+    second kind of output (segment's masks, pose's keypoints): the second's
+    figures are the boxes' keys + `suffix` ("_mask"), its results.csv columns
+    the boxes' with (`letter`) for (B), its epoch line and per-class table
+    after the boxes' (`word`: "mask", `title`: "masks")."""
+    metrics = tuple(zip(BOX, BOX_COLUMNS)) + \
+        tuple((key + suffix, column.replace("(B)", f"({letter})")) for key, column in zip(BOX, BOX_COLUMNS))
+
+    def describe_both(m: dict) -> str:
+        return f"box {describe(m)}; {word} " + describe({k: m[k + suffix] for k in BOX})
+
+    def per_class_both(m: dict, labels: list, names: list[str]) -> str:
+        second = {k[:-len(suffix)]: v for k, v in m.items() if k.endswith(suffix)}
+        return "boxes\n" + table(report(m, labels, names)) + f"\n{title}\n" + table(report(second, labels, names))
+
+    return metrics, describe_both, per_class_both
 
 
 def draw_train_batch(imgs: np.ndarray, targets: np.ndarray, names: list[str], path: Path) -> None:
@@ -108,8 +131,7 @@ TASK = Task(
     build_model=build_model, saved_classes=saved_classes,
     loss=loss,
     validate=validate,
-    metrics=(("precision", rundir.PRECISION), ("recall", rundir.RECALL), ("map50", rundir.MAP50),
-             ("map50_95", rundir.MAP50_95)),
+    metrics=tuple(zip(BOX, BOX_COLUMNS)),
     fitness=fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=write_val_plots,
     batch_drawer=batch_drawer,

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...common import rundir
 from ...common.datayaml import need_keypoints
 from ...data.dataset import YoloDataset
-from ...eval.evaluate import ValBatches, batch_drawer, evaluate, pose_batch_stats, report, table, validate
+from ...eval.evaluate import ValBatches, batch_drawer, evaluate, pose_batch_stats, validate
 from ...eval.export import export_onnx
 from ...eval.pose_metrics import PoseStats
 from ...eval.predict import predict
@@ -24,8 +23,8 @@ from ...optim.pose_loss import EndToEndPoseLoss, PoseLoss
 from ..detect import task as detect
 from ..task import Task
 
-BOX = ("precision", "recall", "map50", "map50_95")
-BOX_COLUMNS = (rundir.PRECISION, rundir.RECALL, rundir.MAP50, rundir.MAP50_95)  # (B): the boxes'
+# ultralytics' columns (B) and (P), epoch line and per-class table of the boxes, then of the keypoints
+METRICS, describe, per_class = detect.with_second_kind("_pose", "P", "pose", "keypoints")
 
 
 def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked, names=None,
@@ -63,17 +62,6 @@ def loss(model, nc: int, world_size: int, cfg, sigmas: tuple[float, ...] | None 
 
 def pose_validate(d, model, batches: ValBatches, **kwargs) -> dict | None:
     return validate(d, model, batches, measure=functools.partial(pose_batch_stats, sigmas=batches.sigmas), **kwargs)
-
-
-def describe(m: dict) -> str:
-    return f"box {detect.describe(m)}; pose " + detect.describe({k: m[f"{k}_pose"] for k in BOX})
-
-
-def per_class(metrics: dict, labels: list, names: list[str]) -> str:
-    """ultralytics' per-class table of the boxes, then of the keypoints."""
-    keypoints = {k[:-5]: v for k, v in metrics.items() if k.endswith("_pose")}
-    return "boxes\n" + table(report(metrics, labels, names)) + "\nkeypoints\n" + \
-        table(report(keypoints, labels, names))
 
 
 def draw_train_batch(imgs, targets, names: list[str], path: Path) -> None:
@@ -136,8 +124,7 @@ TASK = Task(
     build_model=build_model, saved_classes=detect.saved_classes,
     loss=loss,
     validate=pose_validate,
-    metrics=tuple(zip(BOX, BOX_COLUMNS)) +
-    tuple((f"{key}_pose", column.replace("(B)", "(P)")) for key, column in zip(BOX, BOX_COLUMNS)),
+    metrics=METRICS,
     fitness=PoseStats.fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=functools.partial(batch_drawer, kpt_shape=KPT_SHAPE),

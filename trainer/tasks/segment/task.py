@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...common import rundir
 from ...data.dataset import YoloDataset
-from ...eval.evaluate import ValBatches, evaluate, report, segment_batch_stats, table, validate
+from ...eval.evaluate import ValBatches, evaluate, segment_batch_stats, validate
 from ...eval.metrics import SegStats
 from ...eval.export import export_onnx
 from ...eval.predict import predict
@@ -19,8 +18,8 @@ from ...optim.segment_loss import EndToEndSegmentationLoss, SegmentationLoss
 from ..detect import task as detect
 from ..task import Task
 
-BOX = ("precision", "recall", "map50", "map50_95")
-BOX_COLUMNS = (rundir.PRECISION, rundir.RECALL, rundir.MAP50, rundir.MAP50_95)  # (B): the boxes'
+# ultralytics' columns (B) and (M), epoch line and per-class table of the boxes, then of the masks
+METRICS, describe, per_class = detect.with_second_kind("_mask", "M", "mask", "masks")
 
 
 def train_set(cfg, files, nc: int, *, cache_dir: Path, hsv_on_device: bool, checked, names=None) -> YoloDataset:
@@ -54,16 +53,6 @@ def loss(model, nc: int, world_size: int, cfg) -> SegmentationLoss | EndToEndSeg
 
 def seg_validate(*args, **kwargs) -> dict | None:
     return validate(*args, measure=segment_batch_stats, **kwargs)
-
-
-def describe(m: dict) -> str:
-    return f"box {detect.describe(m)}; mask " + detect.describe({k: m[f"{k}_mask"] for k in BOX})
-
-
-def per_class(metrics: dict, labels: list, names: list[str]) -> str:
-    """ultralytics' per-class table of the boxes, then of the masks."""
-    masks = {k[:-5]: v for k, v in metrics.items() if k.endswith("_mask")}
-    return "boxes\n" + table(report(metrics, labels, names)) + "\nmasks\n" + table(report(masks, labels, names))
 
 
 def draw_train_batch(imgs, targets, names: list[str], path: Path) -> None:
@@ -102,8 +91,7 @@ TASK = Task(
     build_model=build_model, saved_classes=detect.saved_classes,
     loss=loss,
     validate=seg_validate,
-    metrics=tuple(zip(BOX, BOX_COLUMNS)) +
-    tuple((f"{key}_mask", column.replace("(B)", "(M)")) for key, column in zip(BOX, BOX_COLUMNS)),
+    metrics=METRICS,
     fitness=SegStats.fitness, describe=describe, per_class=per_class,
     draw_train_batch=draw_train_batch, draw_predictions=detect.draw_predictions, val_plots=detect.write_val_plots,
     batch_drawer=detect.batch_drawer,
