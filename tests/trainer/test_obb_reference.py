@@ -11,47 +11,32 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 import torch
-from test_segment import stopped_and_resumed
+from test_segment import HPCYOLO, REFERENCE, gaps, stopped_and_resumed, trained_reference_set, val_argv
 from test_yolo26_train import env
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
 
-HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
-REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained"
 MODELS = ("yolo11n-obb", "yolo26n-obb")  # ultralytics' own, trained on DATA
 # The set the reference models were trained and validated on (their val.json says so).
 DATA = "hpcyolo make-dataset shapes DIR --task obb --train 240 --val 40 --seed 3"
-KEYS = ("precision", "recall", "map50", "map50_95")
 
 
 @pytest.fixture(scope="module")
 def reference_set(tmp_path_factory) -> Path:
-    for name in MODELS:
-        reference = json.loads((REFERENCE / name / "val.json").read_text())
-        assert reference["data"] == DATA and reference["ultralytics"] == "8.4.190" and reference["model"] == name
-    return make_shapes(tmp_path_factory.mktemp("obb") / "shapes", n_train=240, n_val=40, imgsz=160, task="obb", seed=3)
-
-
-def val(weights: Path, data: Path, *extra: str) -> list[str]:
-    return [HPCYOLO, "val", str(weights), "--data", str(data), "--imgsz", "160", "--batch", "16", "--json", *extra]
-
-
-def gaps(ours: dict, theirs: dict) -> dict:
-    return {key: (round(ours[key], 4), round(theirs[key], 4)) for key in KEYS}
+    return trained_reference_set(tmp_path_factory, "obb", MODELS, DATA)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_val_of_ultralytics_obb_model_gives_its_figures_on_one_rank_and_two(reference_set, tmp_path, capfd, name):
     reference = json.loads((REFERENCE / name / "val.json").read_text())
-    args = val(REFERENCE / name / "model.pt", reference_set)
+    args = val_argv(REFERENCE / name / "model.pt", reference_set)
     r = subprocess.run([*args, "--plots", str(tmp_path / "plots")], capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
     ours = json.loads(r.stdout)
@@ -129,7 +114,7 @@ def test_yolo26_obb_nms_free_gives_ultralytics_nms_false_val_predict_and_onnx(re
     trained = REFERENCE / "yolo26n-obb"
     reference = json.loads((trained / "end2end.json").read_text())
     assert reference["nms"] is False and reference["data"] == DATA
-    r = subprocess.run(val(trained / "model.pt", reference_set, "--end2end"), capture_output=True, text=True,
+    r = subprocess.run(val_argv(trained / "model.pt", reference_set, "--end2end"), capture_output=True, text=True,
                        env=env())
     assert r.returncode == 0, r.stderr
     found = gaps(json.loads(r.stdout), reference["box"])

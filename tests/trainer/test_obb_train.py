@@ -62,10 +62,17 @@ def test_an_obb_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, mode
 @pytest.mark.parametrize("line, said", [("1 0.1 0.1 0.3 0.1 0.3 0.3", "6 coordinates where train.task obb needs"),
                                         ("2 0.1 0.1 0.2 0.2 0.3 0.3 0.4 0.4", "a degenerate oriented box")])
 def test_a_bad_obb_row_stops_the_run_in_one_line_before_anything_is_written(tiny_set, tmp_path, line, said):
-    shutil.copytree(tiny_set.parent, tmp_path / "set")
-    label = next(p for p in sorted((tmp_path / "set" / "labels" / "train").glob("*.txt")) if p.read_text().strip())
+    refused_in_one_line(tiny_set, tmp_path, "train", line, said, train)
+
+
+def refused_in_one_line(data: Path, tmp_path: Path, split: str, row: str, said: str, train) -> None:
+    """A copy of `data`'s set with `row` added to a label file of `split`:
+    `train` (data.yaml, run, model, epochs) exits 1 with one error line,
+    `file:line: said`, no traceback and no run directory."""
+    shutil.copytree(data.parent, tmp_path / "set")
+    label = next(p for p in sorted((tmp_path / "set" / "labels" / split).glob("*.txt")) if p.read_text().strip())
     number = len(label.read_text().splitlines()) + 1
-    label.write_text(label.read_text() + line + "\n")
+    label.write_text(label.read_text() + row + "\n")
     r = train(tmp_path / "set" / "data.yaml", tmp_path / "run", "yolo11n", 1)
     assert r.returncode == 1 and not (tmp_path / "run").exists(), r.stderr
     errors = [text for text in r.stderr.splitlines() if text.startswith("hpcyolo: error:")]

@@ -10,39 +10,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_segment import HPCYOLO, REFERENCE, gaps, trained_reference_set, val_argv
 from test_yolo26_train import env
 
-from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
 
-HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
-REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained"
 MODELS = ("yolo11n-pose", "yolo26n-pose")  # ultralytics' own, trained on DATA
 # The set the reference models were trained and validated on (their val.json says so).
 DATA = "hpcyolo make-dataset shapes DIR --task pose --train 240 --val 40 --seed 3"
-KEYS = ("precision", "recall", "map50", "map50_95")
 
 
 @pytest.fixture(scope="module")
 def reference_set(tmp_path_factory) -> Path:
-    for name in MODELS:
-        reference = json.loads((REFERENCE / name / "val.json").read_text())
-        assert reference["data"] == DATA and reference["ultralytics"] == "8.4.190" and reference["model"] == name
-    return make_shapes(tmp_path_factory.mktemp("pose") / "shapes", n_train=240, n_val=40, imgsz=160, task="pose",
-                       seed=3)
-
-
-def val(weights: Path, data: Path, *extra: str) -> list[str]:
-    return [HPCYOLO, "val", str(weights), "--data", str(data), "--imgsz", "160", "--batch", "16", "--json", *extra]
-
-
-def gaps(ours: dict, theirs: dict) -> dict:
-    return {key: (round(ours[key], 4), round(theirs[key], 4)) for key in KEYS}
+    return trained_reference_set(tmp_path_factory, "pose", MODELS, DATA)
 
 
 def close(ours: dict, reference: dict) -> None:
@@ -56,7 +40,7 @@ def close(ours: dict, reference: dict) -> None:
 def test_val_of_ultralytics_pose_model_gives_its_figures_on_one_rank_and_two(reference_set, tmp_path, capfd, name):
     reference = json.loads((REFERENCE / name / "val.json").read_text())
     assert reference["pose"]["map50"] > 0.1  # a model that finds keypoints: the comparison means something
-    args = val(REFERENCE / name / "model.pt", reference_set)
+    args = val_argv(REFERENCE / name / "model.pt", reference_set)
     r = subprocess.run([*args, "--plots", str(tmp_path / "plots")], capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
     ours = json.loads(r.stdout)
@@ -114,7 +98,7 @@ def test_yolo26_pose_nms_free_gives_ultralytics_nms_false_val_and_predict(refere
     trained = REFERENCE / "yolo26n-pose"
     reference = json.loads((trained / "end2end.json").read_text())
     assert reference["nms"] is False and reference["data"] == DATA
-    r = subprocess.run(val(trained / "model.pt", reference_set, "--end2end"), capture_output=True, text=True,
+    r = subprocess.run(val_argv(trained / "model.pt", reference_set, "--end2end"), capture_output=True, text=True,
                        env=env())
     assert r.returncode == 0, r.stderr
     close(json.loads(r.stdout), reference)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_obb_train import refused_in_one_line
 from test_segment import stopped_and_resumed
 from test_yolo26_train import env
 
@@ -105,15 +106,7 @@ def test_a_pose_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, mode
     ("2 0.5 0.5 0.2 0.2 0.4 0.5 2 0.5 0.4 2 0.6 0.5 3 0.5 0.6 2",
      "malformed pose row (keypoint visibility 3 is not 0, 1 or 2)")])
 def test_a_bad_pose_row_stops_the_run_in_one_line_before_anything_is_written(tiny_set, tmp_path, row, said):
-    shutil.copytree(tiny_set.parent, tmp_path / "set")
-    label = next(p for p in sorted((tmp_path / "set" / "labels" / "val").glob("*.txt")) if p.read_text().strip())
-    number = len(label.read_text().splitlines()) + 1
-    label.write_text(label.read_text() + row + "\n")
-    r = train(tmp_path / "set" / "data.yaml", tmp_path / "run", "yolo11n", 1)
-    assert r.returncode == 1 and not (tmp_path / "run").exists(), r.stderr
-    errors = [text for text in r.stderr.splitlines() if text.startswith("hpcyolo: error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert f"{label}:{number}: {said}" in errors[0]
+    refused_in_one_line(tiny_set, tmp_path, "val", row, said, train)
 
 
 @pytest.mark.parametrize("edit, said", [

@@ -34,33 +34,48 @@ SEGMENTERS = ("yolo11n-seg", "yolo26n-seg")  # ultralytics' own, trained on DATA
 DATA = "hpcyolo make-dataset shapes DIR --task segment --train 240 --val 40 --seed 3"
 
 
+KEYS = ("precision", "recall", "map50", "map50_95")
+
+
+def trained_reference_set(tmp_path_factory, task: str, models, data: str) -> Path:
+    """The set ultralytics' trained `models` of `task` were trained and
+    validated on (`make-dataset shapes --task TASK --train 240 --val 40
+    --seed 3`, which their val.json names: `data`), written again here."""
+    for name in models:
+        reference = json.loads((REFERENCE / name / "val.json").read_text())
+        assert reference["data"] == data and reference["ultralytics"] == "8.4.190" and reference["model"] == name
+    return make_shapes(tmp_path_factory.mktemp(task) / "shapes", n_train=240, n_val=40, imgsz=160, task=task, seed=3)
+
+
+def val_argv(weights: Path, data: Path, *extra: str) -> list[str]:
+    """`hpcyolo val --json` of `weights` at the references' size and batch."""
+    return [HPCYOLO, "val", str(weights), "--data", str(data), "--imgsz", "160", "--batch", "16", "--json", *extra]
+
+
+def gaps(ours: dict, theirs: dict) -> dict:
+    """Per figure of KEYS: (ours, ultralytics'), to the fourth digit."""
+    return {key: (round(ours[key], 4), round(theirs[key], 4)) for key in KEYS}
+
+
 @pytest.fixture(scope="module")
 def reference_set(tmp_path_factory) -> Path:
-    for name in SEGMENTERS:
-        reference = json.loads((REFERENCE / name / "val.json").read_text())
-        assert reference["data"] == DATA and reference["ultralytics"] == "8.4.190" and reference["model"] == name
-    return make_shapes(tmp_path_factory.mktemp("seg") / "shapes", n_train=240, n_val=40, imgsz=160, task="segment",
-                       seed=3)
+    return trained_reference_set(tmp_path_factory, "segment", SEGMENTERS, DATA)
 
 
 @pytest.mark.parametrize("name", SEGMENTERS)
 def test_val_of_ultralytics_segmenter_gives_its_box_and_mask_figures_on_one_rank_and_two(reference_set, tmp_path,
                                                                                           capfd, name):
     reference = json.loads((REFERENCE / name / "val.json").read_text())
-    args = [HPCYOLO, "val", str(REFERENCE / name / "model.pt"), "--data", str(reference_set), "--imgsz", "160", "--batch",
-            "16", "--json"]
+    args = val_argv(REFERENCE / name / "model.pt", reference_set)
     r = subprocess.run([*args, "--plots", str(tmp_path / "plots")], capture_output=True, text=True, env=env())
     assert r.returncode == 0, r.stderr
     ours = json.loads(r.stdout)
     plots = {p.name for p in (tmp_path / "plots").iterdir()}  # ultralytics' files of a segmentation's validation
     assert {f"{kind}{curve}_curve.png" for kind in ("Box", "Mask") for curve in ("PR", "F1", "P", "R")} <= plots
     assert {"val_batch0_labels.jpg", "val_batch0_pred.jpg", "confusion_matrix.png"} <= plots
-    gaps = {}
-    for kind, figures in (("box", ours), ("mask", ours["masks"])):
-        for key in ("precision", "recall", "map50", "map50_95"):
-            gaps[f"{kind} {key}"] = (round(figures[key], 4), round(reference[kind][key], 4))
-    print(name, gaps)
-    assert all(abs(a - b) <= 0.005 for a, b in gaps.values()), gaps
+    found = {kind: gaps(figures, reference[kind]) for kind, figures in (("box", ours), ("mask", ours["masks"]))}
+    print(name, found)
+    assert all(abs(a - b) <= 0.005 for kind in found.values() for a, b in kind.values()), found
     assert reference["mask"]["map50"] > 0.1  # a model that finds objects: the comparison means something
     capfd.readouterr()
     assert launch(args, 2, env=env()) == 0
@@ -202,15 +217,13 @@ def test_a_yolo26_segmenter_nms_free_gives_ultralytics_nms_false_val_predict_and
     trained = REFERENCE / "yolo26n-seg"
     reference = json.loads((trained / "end2end.json").read_text())
     assert reference["nms"] is False and reference["data"] == DATA and reference["conf"] == 0.3
-    r = subprocess.run([HPCYOLO, "val", str(trained / "model.pt"), "--data", str(reference_set), "--imgsz", "160",
-                        "--batch", "16", "--json", "--end2end"], capture_output=True, text=True, env=env())
+    r = subprocess.run(val_argv(trained / "model.pt", reference_set, "--end2end"), capture_output=True, text=True,
+                       env=env())
     assert r.returncode == 0, r.stderr
     ours = json.loads(r.stdout)
-    gaps = {f"{kind} {key}": (round(figures[key], 4), round(reference[kind][key], 4))
-            for kind, figures in (("box", ours), ("mask", ours["masks"]))
-            for key in ("precision", "recall", "map50", "map50_95")}
-    print(gaps)
-    assert all(abs(a - b) <= 0.005 for a, b in gaps.values()), gaps
+    found = {kind: gaps(figures, reference[kind]) for kind, figures in (("box", ours), ("mask", ours["masks"]))}
+    print(found)
+    assert all(abs(a - b) <= 0.005 for kind in found.values() for a, b in kind.values()), found
     nms = json.loads((trained / "val.json").read_text())
     assert abs(nms["mask"]["map50"] - reference["mask"]["map50"]) > 0.01  # another head: other figures
     images = reference_set.parent / "images" / "val"
