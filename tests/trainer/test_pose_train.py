@@ -161,6 +161,24 @@ def test_weights_of_another_kpt_shape_fine_tune_with_new_keypoint_branches(tiny_
     assert last["head.kpt_out.0.weight"].shape[0] == 4 * 3 != read.state["head.kpt_out.0.weight"].shape[0]
 
 
+def test_a_run_whose_data_changed_its_kpt_shape_is_not_resumed_and_says_so_in_one_line(tiny_set, tmp_path):
+    """A run trained on kpt_shape [4, 3], then asked to go on after its
+    data.yaml says [6, 2] (the label rows still parse: 12 values): one
+    line naming the checkpoint and both shapes, exit 1, nothing written."""
+    shutil.copytree(tiny_set.parent, tmp_path / "set")
+    data, run = tmp_path / "set" / "data.yaml", tmp_path / "run"
+    assert train(data, run, "yolo11n", 1).returncode == 0
+    data.write_text(data.read_text().replace("kpt_shape: [4, 3]", "kpt_shape: [6, 2]")
+                    .replace("flip_idx: [2, 1, 0, 3]", "flip_idx: [1, 0, 3, 2, 5, 4]"))
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    r = train(data, run, "yolo11n", 2)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("hpcyolo: error:")]
+    assert len(errors) == 1 and "holds a keypoint model for kpt_shape [4, 3], but the data's kpt_shape is [6, 2]" \
+        in errors[0], r.stderr
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.parametrize("arch", ["yolo11n", "yolo26n"])
 def test_the_pose_kobj_and_rle_settings_are_the_losss_gains(tiny_set, arch):
     """train.pose, train.kobj and train.rle (ultralytics' pose, kobj, rle) reach the keypoint loss."""

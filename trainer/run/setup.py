@@ -42,6 +42,9 @@ def checkpoint_to_resume(task: Task, cfg: TrainConfig, d: Dist, run: Path, setti
     if state is not None:
         rundir.check_continues(run, settings, saved=state["config"])
         state["arch"] = resumed_arch(state, cfg, nc, task.saved_classes)
+        if (why := task.unresumable(state)) is not None:
+            raise HpcyoloError(f"{state['path']}: {why} ({cfg.data}): use a new run directory (--run-dir) to start "
+                               "a new run")
     elif cfg.weights:
         weights = read_weights(cfg.weights)
         if weights.task != task.name:

@@ -47,6 +47,9 @@ class Task:
     export: Callable[..., dict]
     # why the task cannot train the architecture `arch` (yolov8n ...), or None: asked before a file is written
     untrainable: Callable[[str], str | None] = lambda arch: None
+    # why the run's checkpoint `state` cannot go on with this data beyond its classes (pose: another
+    # kpt_shape), or None: one line, never load_state_dict's list of the tensors that do not fit
+    unresumable: Callable[[dict], str | None] = lambda state: None
     # whether its validation can take an end2end head's detections without NMS (train.end2end, YOLO26's)
     nms_free: bool = True
     # its datasets: True, a folder of class folders (classify: train/CLASS/*.jpg, val/CLASS/*.jpg, the

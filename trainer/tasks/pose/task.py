@@ -115,7 +115,16 @@ def for_data(task: Task, spec) -> Task:
                    build_model=functools.partial(build_model, kpt_shape=shape),
                    loss=functools.partial(loss, sigmas=sigmas),
                    draw_predictions=functools.partial(draw_predictions, kpt_shape=shape),
-                   batch_drawer=functools.partial(batch_drawer, kpt_shape=shape))
+                   batch_drawer=functools.partial(batch_drawer, kpt_shape=shape),
+                   unresumable=functools.partial(other_kpt_shape, kpt_shape=shape))
+
+
+def other_kpt_shape(state: dict, kpt_shape) -> str | None:
+    """Why a keypoint run's checkpoint cannot go on with data of `kpt_shape` (another shape), or None."""
+    held = state.get("kpt_shape")
+    if held is not None and tuple(held) != tuple(kpt_shape):
+        return f"holds a keypoint model for kpt_shape {list(held)}, but the data's kpt_shape is {list(kpt_shape)}"
+    return None
 
 
 TASK = Task(
