@@ -58,7 +58,8 @@ UL_PYTHON = "/work/bench-ul-venv/bin/python"
 TASKS = {"detect": ("", ("metrics/mAP50(B)", "metrics/mAP50-95(B)"), ("map50_95",), "mAP50-95"),
          "segment": ("-seg", ("metrics/mAP50(M)", "metrics/mAP50-95(M)"), ("masks", "map50_95"), "mask mAP50-95"),
          "classify": ("-cls", ("metrics/accuracy_top1", "metrics/accuracy_top5"), ("top1",), "top-1"),
-         "obb": ("-obb", ("metrics/mAP50(B)", "metrics/mAP50-95(B)"), ("map50_95",), "OBB mAP50-95")}
+         "obb": ("-obb", ("metrics/mAP50(B)", "metrics/mAP50-95(B)"), ("map50_95",), "OBB mAP50-95"),
+         "pose": ("-pose", ("metrics/mAP50(P)", "metrics/mAP50-95(P)"), ("pose", "map50_95"), "pose mAP50-95")}
 OPTIMIZERS = {"SGD": "sgd", "AdamW": "adamw", "MuSGD": "musgd", "auto": "auto"}  # ultralytics' name: ours
 
 UL_TRAIN = """
