@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import REPO
 
-from hpcyolo_trainer.common import registry
 from hpcyolo_trainer.common.errors import HpcyoloError
 from hpcyolo_trainer.model import safe_pickle
 from hpcyolo_trainer.model.heads import HEADS
@@ -41,15 +40,6 @@ def test_an_ultralytics_pose_checkpoint_gives_ultralytics_output(name, one_threa
     diff = ((out - expected).abs().max() / expected.abs().max()).item()
     print(f"{name}: max abs diff / max abs value = {diff:.2e}")
     assert diff < 1e-4
-
-
-def test_pose_is_refused_in_one_line_until_hpcyolo_trains_it():
-    """read_weights reads what hpcyolo trains; pose is not registered yet."""
-    if "pose" in registry.TASKS:
-        pytest.skip("pose is trained: read_weights reads it")
-    with pytest.raises(HpcyoloError, match=r"holds an ultralytics PoseModel \(a pose model\); hpcyolo trains") as e:
-        read_weights(CHECKPOINTS / "yolo11n-pose" / "model.pt")
-    assert "\n" not in str(e.value)
 
 
 FLIPS = {
