@@ -35,7 +35,9 @@ hpcyolo 0.845 0.325 0.605 0.340 0.490 0.715 (mean 0.553); on the earlier set of 
 colours both stayed at chance. --set auto_augment=null with erasing, scale, fliplr and
 hsv_* 0 (seed 0): both at chance all 12 epochs. --task obb --model yolo11n
 (2026-11-29, OBB mAP50-95 of last.pt by hpcyolo val, seed 0 only, the cores
-shared with other jobs): ultralytics 0.780, hpcyolo 0.769.
+shared with other jobs): ultralytics 0.780, hpcyolo 0.769. --task pose --model yolo11n
+(2026-11-29, keypoint mAP50-95 of last.pt by hpcyolo val, seeds 0-2): ultralytics 0.385
+0.356 0.407 (mean 0.383), hpcyolo 0.426 0.351 0.392 (mean 0.390).
 """
 
 from __future__ import annotations
