@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from test_segment import HPCYOLO, REFERENCE, gaps, stopped_and_resumed, trained_reference_set, val_argv
+from test_segment import HPCYOLO, REFERENCE, gaps, predicted, stopped_and_resumed, trained_reference_set, val_argv
 from test_yolo26_train import env
 
 from hpcyolo.login.shapes import make_shapes
@@ -73,13 +73,6 @@ def finds(reference: list, ours: dict) -> int:
             assert rotated_iou(obj["corners"], best["corners_xy"]) >= 0.9, (theirs["image"], obj, best)
             found += 1
     return found
-
-
-def predicted(weights: Path, images: list[Path], out: Path, conf: str, *extra: str) -> dict:
-    r = subprocess.run([HPCYOLO, "predict", str(weights), *map(str, images), "--out", str(out), "--format", "json",
-                        "--conf", conf, *extra], capture_output=True, text=True, env=env())
-    assert r.returncode == 0, r.stderr
-    return {Path(p["image"]).name: p for p in json.loads((out / "predictions.json").read_text())}
 
 
 @pytest.mark.parametrize("name", MODELS)

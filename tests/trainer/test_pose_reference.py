@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_segment import HPCYOLO, REFERENCE, gaps, trained_reference_set, val_argv
+from test_segment import HPCYOLO, REFERENCE, gaps, predicted, trained_reference_set, val_argv
 from test_yolo26_train import env
 
 from hpcyolo.node.local import launch
@@ -76,13 +76,6 @@ def finds(reference: list, ours: dict) -> int:
             assert (gap[shown] <= 2.0).all(), (theirs["image"], obj, best)
             found += 1
     return found
-
-
-def predicted(weights: Path, images: list[Path], out: Path, conf: str, *extra: str) -> dict:
-    r = subprocess.run([HPCYOLO, "predict", str(weights), *map(str, images), "--out", str(out), "--format", "json",
-                        "--conf", conf, *extra], capture_output=True, text=True, env=env())
-    assert r.returncode == 0, r.stderr
-    return {Path(p["image"]).name: p for p in json.loads((out / "predictions.json").read_text())}
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -52,6 +52,14 @@ def val_argv(weights: Path, data: Path, *extra: str) -> list[str]:
     return [HPCYOLO, "val", str(weights), "--data", str(data), "--imgsz", "160", "--batch", "16", "--json", *extra]
 
 
+def predicted(weights: Path, images: list[Path], out: Path, conf: str, *extra: str) -> dict:
+    """`hpcyolo predict --format json` of `images`: each image's predictions by its file name."""
+    r = subprocess.run([HPCYOLO, "predict", str(weights), *map(str, images), "--out", str(out), "--format", "json",
+                        "--conf", conf, *extra], capture_output=True, text=True, env=env())
+    assert r.returncode == 0, r.stderr
+    return {Path(p["image"]).name: p for p in json.loads((out / "predictions.json").read_text())}
+
+
 def gaps(ours: dict, theirs: dict) -> dict:
     """Per figure of KEYS: (ours, ultralytics'), to the fourth digit."""
     return {key: (round(ours[key], 4), round(theirs[key], 4)) for key in KEYS}
