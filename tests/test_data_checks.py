@@ -137,6 +137,30 @@ def test_validate_and_submit_refuse_a_pose_job_on_data_without_kpt_shape(tmp_pat
                      "index per keypoint of kpt_shape)"]
 
 
+def test_doctor_checks_the_data_for_the_jobs_task(tmp_path, shapes):
+    """`hpcyolo doctor SITE JOB` checks the data as the job's train.task reads it: a data YAML given to a
+    classifier, or a pose job's data without kpt_shape, is the data check's FAIL (validate refuses both)."""
+    site = write_local_site(tmp_path)
+    for task, said in (("classify", f"{shapes}: train.task classify takes a dataset folder in ultralytics' layout"),
+                       ("pose", f"{shapes}: kpt_shape: missing: train.task pose needs the keypoints' shape")):
+        job = job_file(tmp_path, shapes, task=task)
+        r = hpcyolo("doctor", site, job, cwd=tmp_path)
+        data = [line for line in r.stdout.splitlines() if line.split()[1:2] == ["data"]]
+        assert r.returncode != 0 and len(data) == 1 and data[0].startswith("FAIL") and said in data[0], r.stdout
+        assert len(error_lines(hpcyolo("validate", site, job, cwd=tmp_path))) == 1
+    r = hpcyolo("doctor", site, job_file(tmp_path, shapes, task="segment"), cwd=tmp_path)
+    assert [line.split()[0] for line in r.stdout.splitlines() if line.split()[1:2] == ["data"]] == ["PASS"], r.stdout
+
+
+def write_local_site(tmp_path: Path) -> Path:
+    """The local site, its runs under tmp_path (doctor checks they are writable)."""
+    site = yaml.safe_load(SITE.read_text())
+    site.setdefault("storage", {})["runs"] = str(tmp_path / "runs")
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
 def test_a_majority_unlabelled_is_one_warning_with_the_count(tmp_path, shapes):
     labels = shapes.parent / "labels" / "train"
     for name in ("000000", "000001", "000002", "000003", "000004"):

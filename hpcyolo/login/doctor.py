@@ -355,12 +355,14 @@ def check_scratch(site: SiteConfig, job: JobSpec | None, data: str | None) -> Ch
                  f"{need / 2**30:.2f} GiB")
 
 
-def check_dataset(data: str) -> Check:
-    """The data YAML, its splits and labels, as the trainer checks them."""
+def check_dataset(data: str, task: str | None = None) -> Check:
+    """The data YAML, its splits and labels, as the trainer checks them for
+    train.task `task` (a classifier's folder of class folders, pose's
+    kpt_shape)."""
     from hpcyolo_trainer.common.datayaml import check_data
 
     try:
-        warnings = check_data(data)
+        warnings = check_data(data, task)
     except HpcyoloError as e:
         return Check("data", "FAIL", str(e), "fix the data YAML, or its labels/ folder")
     if warnings:
@@ -534,7 +536,7 @@ def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None, plan=
     checks += [check_runs_writable(site), check_logs(site), check_interface(site, use_srun=partition_ok),
                check_scratch(site, job, data)]
     if data:
-        checks.append(check_dataset(data))
+        checks.append(check_dataset(data, dict(plan.train_settings).get("task") if plan is not None else None))
     if site.environment.venv:
         checks.append(check_venv(site))
     if site.container.runtime != "none":

@@ -19,6 +19,7 @@ from hpcyolo_trainer.model.detector import DetectionModel, count_parameters
 from hpcyolo_trainer.model.obb import OBBModel
 from hpcyolo_trainer.model.pose import PoseModel
 from hpcyolo_trainer.model.segment import MASKS, SegmentationModel
+from hpcyolo_trainer.tasks.task import load
 
 REFERENCE = json.loads((REPO / "tests" / "reference" / "ultralytics" / "parameters.json").read_text())
 MODEL_OF = {"detect": DetectionModel, "segment": SegmentationModel, "classify": ClassificationModel,
@@ -29,6 +30,12 @@ def test_the_reference_covers_every_model_of_every_task_built_here():
     assert REFERENCE["ultralytics"].startswith("8.4.")
     for task in MODEL_OF:
         assert sorted(REFERENCE["tasks"][task]["models"]) == sorted(registry.MODELS)
+
+
+def test_the_login_nodes_list_of_folder_datasets_is_the_tasks_own():
+    """registry.FOLDER_TASKS (what validate and doctor check a dataset's layout by, without torch) is the
+    tasks whose Task record takes a folder of class folders."""
+    assert set(registry.FOLDER_TASKS) == {name for name in registry.TASKS if load(name).folders}
 
 
 @pytest.mark.parametrize("task", sorted(MODEL_OF))

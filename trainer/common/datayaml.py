@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, HpcyoloError, shown
+from .registry import FOLDER_TASKS
 from .yamlfile import as_written, read_yaml
 
 IMG_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
@@ -451,9 +452,22 @@ def check_data(data: str | Path, task: str | None = None) -> list[str]:
     if archive_flags(Path(data)) is not None:
         return []
     spec = load_data_spec(data)
+    if task is not None:
+        check_task_layout(spec, task)
     if task == "pose":
         need_keypoints(spec)
     return check_labels(spec, ("train", "val"))
+
+
+def check_task_layout(spec: DataSpec, task: str) -> None:
+    """A folder of class folders is a classifier's dataset, a data YAML with
+    label files every other task's: the other one is refused in one line."""
+    if spec.folders and task not in FOLDER_TASKS:
+        raise HpcyoloError(f"{spec.yaml}: a folder of class folders is a classification dataset (train.task "
+                           f"classify); train.task {task} takes a data YAML")
+    if task in FOLDER_TASKS and not spec.folders:
+        raise HpcyoloError(f"{spec.yaml}: train.task {task} takes a dataset folder in ultralytics' layout "
+                           "(train/CLASS/*.jpg, val/CLASS/*.jpg), not a data YAML")
 
 
 def need_keypoints(spec: DataSpec) -> None:

@@ -7,6 +7,9 @@ family is that module, and its name and published parameter counts here."""
 # is a folder of hpcyolo_trainer.tasks; adding one is that folder and its name here.
 TASKS = ("detect", "segment", "classify", "obb", "pose")
 DEFAULT_TASK = "detect"
+# The tasks whose dataset is a folder of class folders (train/CLASS/*.jpg), not a data YAML
+# with label files (each task's Task.folders says the same; a test holds them together).
+FOLDER_TASKS = ("classify",)
 # The model class an ultralytics checkpoint pickles, by task: how a file says what it holds.
 ULTRALYTICS_MODELS = {"DetectionModel": "detect", "SegmentationModel": "segment", "ClassificationModel": "classify",
                       "PoseModel": "pose", "OBBModel": "obb"}

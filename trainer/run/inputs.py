@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..common import rundir
-from ..common.datayaml import DataSpec, check_labels, training_files
+from ..common.datayaml import DataSpec, check_labels, check_task_layout, training_files
 from ..common.errors import HpcyoloError
 from ..common.settings import TrainConfig
 from ..data import index as dataindex
@@ -57,7 +57,7 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None, stats: di
     and validation images, by split, where taken already (filescan.Prescan)."""
     task = task or load_task(cfg.task)
     spec = spec or load_data_spec(cfg.data, listed=d.is_main)
-    check_layout(cfg, spec, task)
+    check_task_layout(spec, task.name)
     nc = len(spec.names)
     batch_per_rank = cfg.batch // d.world_size
     # On a GPU the HSV jitter runs there, on the whole batch (photometric.py).
@@ -85,17 +85,6 @@ def load_data(cfg: TrainConfig, d: Dist, spec: DataSpec | None = None, stats: di
     batches = steps_per_epoch(len(train_set), d.world_size, batch_per_rank)
     assert not cfg.rect or len(train_set.batches) == batches, "rect batches and steps per epoch disagree"
     return Data(spec, names, train_set, val_batches, sampler, batches, batch_per_rank)
-
-
-def check_layout(cfg: TrainConfig, spec: DataSpec, task: Task) -> None:
-    """A dataset of class folders is a classifier's, a data YAML with label
-    files the other tasks': the other one is refused in one line."""
-    if spec.folders and not task.folders:
-        raise HpcyoloError(f"{cfg.data}: a folder of class folders is a classification dataset (train.task "
-                           f"classify); train.task {task.name} takes a data YAML")
-    if task.folders and not spec.folders:
-        raise HpcyoloError(f"{cfg.data}: train.task {task.name} takes a dataset folder in ultralytics' layout "
-                           "(train/CLASS/*.jpg, val/CLASS/*.jpg), not a data YAML")
 
 
 def select_classes(cfg: TrainConfig, names: list[str], train_set, val_batches) -> list[str]:

@@ -106,7 +106,7 @@ def for_data(task: Task, spec) -> Task:
     keypoint rows, the label rows), flip_idx (the flips) and kpt_oks_sigmas
     (the loss and OKS); a data YAML without kpt_shape is one line."""
     if spec.folders:
-        return task  # a folder of class folders: the run refuses it for every task but classify (check_layout)
+        return task  # a folder of class folders: the run refuses it for every task but classify (check_task_layout)
     need_keypoints(spec)
     shape, sigmas = spec.kpt_shape, spec.kpt_oks_sigmas
     return replace(task, train_set=functools.partial(train_set, kpt_shape=shape, flip_idx=spec.flip_idx),
