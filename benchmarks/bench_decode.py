@@ -52,8 +52,7 @@ def pil_decode_resize(path: Path, imgsz: int) -> np.ndarray:
 def cv2_decode_resize(path: Path, imgsz: int) -> np.ndarray:
     img = cv2_decode(path)
     h, w = img.shape[:2]
-    interp = cv2.INTER_AREA if max(h, w) > imgsz else cv2.INTER_LINEAR
-    return cv2.resize(img, _target(w, h, imgsz), interpolation=interp)
+    return cv2.resize(img, _target(w, h, imgsz), interpolation=cv2.INTER_LINEAR)  # as the trainer (decode_resized)
 
 
 def generate_large(folder: Path) -> list[Path]:

@@ -99,7 +99,7 @@ MALFORMED_POSE_ROW = "malformed pose row"
 # Problem lines kept per dataset, the rest counted: a systematic fault (class
 # ids counted from 1, a wrong `names`) would otherwise print one per label.
 MAX_PROBLEM_LINES = 20
-CACHE_FORMAT = 1  # bump when the cache layout or the decode/resize recipe changes
+CACHE_FORMAT = 2  # bump when the cache layout or the decode/resize recipe changes
 CACHE_MARKER = "COMPLETE"
 # Mosaic partners from each batch's pool (sampler.STREAM);
 # False: from the whole dataset, four decodes per mosaic, as hpcyolo drew
@@ -227,9 +227,8 @@ def decode_resized(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
     if bgr is None:
         return None
     h, w = shape
-    if bgr.shape[:2] != (h, w):
-        shrink = h * w < bgr.shape[0] * bgr.shape[1]
-        bgr = cv2.resize(bgr, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    if bgr.shape[:2] != (h, w):  # bilinear, shrinking too, as ultralytics 8.4 loads (data/base.py load_image)
+        bgr = cv2.resize(bgr, (w, h), interpolation=cv2.INTER_LINEAR)
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 

@@ -367,9 +367,10 @@ def share_batches(d: Dist, batches, per_batch, *, workers: int = 0, worker_init=
     called after its last batch]) on rank 0, None on the others, INTERRUPTED
     on every rank where `interrupted()`, asked before each batch, said so."""
     mine = range(d.rank, len(batches), d.world_size)
-    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
+    processes = min(workers, len(mine))  # a rank with no batch has no workers
+    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=processes,
                         worker_init_fn=worker_init, collate_fn=as_is,
-                        multiprocessing_context=workers_context() if workers else None)
+                        multiprocessing_context=workers_context() if processes else None)
     results, stopped = [], False
     for k, batch in zip(mine, loader):
         if interrupted is not None and interrupted():
