@@ -69,6 +69,42 @@ def test_nothing_is_bounded_before_it_was_timed_and_nothing_while_stopping(tmp_p
         w.close()
 
 
+# One rank's watchdog (floor 0.5 s, ticks of 0.05 s) through a first validation of no time and a second of
+# 1.5 s, with a sign of progress every 0.2 s or none: it prints "moved" where it was not fired.
+VALIDATION = r"""
+import sys, time
+from pathlib import Path
+from hpcyolo_trainer.run.watchdog import Watchdog
+w = Watchdog(0, ["h"], Path(sys.argv[1]), factor=10, floor=0.5, tick=0.05)
+with w.phase("validation"):
+    pass
+with w.phase("validation"):
+    for _ in range(8):
+        time.sleep(0.2)
+        if sys.argv[2] == "progress":
+            w.progress()
+print("moved", flush=True)
+"""
+
+
+def test_a_validation_that_moves_is_not_a_hang_however_long_and_one_that_stops_is():
+    """A validation slower than its bound (an early model's thousands of boxes through rotated NMS took a
+    CPU run's validation past 60 s) is not ended while its batches go on; without them it is, within the
+    bound."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        moving = subprocess.run([sys.executable, "-c", VALIDATION, tmp, "progress"], capture_output=True, text=True,
+                                timeout=60)
+        assert moving.returncode == 0 and "moved" in moving.stdout, moving.stdout + moving.stderr
+        stopped = subprocess.run([sys.executable, "-c", VALIDATION, tmp, "none"], capture_output=True, text=True,
+                                 timeout=60)
+        assert stopped.returncode == HANG_EXIT_CODE and "moved" not in stopped.stdout
+        said = (Path(tmp) / "rank-0.txt").read_text().splitlines()[0]
+        waited = float(said.split("no step for ")[1].split(" s")[0])
+        assert "in phase validation" in said and 0.5 <= waited < 1.0, said
+
+
 def test_a_slow_rank_is_named_after_a_streak_and_a_noisy_one_is_not():
     class D:
         world_size, is_main, distributed = 3, True, False

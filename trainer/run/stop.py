@@ -140,11 +140,13 @@ def stop_if_asked(r, step_seconds: float = 0.0, where: str | None = None, epoch_
 
 def validation_stop(r):
     """What a validation asks before each of its batches: whether a signal
-    came (and the drill that sends one, where set)."""
+    came (and the drill that sends one, where set). Each is the hang
+    watchdog's sign that the validation moves."""
     batches = iter(range(1 << 62))
-    drills, signal, stop = r.side.drills, r.cfg.signal, r.stop
+    drills, signal, stop, watch = r.side.drills, r.cfg.signal, r.stop, r.side.watch
 
     def asked() -> bool:
+        watch.progress()
         if drills is not None:
             drills.in_validation(next(batches), signal)
         return stop.requested

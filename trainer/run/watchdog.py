@@ -9,7 +9,8 @@ phase earlier in this job, never below a floor (run.hang_min). Nothing is
 bounded before it was timed: the first steps of a job (until HANG_LEARN
 steps were timed), the first validation and the first checkpoint of a job
 fall back on the collectives' timeout; a preemption being handled is never
-bounded.
+bounded. A validation says it moves at each batch (`progress`): its bound
+counts from its latest batch, so a slow one is not a hang.
 
 When a bound is passed, every rank that can still answer (its watchdog
 thread runs while its main thread waits in a collective, or in a drill's
@@ -75,10 +76,12 @@ class Watchdog:
 
     @contextmanager
     def phase(self, name: str):
-        """A validation or a checkpoint: bounded by that phase's own times.
-        The loop's next step starts fresh (its loader may start anew)."""
+        """A validation or a checkpoint: bounded by that phase's own times
+        (the time since its start, or since its latest `progress`). The
+        loop's next step starts fresh (its loader may start anew)."""
+        start = time.monotonic()
         with self._lock:
-            self._phase, self._since = name, time.monotonic()
+            self._phase, self._since = name, start
         try:
             yield
         finally:
@@ -86,8 +89,17 @@ class Watchdog:
             with self._lock:
                 if self._phase == name:  # not paused meanwhile
                     if name in self._times:
-                        self._times[name].append(now - self._since)
+                        self._times[name].append(now - start)
                     self._phase, self._since, self._fresh = "train", now, True
+
+    def progress(self) -> None:
+        """A sign of life inside a phase (a validation's each batch): the
+        bound counts from here. A validation can take many times its earlier
+        ones and still move (an early model's thousands of candidate boxes
+        through NMS, rotated NMS's pairwise overlaps); a hang moves no more."""
+        with self._lock:
+            if self._phase not in UNBOUNDED and self._phase != "train":
+                self._since = time.monotonic()
 
     def pause(self) -> None:
         """A preemption (or the end) is being handled: nothing is bounded any more."""
@@ -203,6 +215,9 @@ class Off:
     @contextmanager
     def phase(self, name: str):
         yield
+
+    def progress(self) -> None:
+        pass
 
     def pause(self) -> None:
         pass
