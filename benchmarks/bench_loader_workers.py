@@ -17,8 +17,14 @@ two contexts alternating, medians over --repeats:
 The server's workers get the dataset pickled (labels and file names; the
 image cache is a file, mapped again); fork's copy it with the process.
 
-History (2-core VM, 64 images, 2 workers, 7 repeats; the cores shared with
-other jobs): see docs/benchmarks.md.
+History (2-core VM, Python 3.11.7, 64 images, 2 workers, 7 repeats, 2026-12-01):
+with torch, numpy and the data modules preloaded, start fork 0.181 s, server
+0.313 s (1.73x), validation 0.159 / 0.314 s (1.98x); most of that was
+modules each worker imported itself (numpy.random's extensions, the
+multiprocessing queues, the validation's eval/evaluate.py). With those in
+PRELOAD: start 0.173 / 0.167 s (0.96x), validation 0.148 / 0.167 s (1.13x,
++0.020 s an epoch); workers.start() 7 ms, a first loader while the server
+still imports torch 1.8 s.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ own session, ended by its process group where it outlives --timeout. A
 start that exits non-zero or times out is a failure, printed with its
 output's tail; the figures: starts, failures, seconds per start (median).
 
-History (2-core VM, Python 3.11.7, the workers' fork server): see docs/benchmarks.md.
+History (2-core VM, Python 3.11.7, the workers' fork server, 2026-12-01): 200
+starts, 0 failed, 13.6 s per start (median; the cores shared with a training
+comparison).
 """
 
 from __future__ import annotations
