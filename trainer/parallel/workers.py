@@ -10,7 +10,9 @@ PyOS_AfterFork_Child, its rank waiting in the loader's __next__, the other
 rank in a collective. Any other thread of the parent can leave a forked
 child in the same state (a lock held at the fork is held for good there).
 
-`start()`, called before the process group (or any other thread) exists,
+`start()`, called before the process group (or any other thread) exists
+(`hpcyolo train` calls it first thing, so that the server imports torch
+while the training process does; dist.setup again, for other callers),
 starts multiprocessing's fork server: a fresh interpreter with one thread,
 which imports the modules a worker needs (PRELOAD) once. Every loader of
 the run then takes `context()` and forks its workers from that server,
