@@ -48,7 +48,8 @@ def hold():
     held.set()
     libc.usleep(1500000)
     libc.PyThread_release_lock(ctypes.c_void_p(lock))
-threading.Thread(target=hold, daemon=True).start()
+holder = threading.Thread(target=hold, daemon=True)
+holder.start()
 held.wait()
 worker = context.Process(target=os._exit, args=(7,), daemon=True)
 worker.start()
@@ -58,6 +59,7 @@ print(json.dumps({"exit": worker.exitcode, "parent": parent, "server": workers.s
       flush=True)
 if worker.exitcode is None:
     worker.kill()
+holder.join()  # the lock let go: an interpreter ending while a thread holds it waits for good
 """
 
 # The loaders' own path: a DataLoader in the run's context takes its items from workers the server forked.
