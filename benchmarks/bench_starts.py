@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -79,7 +80,7 @@ def main() -> None:
             if (k + 1) % 10 == 0 or k + 1 == args.starts:
                 print(f"{k + 1} starts, {len(failures)} failed, {statistics.median(seconds):.1f} s per start "
                       "(median)", flush=True)
-            subprocess.run(["rm", "-rf", str(run)])
+            shutil.rmtree(run, ignore_errors=True)
     print(f"ran: {args.starts} starts of {args.ranks} ranks x {args.workers} loader workers, 2 epochs each; "
           f"Python {sys.version.split()[0]}")
     print(f"failed starts: {len(failures)} of {args.starts} {failures if failures else ''}")

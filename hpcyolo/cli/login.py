@@ -34,7 +34,7 @@ def validate(site: str, job: str) -> None:
     from hpcyolo.login.runcheck import warn_job
 
     plan = _load_plan(site, job, for_sbatch=True)
-    for warning in check_data(plan.data, dict(plan.train_settings).get("task")):
+    for warning in check_data(plan.data, plan.task):
         click.echo(f"warning: {warning}", err=True)
     warn_job(plan, plan.run_dir)
     click.echo(f"ok: {plan.layout} = world size {plan.world_size}, "

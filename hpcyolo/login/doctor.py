@@ -536,7 +536,7 @@ def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None, plan=
     checks += [check_runs_writable(site), check_logs(site), check_interface(site, use_srun=partition_ok),
                check_scratch(site, job, data)]
     if data:
-        checks.append(check_dataset(data, dict(plan.train_settings).get("task") if plan is not None else None))
+        checks.append(check_dataset(data, plan.task if plan is not None else None))
     if site.environment.venv:
         checks.append(check_venv(site))
     if site.container.runtime != "none":

@@ -83,6 +83,11 @@ class JobPlan:
     staged_yaml: Raw = Raw(f'"{staged_yaml("$SCRATCH_DIR")}"')  # the staged copy's data YAML
 
     @property
+    def task(self) -> str | None:
+        """The job's train.task where it sets one (the trainer's default otherwise)."""
+        return dict(self.train_settings).get("task")
+
+    @property
     def task_env(self) -> tuple[tuple[str, Raw], ...]:
         """What the training command reads besides its options (hpcyolo.node.job.task_env), as shell words."""
         env = task_env("$RUN_DIR", "$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}",

@@ -387,7 +387,7 @@ def check_datasets(plans: list[JobPlan]) -> None:
     trained on is refused here, not after the job waited in the queue."""
     from hpcyolo_trainer.common.datayaml import check_data
 
-    for data, task in dict.fromkeys((plan.data, dict(plan.train_settings).get("task")) for plan in plans):
+    for data, task in dict.fromkeys((plan.data, plan.task) for plan in plans):
         for warning in check_data(data, task):
             print(f"warning: {warning}", file=sys.stderr, flush=True)
 

@@ -61,7 +61,7 @@ from ..model.rboxes import non_max_suppression_obb, xywhr2xyxyxyxy
 from ..model.pose import keypoint_sigmas
 from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
-from ..parallel.workers import context as workers_context
+from ..parallel.workers import loader_context
 from ..parallel.dist import Dist, gather_objects
 from .metrics import ConfusionMatrix, DetStats, OBBStats, SegStats, curves
 from .pose_metrics import PoseStats
@@ -370,7 +370,7 @@ def share_batches(d: Dist, batches, per_batch, *, workers: int = 0, worker_init=
     processes = min(workers, len(mine))  # a rank with no batch has no workers
     loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=processes,
                         worker_init_fn=worker_init, collate_fn=as_is,
-                        multiprocessing_context=workers_context() if processes else None)
+                        multiprocessing_context=loader_context(processes))
     results, stopped = [], False
     for k, batch in zip(mine, loader):
         if interrupted is not None and interrupted():

@@ -74,7 +74,13 @@ def context() -> multiprocessing.context.BaseContext | None:
     return _context
 
 
+def loader_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
+    """DataLoader's multiprocessing_context for a loader of `num_workers`
+    (which refuses a context without workers)."""
+    return _context if num_workers else None
+
+
 def server_pid() -> int | None:
-    """The fork server's process id, where it runs (for tests and the hang dump)."""
+    """The fork server's process id, where it runs (for tests)."""
     pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     return pid if _context is not None else None

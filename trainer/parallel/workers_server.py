@@ -11,4 +11,3 @@ from hpcyolo_trainer.common.settings import SIGNALS
 
 for _name in SIGNALS:
     signal.signal(getattr(signal, f"SIG{_name}"), signal.SIG_IGN)
-

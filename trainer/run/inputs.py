@@ -27,7 +27,7 @@ from ..data import index as dataindex
 from ..data.dataset import collate, keep_freed_memory, load_data_spec
 from ..data.sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from ..parallel.dist import Dist, print0, warn0
-from ..parallel.workers import context as workers_context
+from ..parallel.workers import loader_context
 from ..tasks.task import Task
 from ..tasks.task import load as load_task
 from .state import Position
@@ -238,7 +238,7 @@ def train_loader(cfg: TrainConfig, d: Dist, data: Data, pos: Position) -> DataLo
                              None if cfg.time is not None else pos.epochs, mosaic_until=pos.epochs - cfg.close_mosaic)
     return DataLoader(data.train_set, batch_sampler=run_batches, num_workers=cfg.workers, collate_fn=collate,
                       pin_memory=d.device.type == "cuda",
-                      multiprocessing_context=workers_context() if cfg.workers else None,
+                      multiprocessing_context=loader_context(cfg.workers),
                       worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
 
 
