@@ -151,9 +151,6 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
 
     idle_threads_sleep(os.environ)  # before torch loads libgomp
-    from hpcyolo_trainer.parallel.workers import start as start_workers_server
-
-    start_workers_server()  # it imports torch for the loader workers while this process does (parallel/workers.py)
     # Torch's and the trainer's imports without the garbage collector, then frozen (hpcyolo_trainer.common.heap).
     from hpcyolo_trainer.common.heap import long_lived
 

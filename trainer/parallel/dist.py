@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..common.devices import device_for
 from ..common.rendezvous import init_process_group
-from . import workers
+from . import forksafe
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def pick_device(local_rank: int) -> torch.device:
 
 
 def setup(timeout_s: int = 600) -> Dist:
-    workers.start()  # before the process group's threads: loader workers fork from a server without them
+    forksafe.install()  # loader workers fork beside gloo's threads
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
