@@ -8,14 +8,16 @@ epochs, a validation after each), its ranks launched together on this
 machine (hpcyolo.node.local, gloo on loopback) with 2 loader workers: the
 layout whose workers once hung (a worker forked while one of gloo's threads
 held the interpreter's thread-state lock: rank 0 waiting in the loader's
-__next__, rank 1 in a collective; parallel/forksafe.py). Each start gets its
+__next__, rank 1 in a collective; parallel/workers.py). Each start gets its
 own session, ended by its process group where it outlives --timeout. A
 start that exits non-zero or times out is a failure, printed with its
 output's tail; the figures: starts, failures, seconds per start (median).
 
-History (2-core VM, Python 3.11.7, 2026-12-01): with loader workers forked by a
-fork server (since withdrawn: its workers outlived a killed rank), 200 starts,
-0 failed, 13.6 s per start (median). Not yet run with forksafe's before-fork wait.
+History (2-core VM, Python 3.11.7, the workers' fork server, 2026-12-01): 200
+starts, 0 failed, 13.6 s per start (median; the cores shared with a training
+comparison). 2026-12-02, each worker ending with its rank (workers.in_worker):
+200 starts, 0 failed, 17.1 s per start (median; the cores shared with two
+training comparisons and test runs).
 """
 
 from __future__ import annotations

@@ -33,9 +33,12 @@ seeds 0-5, 6-10 light shapes of a class an image): ultralytics 0.975 0.980 0.700
 one light shape an image: ultralytics 0.340 0.800 0.920 0.350 0.765 0.285 (mean 0.577),
 hpcyolo 0.845 0.325 0.605 0.340 0.490 0.715 (mean 0.553); on the earlier set of random
 colours both stayed at chance. --set auto_augment=null with erasing, scale, fliplr and
-hsv_* 0 (seed 0): both at chance all 12 epochs. --task obb --model yolo11n
-(2026-11-29, OBB mAP50-95 of last.pt by hpcyolo val, seed 0 only, the cores
-shared with other jobs): ultralytics 0.780, hpcyolo 0.769. --task pose --model yolo11n
+hsv_* 0 (seed 0): both at chance all 12 epochs. With --train 2400 (2026-12-02, seeds
+0-2): ultralytics 1.000 1.000 1.000, hpcyolo 1.000 1.000 1.000 (both level off: the first
+epoch at 0.99 or more was 5, 6, 8 for ultralytics, 6, 6, 8 for hpcyolo). --task obb --model yolo11n
+(OBB mAP50-95 of last.pt by hpcyolo val; seed 0 on 2026-11-29, seeds 1-2 on 2026-12-02,
+the cores shared with other jobs): ultralytics 0.780 0.779 0.763 (mean 0.774), hpcyolo
+0.769 0.722 0.781 (mean 0.757). --task pose --model yolo11n
 (2026-11-29, keypoint mAP50-95 of last.pt by hpcyolo val, seeds 0-2): ultralytics 0.385
 0.356 0.407 (mean 0.383), hpcyolo 0.426 0.351 0.392 (mean 0.390).
 """

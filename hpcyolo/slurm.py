@@ -246,6 +246,22 @@ def partition(name: str | None) -> subprocess.CompletedProcess:
     return run(["scontrol", "show", "partition", *([name] if name else []), "-o"], timeout=ASK_TIMEOUT)
 
 
+def nodes(names: str | None) -> subprocess.CompletedProcess:
+    """`scontrol show node [NAMES] -o`: a line of Key=Value words per node (CPUTot, RealMemory, Gres, ...)."""
+    return run(["scontrol", "show", "node", *([names] if names else []), "-o"], timeout=ASK_TIMEOUT)
+
+
+def srun_help() -> subprocess.CompletedProcess:
+    """`srun --help` (pyxis adds --container-image to it)."""
+    return run(["srun", "--help"], timeout=ASK_TIMEOUT)
+
+
+def parse_config(out: str) -> dict[str, str]:
+    """`scontrol show config`'s `Key = value` lines as a dict."""
+    pairs = (line.split("=", 1) for line in out.splitlines() if " = " in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def one_task(options: list[str], command: list[str], *, timeout: float) -> subprocess.CompletedProcess:
     """`srun OPTIONS COMMAND`: one step (an allocation of its own), as doctor
     runs it to look at a compute node."""

@@ -43,10 +43,12 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # test_val_rect.py still in the trainer lane and the four below in the rest; at
 # f44f30a rest 1105 s, trainer 1223 s, Slurm 1061 s, before test_world_size.py,
 # 78 CPU-seconds, went to the rest; at e79930b rest 1258 s, trainer 1361 s, Slurm
-# 1165 s, before test_segment.py went to the Slurm lane).
+# 1165 s, before test_segment.py went to the Slurm lane; at 7a75c86 rest 1248 s,
+# trainer 1513 s, Slurm 1349 s, before test_multiscale_rect.py, some 150 s, went to
+# the rest).
 LANE_OF = {"test_time_budget.py": "rest", "test_watchdog.py": "rest", "test_train_coco8.py": "rest",
-           "test_one_validation.py": "rest", "test_world_size.py": "rest", "test_val_rect.py": "slurm",
-           "test_segment.py": "slurm"}
+           "test_one_validation.py": "rest", "test_world_size.py": "rest", "test_multiscale_rect.py": "rest",
+           "test_val_rect.py": "slurm", "test_segment.py": "slurm"}
 LANES = ("rest", "trainer", "slurm")
 
 

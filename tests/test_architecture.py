@@ -112,7 +112,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_function_level_imports_count():
     graph = import_graph()
-    assert "hpcyolo.node.stage" in graph["hpcyolo.login.submit"]  # `from .stage import stage` inside a method
+    assert "hpcyolo.login.render" in graph["hpcyolo.login.submit"]  # `from hpcyolo.login.render import ...` in a function
     assert "hpcyolo_trainer.run.train" in graph["hpcyolo.cli.task"]  # `from hpcyolo_trainer.run.train import ...` in a command
 
 

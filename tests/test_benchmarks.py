@@ -41,6 +41,7 @@ SMOKES = [
      "seed spread"),
     ("bench_cpu.py", ["--pairs", "1", "--epochs", "1", "--train", "16", *UL_VENV], "medians of 1: wall"),
     ("bench_starts.py", ["--starts", "1"], "failed starts: 0 of 1"),
+    ("bench_loader_workers.py", ["--images", "16", "--repeats", "1", "--imgsz", "64", "--batch", "4"], "server/fork"),
     ("bench_ultralytics_train.py", ["--skip-ultralytics", "--epochs", "1", "--train", "16", "--seeds", "1",
                                     "--set", "mixup=0.1", "--set", "cos_lr=true"], "last.pt mAP50-95 by hpcyolo val"),
 ]

@@ -45,7 +45,8 @@ def fake_bin(tmp_path, monkeypatch):
 
 
 def test_the_interface_is_looked_up_on_a_compute_node(tmp_path, fake_bin):
-    fake_bin("srun", f'echo "$@" > {tmp_path}/srun-args\nprintf "gpu017\\nlo\\nib0\\nhsn0\\n"\n')
+    fake_bin("srun", f'echo "$@" > {tmp_path}/srun-args\nprintf "host gpu017\\nif lo loopback unknown '
+                     f'127.0.0.1/8\\nif ib0 infiniband up 10.1.0.17/16\\nif hsn0 ether up 10.2.0.17/16\\n"\n')
     check = doctor.check_interface(site_of(tmp_path))
     assert (check.status, check.detail) == ("PASS", "ib0 exists on compute node gpu017")
     args = (tmp_path / "srun-args").read_text().split()
@@ -136,7 +137,7 @@ def test_doctor_reports_what_would_kill_a_job_silently(tmp_path, fake_bin):
     fake_bin("scontrol", 'echo "slurm 23.11.4"\n')
     fake_bin("sinfo", 'echo "gpu*|2-00:00:00|4|64|480000|gpu:4(S:0-1)"\n')
     fake_bin("sacctmgr", 'echo "proj1|normal"\n')
-    fake_bin("srun", 'printf "gpu001\\nlo\\nib0\\n"\n')
+    fake_bin("srun", 'printf "host gpu001\\nif lo loopback unknown 127.0.0.1/8\\nif ib0 infiniband up 10.1.0.1/16\\n"\n')
     spec = {**GPU_SITE, "storage": {"runs": str(tmp_path / "runs"), "logs": str(tmp_path / "logs")},
             "environment": {"venv": str(tmp_path / "venv")},
             "container": {"runtime": "apptainer", "image": str(tmp_path / "hpcyolo.sif")}}

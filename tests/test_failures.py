@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import signal
 
-from hpcyolo.node.job import claim_failure, end, node_failure, settle_failure, task_failure
+from hpcyolo.node.job import end, node_failure, task_failure
 from hpcyolo_trainer.common.ledger import account, read_starts
 from hpcyolo_trainer.common.preemption import DEVICE_FAULT_EXIT_CODE, PEER_LOST_EXIT_CODE
 from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
@@ -37,6 +37,33 @@ def test_the_errors_of_a_failing_gpu_or_link_are_told_from_the_users():
     ecc = RuntimeError("CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be ...")
     nccl = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:2062, unhandled system error")
     assert "ECC" in device_fault_line(ecc) and "unhandled system error" in device_fault_line(nccl)
+    # As torch 2.8+ raises them: C10_CUDA_CHECK's AcceleratorError with the runtime's code, and ProcessGroupNCCL's
+    # C10D_NCCL_CHECK ("NCCL error in: FILE:LINE, " + ncclGetErrorString + ", NCCL version ...\n" + the detail)
+    hint = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+            "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")
+    for code, words in [(214, "uncorrectable ECC error encountered"), (719, "unspecified launch failure"),
+                        (999, "unknown error")]:
+        e = torch.AcceleratorError(f"CUDA error: {words}{hint}")
+        e.error_code = code
+        assert f"AcceleratorError {code}" in device_fault_line(e), code
+    for code, words in [(700, "an illegal memory access was encountered"), (209, "no kernel image is available "
+                                                                                  "for execution on the device")]:
+        e = torch.AcceleratorError(f"CUDA error: {words}{hint}")
+        e.error_code = code  # the code's bug or the build's, not the node's
+        assert device_fault_line(e) is None, code
+    version = ", NCCL version 2.27.3"
+    system = dist.DistBackendError(
+        f"NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3699, unhandled system error "
+        f"(run with NCCL_DEBUG=INFO for details){version}\nncclSystemError: System call (e.g. socket, malloc) or "
+        "external library call failed or device error. \nLast error:\nsocketProgress: Connection closed by remote peer")
+    cuda = dist.DistBackendError(
+        f"NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled cuda error (run with "
+        f"NCCL_DEBUG=INFO for details){version}\nncclUnhandledCudaError: Call to CUDA function failed.")
+    usage = dist.DistBackendError(
+        f"NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3699, invalid usage (run with "
+        f"NCCL_DEBUG=WARN for details){version}\nncclInvalidUsage: This usually reflects invalid usage of NCCL "
+        "library.")
+    assert device_fault_line(system) and device_fault_line(cuda) and device_fault_line(usage) is None
     assert device_fault_line(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
     assert device_fault_line(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
     # a peer gone is not this rank's device: the rank that failed first is named instead
@@ -52,14 +79,6 @@ def test_a_submitit_task_sees_its_own_ranks_failure_and_one_task_decides():
         assert task_failure(users, 0, "node1") is None
     assert task_failure(HANG_EXIT_CODE, 0, "node1", {"ranks": [3], "nodes": ["node2"], "reason": "x"}).nodes == \
         ("node2",)
-
-
-def test_the_first_task_to_claim_a_failure_decides_and_the_others_read_its_answer(tmp_path):
-    assert claim_failure(tmp_path, "7", "0") and not claim_failure(tmp_path, "7", "0")
-    assert claim_failure(tmp_path, "7", "1")  # another start of the job
-    assert settle_failure(tmp_path, "7", "1", wait=0.3) is None  # claimed, not answered yet
-    settle_failure(tmp_path, "7", "0", "requeued")
-    assert settle_failure(tmp_path, "7", "0", wait=0.3) == "requeued"
 
 
 def test_a_users_error_never_retries():
@@ -111,3 +130,18 @@ def test_the_ledger_tiles_each_start_and_moves_recomputed_steps_to_lost(tmp_path
     assert abs(parts["lost"] - 22 * 20 / 100) < 1e-9
     assert abs(parts["training"] - (22 - 4.4 + 22 - 4)) < 1e-9
     assert parts["finish"] == 1 and parts["launch"] == 1 + 1 + 0.5 + 1
+
+
+def test_a_failed_node_is_left_out_in_the_allocation_where_the_rest_can_train():
+    from hpcyolo.node.job import Failure, in_place
+
+    lost = Failure(("n2",), "2,3", "rank 2 on n2: Killed")
+    # a node to spare: as many nodes as before
+    assert in_place(lost, ["n1", "n2", "n3"], [], 2, 2, 8) == (["n2"], 2)
+    # none to spare: the nodes left, where the global batch splits over their ranks
+    assert in_place(lost, ["n1", "n2"], [], 2, 2, 8) == (["n2"], 1)
+    assert in_place(lost, ["n1", "n2", "n3"], [], 3, 2, 8) == (["n2"], 2)
+    assert in_place(lost, ["n1", "n2", "n3"], [], 3, 3, 8) is None  # 8 images over 6 ranks: requeue instead
+    # nodes left out before stay out; a job with nothing left is requeued
+    assert in_place(lost, ["n1", "n2", "n3"], ["n3"], 3, 2, 8) == (["n3", "n2"], 1)
+    assert in_place(Failure(("n1",), "0", "x"), ["n1", "n2"], ["n2"], 2, 2, 8) is None

@@ -1,9 +1,10 @@
 """The three paths of a job, on the real Slurm testbed, side by side: the
 sbatch script (`hpcyolo submit --via sbatch`), a submitit job (`hpcyolo
-submit`) and `hpcyolo run` on this machine take the job's steps
-(hpcyolo.node.job) from the same job spec. Each is stopped once by the
-preemption drill after a checkpoint and continued (a requeue by Slurm, a
-requeue by submitit, `hpcyolo run --resume`); what each did is compared:
+submit`, whose job runs the rendered script) and `hpcyolo run` on this
+machine take the job's steps (hpcyolo.node.job) from the same job spec. Each
+is stopped once by the preemption drill after a checkpoint and continued (a
+requeue by the script, in the two Slurm jobs; `hpcyolo run --resume`); what
+each did is compared:
 the start records, the staged copy it trained from, what it left in
 node-local scratch, its exit codes and lines, and the trained state."""
 
@@ -81,7 +82,9 @@ def _three_paths(tmp_path, shapes, slurm_env, scratch):
     reason = f"checkpointed (drill at step {STOP_STEP})"
     assert f"hpcyolo: {reason}" in logs["sbatch"] and f"requeueing job {ids['sbatch']} (1 of 3)" in logs["sbatch"]
     assert f"hpcyolo: {reason}" in logs["submitit"] and \
-        f"requeueing job {ids['submitit']} (1 of 3) through submitit" in logs["submitit"]
+        f"requeueing job {ids['submitit']} (1 of 3)" in logs["submitit"]
+    # submitit ran its function once a start, and reported it done once: after the last.
+    assert logs["submitit"].count("Loading pickle") == 2 and logs["submitit"].count("completed successfully") == 1
     assert f"hpcyolo run: {reason}" in logs["local"] and "add --resume to the same command" in logs["local"]
 
     # The records: a start per start, each path's own words; the job's starts 0 and 1.

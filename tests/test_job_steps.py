@@ -42,7 +42,7 @@ def test_begin_records_a_first_start_and_refuses_a_second_job(tmp_path):
         job.begin(run, via="local", resume=False, request=None, resume_how="add --resume", env={})
     assert (run / rundir.RECORD).read_text() == before
     job.begin(run, via="local", resume=True, request=None, env={})
-    assert (run / rundir.RECORD).read_text().splitlines()[-1] == rundir.local_start_line(socket.gethostname())
+    assert (run / rundir.RECORD).read_text().splitlines()[-1] == rundir.local_start_line(socket.gethostname(), os.getpid())
 
 
 def test_begin_counts_starts_not_submissions(tmp_path):

@@ -135,7 +135,9 @@ def test_a_missing_or_silent_slurm_command_is_reported_not_raised(monkeypatch):
 
 
 def test_the_interfaces_of_a_compute_node_from_the_probe():
-    assert doctor.node_interfaces(answer("srun_interfaces.txt")) == ("gpu017", ["lo", "ib0", "hsn0"])
+    probe = (Path(__file__).parent / "slurm_output" / "sites" / "juwels_booster" / "probe.txt").read_text()
+    host, names = doctor.node_interfaces(subprocess.CompletedProcess([], 0, probe, ""))
+    assert host == probe.split()[1] and "ib0" in names and "lo" in names
     failed = subprocess.CompletedProcess([], 1, "", "srun: error: Unable to allocate resources: Invalid account\n")
     assert doctor.node_interfaces(failed) == ("srun could not run a task on a compute node (srun: error: Unable to "
                                               "allocate resources: Invalid account)")

@@ -61,7 +61,7 @@ def test_gres_site(tmp_path):
                      "--requeue", "--open-mode=append", "--signal=USR2@30", "--output=%x-%j.out"):
         assert expected in lines
     for line in ("export NCCL_SOCKET_IFNAME=ib0", "export GLOO_SOCKET_IFNAME=ib0", "export NCCL_IB_HCA=mlx5_0,mlx5_1",
-                 "export OMP_NUM_THREADS=12", "srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=4 --cpus-per-task=12 \\"):
+                 "export OMP_NUM_THREADS=12", "srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=4 --cpus-per-task=12 \"${in_place[@]}\" \\"):
         assert line in script.splitlines()
     assert "NCCL_IB_DISABLE" not in script
 
@@ -70,7 +70,7 @@ def test_gpus_per_task_site(tmp_path):
     script = render(REPO / "site_configs" / "testbed.yaml", job_file(tmp_path),
                     node={"gpus": 4, "cpus": 64}, slurm={"gpu_request": "gpus-per-task"})
     assert "--gpus-per-task=1" in sbatch_lines(script)
-    assert "--ntasks-per-node=4 --cpus-per-task=16 --gpus-per-task=1 \\" in script
+    assert "--ntasks-per-node=4 --cpus-per-task=16 --gpus-per-task=1 \"${in_place[@]}\" \\" in script
     assert "export NCCL_IB_DISABLE=1" in script  # infiniband: false on a GPU site
 
 

@@ -207,11 +207,11 @@ def test_every_job_key_reaches_the_trainer(tmp_path):
               "wandb": "proj"}
     job = (f"name: j\nresources: {{nodes: 1, time: '04:00:00'}}\ndata: {{yaml: {COCO8}, cache: ram}}\n"
            f"train: {{{', '.join(f'{k}: {v}' for k, v in values.items())}}}\n"
-           "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900, hang_factor: 8.0, hang_min: 30.0, "
+           "checkpoint: {every_steps: 50, keep: 2}\nrun: {dist_timeout: 900, hang_factor: 8.0, hang_min: 30.0, hang_cold: 120.0, "
            "straggler_every: 20, straggler_margin: 0.5}\n")
     plan = _plan(tmp_path, job, GPU_SITE + "preemption: {signal: USR1}\n")
     expected = {**values, "cache": "ram", "save_every": 50, "keep": 2, "dist_timeout": 900, "signal": "USR1",
-                "hang_factor": 8.0, "hang_min": 30.0, "straggler_every": 20, "straggler_margin": 0.5}
+                "hang_factor": 8.0, "hang_min": 30.0, "hang_cold": 120.0, "straggler_every": 20, "straggler_margin": 0.5}
     # task: detect is the only task yet, so it is given at its default.
     # train.cfg is not passed on: load_job takes the recipe's settings into the job (tests/test_recipe_file.py).
     keyed = {s.name for s in SETTINGS if s.key and s.default is not REQUIRED} - {"cfg"}

@@ -1,7 +1,7 @@
 """`hpcyolo submit` on the real Slurm testbed: through submitit a job trains,
-is signalled, checkpoints, is requeued by submitit and resumes to completion
-in the same run directory; a sweep is one job array; status and logs follow
-a running and a finished run."""
+is signalled, checkpoints, is requeued by its script and resumes to
+completion in the same run directory; a sweep is one job array; status and
+logs follow a running and a finished run."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def log_so_far(run: Path, env: dict, cwd: Path) -> str:
     return r.stdout
 
 
-def test_submit_trains_is_requeued_by_submitit_and_resumes_exactly(uninterrupted, tmp_path, shapes, slurm_env):
+def test_submit_trains_is_requeued_and_resumes_exactly(uninterrupted, tmp_path, shapes, slurm_env):
     # The same job spec as the sbatch tests' (2 nodes x 2 tasks, 2 loader workers).
     # The ranks wait after step HOLD_STEP (epoch 2, batch 3) until the signal reaches them.
     site, job = site_file(tmp_path, env={HOLD_ENV: str(HOLD_STEP)}), train_job_file(tmp_path, "sub-a", shapes)
@@ -60,19 +60,16 @@ def test_submit_trains_is_requeued_by_submitit_and_resumes_exactly(uninterrupted
 
     running = hpcyolo("status", run, env=slurm_env, cwd=tmp_path).stdout
     assert f"job       {job_id} (via submitit)" in running and "RUNNING" in running, running
-    assert "hpcyolo stage:" in hpcyolo("logs", run, "--rank", "2", env=slurm_env, cwd=tmp_path).stdout
+    assert "hpcyolo stage:" in hpcyolo("logs", run, env=slurm_env, cwd=tmp_path).stdout
 
     slurm.cancel(int(job_id), "--signal=USR2", env=slurm_env)
     info = slurm.wait(int(job_id), timeout=600, env=slurm_env, settled=lambda i: i.get("Restarts") == "1")
     log = log0.read_text()
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
     assert "stopping for preemption (SIGUSR2) at epoch 2, batch 3" in log and \
-        f"requeueing job {job_id} (1 of 3) through submitit" in log
-    # submitit's handler ran, then its requeue (Restarts == 1 above). Its own
-    # "Requeued job" line is not asked for: it is written after `scontrol requeue`
-    # returns, while the requeue tears the job down (SIGTERM, SIGKILL KillWait = 5 s
-    # later, the step's output closed), and a CI run on a loaded machine lost it.
-    assert "Caught signal SIGUSR2 on " in log
+        f"checkpointed (SIGUSR2); requeueing job {job_id} (1 of 3)" in log
+    # submitit's function ran at each start and wrote one result: success, after the second.
+    assert log.count("Loading pickle") == 2 and log.count("Job completed successfully") == 1, log[-3000:]
     assert f"resumed from ckpt-{HOLD_STEP:09d}.pt: epoch 2, batch 3" in log
     assert (run / "results.csv").read_text().count("\n") == EPOCHS + 1
     assert_identical(uninterrupted[0] / "runs" / "train-a", run)

@@ -67,7 +67,7 @@ def site_file(tmp_path: Path, scratch: Path | None = None, env: dict | None = No
     spec["storage"]["scratch"] = str(scratch or tmp_path / "scratch")
     # One CPU per task (4 tasks, OMP_NUM_THREADS=1): the testbed's nodes share
     # this machine's 2 cores, and more threads than cores make a step take
-    # seconds, longer than the KillWait (5 s) a SIGTERM-ed step has to stop.
+    # seconds, longer than the KillWait (30 s) a SIGTERM-ed step has to stop.
     spec["node"]["cpus"] = 2
     spec["preemption"].update(preemption)
     if env:

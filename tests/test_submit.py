@@ -5,6 +5,7 @@ by our parameters) against the rendered script, for every shipped site."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -64,8 +65,24 @@ def test_dry_run_prints_the_submitit_script(tmp_path):
     r = subprocess.run([str(VENV_BIN / "hpcyolo"), "submit", str(REPO / "site_configs" / "testbed.yaml"), str(JOB),
                         "--dry-run"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "#SBATCH --nodes=2" in r.stdout and "export SUBMITIT_PREEMPT_SIGNAL=USR2" in r.stdout
-    assert "srun --unbuffered" in r.stdout and "--kill-on-bad-exit=1" in r.stdout
+    assert "#SBATCH --nodes=2" in r.stdout and "#SBATCH --no-kill" in r.stdout
+    # The function runs in the batch shell (the script it runs starts the steps), not under submitit's srun.
+    assert "srun" not in r.stdout and r.stdout.rstrip().endswith("<python -m submitit.core._submit FOLDER>")
+
+
+def test_a_submitit_job_runs_the_rendered_script():
+    """What `hpcyolo submit` pickles is `hpcyolo render`'s script but for
+    the run record's path (`job begin --via submitit`); a script that fails
+    fails the submitit job in one line."""
+    from hpcyolo.login.submit import JobTask
+
+    site_path = REPO / "site_configs" / "testbed.yaml"
+    plan = make_plan(load_site(site_path), load_job(JOB), site_file=str(site_path), job_file=str(JOB))
+    task = JobTask(render_sbatch(dataclasses.replace(plan, via="submitit")))
+    rendered = render_sbatch(plan)
+    assert task.script.count("--via submitit") == 1 and task.script.replace(" --via submitit", "") == rendered
+    with pytest.raises(HpcyoloError, match=r"^the job's script ended with exit 3; its log above says why$"):
+        JobTask("exit 3")()
 
 
 def test_sweep_points_and_names():

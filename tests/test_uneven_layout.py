@@ -9,11 +9,12 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import VENV_BIN, write
+from conftest import REPO, VENV_BIN, write
 from test_config import CPU_SITE, GPU_SITE, JOB, error_of, plan_of
 
-from hpcyolo.login.doctor import check_layout
+from hpcyolo.login.doctor import check_gpu_binding, check_layout
 from hpcyolo.login.render import render_sbatch as render
+from hpcyolo.login.submit import submitit_parameters
 from hpcyolo.node import distenv
 from hpcyolo_trainer.common.devices import device_for
 
@@ -93,6 +94,20 @@ def test_doctor_explains_the_layout_and_the_slurm_it_needs(tmp_path):
     assert even.status == "PASS" and even.detail.startswith("2 node(s) x 4 process(es) = world size 8")
 
 
+def test_doctor_warns_where_a_gpu_per_task_hides_the_nodes_other_gpus_from_nccl(tmp_path):
+    uneven = check_gpu_binding(plan_of(tmp_path, job=UNEVEN))
+    assert uneven.status == "WARN" and "--gpus-per-task=1" in uneven.detail and "nccl#1066" in uneven.detail
+    assert "even layout" in uneven.fix
+    per_task = plan_of(tmp_path, site=GPU_SITE.replace("gpu_request: gres", "gpu_request: gpus-per-task"))
+    assert ("gpus_per_task", 1) in per_task.sbatch and per_task.procs_per_node == 4
+    check = check_gpu_binding(per_task)
+    assert check.status == "WARN" and "gres or gpus-per-node" in check.fix
+    assert check_gpu_binding(plan_of(tmp_path)) is None  # --gres: the node's GPUs, every task sees them
+    one = plan_of(tmp_path, site=GPU_SITE.replace("gpu_request: gres", "gpu_request: gpus-per-task")
+                  .replace("gpus: 4", "gpus: 1"))
+    assert one.procs_per_node == 1 and check_gpu_binding(one) is None  # one task a node: no peer to hide
+
+
 def test_submitit_refuses_an_uneven_layout_in_one_line(tmp_path):
     site = write(tmp_path / "site.yaml", GPU_SITE.replace("/scratch/runs", str(tmp_path / "runs")))
     job = write(tmp_path / "job.yaml", UNEVEN)
@@ -117,3 +132,36 @@ def test_the_rank_layer_reads_each_nodes_count_from_slurm():
     assert [s[2] for s in seen] == [2, 2, 4, 4, 4, 4, 4, 4, 4, 4]
     assert {s[4] for s in seen} == {10} and {s[5] for s in seen} == {"gpu07"}
     assert [s[:2] for s in seen[2:6]] == [(2, 0), (3, 1), (4, 2), (5, 3)]
+
+
+def test_spare_nodes_are_allocated_staged_and_left_idle_by_the_training_step(tmp_path):
+    spare = JOB.replace("nodes: 2,", "nodes: 2, spare_nodes: 1,")
+    plan = plan_of(tmp_path, job=spare)
+    assert ("nodes", 3) in plan.sbatch and plan.world_size == 8 and "1 spare node(s)" in plan.layout
+    assert "--nodes=3" in plan.stage_srun and "--ntasks=3" in plan.stage_srun  # the spare gets the data too
+    assert {"--nodes=2", "--ntasks=8"} <= set(map(str, plan.train_srun)) and plan.restarts_in_place
+    assert "--in-place" in list(map(str, plan.end_argv))
+    script = render(plan)
+    assert '"${in_place[@]}"' in script and 'in_place=(--nodes="$nodes_left"' in script
+    assert "spare_nodes" in error_of(tmp_path, job=UNEVEN.replace("nodes: 3,", "nodes: 3, spare_nodes: 1,"))
+    assert "the torchrun launcher" in error_of(tmp_path, job=spare.replace("nodes: 2,", "nodes: 2, launcher: "
+                                                                                      "torchrun,"))
+    assert ("no_kill", True) in plan.sbatch and "#SBATCH --no-kill\n" in script  # a node Slurm fails: not the job
+    one = plan_of(tmp_path)  # one node, nothing to spare: no in-place restart
+    single = plan_of(tmp_path, job=JOB.replace("nodes: 2,", "nodes: 1,"))
+    assert single.restarts_in_place is False and "no_kill" not in dict(single.sbatch)
+    assert one.restarts_in_place and ("nodes", 2) in one.sbatch
+    assert submitit_parameters(one)["additional_parameters"]["no_kill"] is True  # submitit's job runs the script
+
+
+def test_submitit_asks_for_spare_nodes_as_the_script_does_and_the_local_site_refuses_them(tmp_path):
+    site = write(tmp_path / "site.yaml", GPU_SITE.replace("/scratch/runs", str(tmp_path / "runs")))
+    job = write(tmp_path / "job.yaml", JOB.replace("nodes: 2,", "nodes: 2, spare_nodes: 1,"))
+    r = subprocess.run([str(VENV_BIN / "hpcyolo"), "submit", "--dry-run", str(site), str(job)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --nodes=3\n" in r.stdout and "#SBATCH --no-kill\n" in r.stdout, r.stdout
+    local = subprocess.run([str(VENV_BIN / "hpcyolo"), "submit", "--dry-run", str(REPO / "site_configs" / "local.yaml"),
+                            str(job)], capture_output=True, text=True)
+    assert local.returncode != 0 and "Traceback" not in local.stderr
+    assert local.stderr.strip().endswith("resources.spare_nodes: the local site has no nodes to spare"), local.stderr

@@ -1,6 +1,6 @@
 """Commands for the job on the cluster, from a login node: validate, render,
 submit, run (the job on this machine), status, compare, logs, cancel,
-doctor, make-dataset."""
+doctor, make-dataset, site init."""
 
 from __future__ import annotations
 
@@ -156,10 +156,10 @@ def make_dataset(kind: str, directory: str, n_train: int, n_val: int, imgsz: int
 def submit(site: str, job: str, via: str | None, dry_run: bool, sweeps: tuple[str, ...], parallel: int | None) -> None:
     """Submit JOB on SITE through submitit (or sbatch), with the same resources as `render`.
 
-    Every task stages the data, maps the Slurm variables and runs the same
-    `hpcyolo train` as the sbatch script; on the site's signal it
-    checkpoints, submitit requeues the job and it resumes in the same run
-    directory. Prints the job id(s) on stdout (`id=$(hpcyolo submit ...)`) and
+    The submitit job runs the script `render` prints: the same staging,
+    training step, failure retries, restart in place and ledger; on the
+    site's signal the training checkpoints, the script requeues the job and
+    it resumes in the same run directory. Prints the job id(s) on stdout (`id=$(hpcyolo submit ...)`) and
     each job's run directory on stderr; follow with `hpcyolo status RUN`.
 
     \b
@@ -248,8 +248,8 @@ def compare(runs: tuple[str, ...], output: str, as_json: bool) -> None:
 
 @main.command(short_help="Print the log of the run's newest job.")
 @_run_dir_arg
-@click.option("--rank", type=click.IntRange(min=0), default=None, help="One rank's log (runs submitted through "
-              "submitit keep one per rank).  [default: rank 0, or the job's one log]")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="One rank's log, where the job kept one per "
+              "rank (submitit jobs of an older hpcyolo; a job now writes one log).  [default: the job's log]")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing what is written until the job ends.")
 def logs(run: str, rank: int | None, follow: bool) -> None:
     """Print the log of the newest job of the run in directory RUN.
@@ -341,3 +341,77 @@ def doctor(site: str | None, job: str | None, in_job: bool, interface: str | Non
     click.echo(report(checks))
     if any(c.status == "FAIL" for c in checks):
         sys.exit(1)
+
+
+@main.group(short_help="Write a site config from what the cluster says.")
+def site() -> None:
+    """Site configs: `hpcyolo site init` writes one for this cluster, from a
+    login node.
+
+    \b
+    Example:
+        hpcyolo site init --partition gpu -o site_configs/mycluster.yaml
+    """
+
+
+@site.command(name="init", short_help="Write a site config from what the cluster says.")
+@click.option("--partition", "-p", default=None, help="The partition the jobs run in (default: the cluster's "
+              "default partition).")
+@click.option("--account", "-A", default=None, help="The account jobs are charged to (default: yours, where "
+              "sacctmgr names one; a choice where it names several).")
+@click.option("--constraint", "-C", default=None, help="Node features that pick the nodes (--constraint), where "
+              "the site selects GPU nodes by feature.")
+@click.option("--no-probe", is_flag=True, help="Ask Slurm on this login node only; run no step on a compute node "
+              "(the interface, GPUs' model, scratch and storage candidates stay unchecked).")
+@click.option("--node-types", type=click.Choice(["common", "each"]), default="common", show_default=True,
+              help="A partition with several node types: the layout every node has (common), or one site config "
+                   "per type (each: FILE-type1.yaml, ...).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the site config to this file (atomically) instead of stdout.")
+@click.option("--force", is_flag=True, help="Replace -o's file where it exists.")
+def site_init(partition: str | None, account: str | None, constraint: str | None, no_probe: bool, node_types: str,
+              output: str | None, force: bool) -> None:
+    """Write a site config for this cluster from what Slurm and one compute
+    node say, each value with the place it came from (`# from: scontrol show
+    partition gpu`).
+
+    Run on a login node. It asks `scontrol` (version, config, the partition
+    and its nodes) and `sacctmgr`, then runs one short step on a node of the
+    partition that looks at its CPUs, GPUs, memory, network interfaces (and
+    the one that routes to the other nodes), /dev/shm and local disks,
+    shared mounts, modules and container tools (templates/node-probe.sh).
+    What it cannot decide (where runs go; one of several accounts) is
+    written as a CHOOSE value with the candidates it found: `hpcyolo
+    validate` refuses the file until you choose.
+
+    \b
+    Examples:
+        hpcyolo site init --partition gpu -o site_configs/mycluster.yaml
+        hpcyolo site init --no-probe            # the login node's answers only
+        hpcyolo validate site_configs/mycluster.yaml examples/shapes.yaml
+    """
+    from hpcyolo.login import siteinit
+
+    command = "hpcyolo site init " + shlex.join(sys.argv[3:]) if len(sys.argv) > 3 else "hpcyolo site init"
+    click.echo("asking Slurm" + ("" if no_probe else ", then probing a compute node (a one-task step: up to "
+                                 f"{2 * siteinit.PROBE_SECONDS} s where the partition is busy)"), err=True)
+    facts = siteinit.gather(partition, account, constraint, probe=not no_probe)
+    several = siteinit.describe_types(facts, partition, constraint)
+    if several:
+        click.echo(f"hpcyolo: {several}; writing " + ("one site config per type" if node_types == "each" else
+                                                      "the layout common to all (--node-types each: one per type)"),
+                   err=True)
+    if no_probe:
+        click.echo("hpcyolo: --no-probe: unchecked, as the file says: the network interface and InfiniBand, the "
+                   "GPUs' model, node-local scratch and its room, the run storage's candidates, modules and container "
+                   "tools (hpcyolo doctor checks them once the file is filled in)", err=True)
+    warnings: list[str] = []
+    texts = siteinit.configs(facts, partition=partition, account=account, constraint=constraint,
+                             per_type=node_types == "each", command=command.strip(), warn=warnings)
+    for line in dict.fromkeys(warnings):
+        click.echo(f"hpcyolo: warning: {line}", err=True)
+    if output is None:
+        click.echo("\n".join(text for _, text in texts), nl=False)
+        return
+    for path in siteinit.write_files(texts, output, force):
+        click.echo(f"wrote {path}; choose its CHOOSE values, then: hpcyolo validate {path} JOB", err=True)

@@ -151,6 +151,10 @@ def train(run_dir: str, data: str, signal: str, **options) -> None:
     listen_early(os.environ)  # rank 0: the other ranks' connects queue while it imports torch
 
     idle_threads_sleep(os.environ)  # before torch loads libgomp
+    if options.get("workers") != 0:  # a run with loader workers (the default: 8)
+        from hpcyolo_trainer.parallel.workers import start as start_workers_server
+
+        start_workers_server()  # it imports torch for the loader workers while this process does (parallel/workers.py)
     # Torch's and the trainer's imports without the garbage collector, then frozen (hpcyolo_trainer.common.heap).
     from hpcyolo_trainer.common.heap import long_lived
 
@@ -186,13 +190,16 @@ def _end_rank(code: int):  # NoReturn
     under the GIL, and one that tries while the interpreter finalizes ends
     the process in std::terminate (SIGABRT, exit 134), which srun and the
     job's end read as a crash, retried, instead of this code. Everything of
-    the run's was written and closed by then."""
+    the run's was written and closed by then, but for a checkpoint written in
+    the background when an error ended the training: waited for."""
     sys.stdout.flush()
     sys.stderr.flush()
     import torch.distributed
     from hpcyolo_trainer.parallel.dist import has_left
+    from hpcyolo_trainer.run.checkpoint import finish_writes
 
     if torch.distributed.is_available() and (torch.distributed.is_initialized() or has_left()):
+        finish_writes()
         os._exit(code)
     sys.exit(code)
 
@@ -314,26 +321,37 @@ def job_begin(run_dir: str, via: str, resume: bool, log: str | None, began: str 
               help="The run directory: the hang watchdog's verdict, the failures so far, the ledger.")
 @click.option("--max-failures", type=click.IntRange(min=0), default=0, show_default=True,
               help="Retries after a rank or node failed (the site's preemption.max_failures).")
+@click.option("--in-place", "layout", nargs=3, type=click.IntRange(min=1), default=None,
+              metavar="NODES TASKS_PER_NODE BATCH",
+              help="The training step's layout and global batch: a failed node may then be left out inside "
+                   "this allocation (prints `restart EXCLUDED NODES TASKS`) instead of requeueing the job.")
 def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str | None, torchrun: bool,
-            run_dir: str | None, max_failures: int) -> None:
+            run_dir: str | None, max_failures: int, layout: tuple[int, int, int] | None) -> None:
     """Say what the training step's exit means; print `requeue` or the job's exit code.
 
     A checkpoint (exit 75, or the marker) with requeues left prints
     `requeue`: the script then requeues the job and keeps the node-local
     scratch for it. A rank or node that failed (killed by a signal, a node
     failure, a hang the watchdog blames on some ranks) with retries left
-    (--max-failures) is recorded in RUN/failures.csv; the job is requeued
-    here, the failed nodes added to its excluded nodes (Slurm takes them
-    only from a pending job), and `requeued` printed.
+    (--max-failures) is recorded in RUN/failures.csv; where the allocation
+    can train without the failed nodes (--in-place: nodes to spare, or the
+    global batch split over the ranks left) `restart EXCLUDED NODES TASKS` is
+    printed and the script starts the training step again at once;
+    otherwise the job is requeued here, the failed nodes added to its
+    excluded nodes (Slurm takes them only from a pending job), and
+    `requeued` printed.
     Anything else prints the code the job ends with, after one line on
     stderr saying why (the rank that failed first, where srun's errors name it).
     """
     import os
 
+    from hpcyolo_trainer.common.preemption import EXCLUDED_ENV, start_name
+
     from hpcyolo.node.job import (
         end,
         failed_first,
         failures_retried,
+        in_place,
         job_id,
         node_failure,
         record_failure,
@@ -355,13 +373,27 @@ def job_end(status: int, marker: str | None, max_requeues: int, srun_errors: str
         from hpcyolo_trainer.common import rundir
         from hpcyolo_trainer.run.watchdog import HANG_EXIT_CODE, read_blame
 
-        slurm_job, restart = os.environ["SLURM_JOB_ID"], str(restarts(os.environ))
+        slurm_job, restart = os.environ["SLURM_JOB_ID"], start_name(str(restarts(os.environ)), os.environ)
         blame = read_blame(rundir.hang_folder(run_dir, slurm_job, restart))
         if blame is not None and f"Exited with exit code {HANG_EXIT_CODE}" in errors:
             # The watchdog ended the step: its code, whatever srun's (a stopped rank it then killed gives 137).
             status = HANG_EXIT_CODE
         failure = node_failure(status, errors, blame)
         before = failures_retried(Path(run_dir), slurm_job)
+        if failure is not None and before < max_failures and layout is not None:
+            from hpcyolo import slurm
+
+            excluded = [n for n in os.environ.get(EXCLUDED_ENV, "").split(",") if n]
+            placed = in_place(failure, slurm.hostnames(os.environ["SLURM_JOB_NODELIST"]), excluded, *layout)
+            if placed is not None:
+                leave_out, nodes = placed
+                record_failure(Path(run_dir), slurm_job, restart, failure, retried=True)
+                print(f"hpcyolo: {failure.reason}; starting the training again in this allocation without "
+                      f"{', '.join(failure.nodes)}, on {nodes} node(s) ({nodes * layout[1]} ranks, global batch "
+                      f"{layout[2]}), from its newest checkpoint (failure {before + 1} of "
+                      f"preemption.max_failures {max_failures})", file=sys.stderr, flush=True)
+                print(f"restart {','.join(leave_out)} {nodes} {nodes * layout[1]}")
+                return
     ending = end(status, marker, job=job_id(os.environ), restart=restarts(os.environ), max_requeues=max_requeues,
                  failed_first=failed_first(errors, torchrun), failure=failure, failures_before=before,
                  max_failures=max_failures)

@@ -100,7 +100,7 @@ def val(weights: str, data: str, imgsz: int | None, batch: int, split: str, conf
     from hpcyolo_trainer.parallel.dist import cleanup, setup
     from hpcyolo_trainer.tasks.task import for_weights
 
-    d = setup()
+    d = setup(loader_workers=workers)
     try:
         task, read = for_weights(weights)
         result = task.evaluate(d, read, data, imgsz=imgsz, batch=batch, split=split, conf=conf, iou=iou,

@@ -20,8 +20,8 @@ from hpcyolo_trainer.common.errors import HpcyoloError
 
 # Settings that say where or how a run ran, not what it trained: never "differing".
 NOT_COMPARED = {"run_dir", "cache_dir", "signal", "dist_timeout", "log_every", "save_every", "keep", "val_images",
-                "tensorboard", "dataset", "workers", "cfg", "hang_factor", "hang_min", "straggler_every",
-                "straggler_margin"}
+                "tensorboard", "dataset", "workers", "cfg", "hang_factor", "hang_min", "hang_cold",
+                "straggler_every", "straggler_margin"}
 
 
 @dataclass

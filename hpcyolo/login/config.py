@@ -74,6 +74,9 @@ RESERVED_ENV: dict[str, str] = {
     "HPCYOLO_SCRATCH_DIR": "the script sets it for its steps (the run's node-local scratch)",
     "HPCYOLO_SIGTERM": "the script sets it from preemption.sigterm",
     "HPCYOLO_PREEMPT_MARKER": "the script sets it for the trainer (the preemption marker it looks for)",
+    "HPCYOLO_IN_PLACE": "the script sets it: the training step's start inside the allocation",
+    "HPCYOLO_EXCLUDED": "the script sets it: the nodes its training step leaves out after a failure",
+    "HPCYOLO_RESTART": "hpcyolo run sets it: the training's start on this machine",
     "HPCYOLO_MASTER_PORT": "it would pin every job to one port; set it at submission to choose one",
     "HPCYOLO_JOB": "hpcyolo sets it in each task: the job's identity, checked at the rendezvous",
     "HPCYOLO_RUN_DIR": "hpcyolo exec sets it for the command it runs",
@@ -112,6 +115,15 @@ RESERVED_ENV: dict[str, str] = {
     "status": "a variable of the script",
     "terminated": "a variable of the script",
     "ending": "a variable of the script",
+    "in_place": "a variable of the script",
+    "ledger_base": "a variable of the script",
+    "nodes_left": "a variable of the script",
+    "tasks_left": "a variable of the script",
+    "restart_word": "a variable of the script",
+    "left_out": "a variable of the script",
+    "kept": "a variable of the script",
+    "without": "a variable of the script",
+    "node": "a variable of the script",
 }
 
 
@@ -364,6 +376,10 @@ class Resources:
     cpus_per_task: int | None = spec(None, doc="CPUs per task (--cpus-per-task), to use part of a node; empty: "
                                                "the node's share (node.cpus over the tasks, or per GPU).",
                                      check=check_positive)
+    spare_nodes: int = spec(0, doc="Nodes asked for beyond resources.nodes, staged and idle until one of the job's "
+                                   "nodes fails: the training then starts again on a spare inside the allocation, "
+                                   "no requeue (srun launcher, resources.nodes and tasks or GPUs per node).",
+                            check=check_non_negative)
     time: str = spec("01:00:00", doc="Walltime (--time): 90, 04:00:00, 1-12:00:00.", check=check_time)
     launcher: Literal["srun", "torchrun"] | None = spec(None, doc="Override the site's launcher.")
 
@@ -397,6 +413,7 @@ class Run:
     dist_timeout: setting_type("run.dist_timeout") = setting("run.dist_timeout")
     hang_factor: setting_type("run.hang_factor") = setting("run.hang_factor")
     hang_min: setting_type("run.hang_min") = setting("run.hang_min")
+    hang_cold: setting_type("run.hang_cold") = setting("run.hang_cold")
     straggler_every: setting_type("run.straggler_every") = setting("run.straggler_every")
     straggler_margin: setting_type("run.straggler_margin") = setting("run.straggler_margin")
 
@@ -419,9 +436,16 @@ class JobSpec:
             "it gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.")
 
 
+# What `hpcyolo site init` writes where it could not decide (the run storage,
+# one of several accounts): the user picks one of the candidates it lists.
+CHOICE_MARK = "CHOOSE"
+
+
 def load_site(path: str | Path) -> SiteConfig:
     file = str(path)
-    site = build(SiteConfig, read_yaml(path), file)
+    raw = read_yaml(path)
+    _refuse_choices(raw, file)
+    site = build(SiteConfig, raw, file)
     _check_site(site, file)
     return site
 
@@ -480,6 +504,16 @@ def _take_recipe(raw: Any, file: str) -> None:
         raw.setdefault(section, {})[field] = value
     for line in lines:
         print(f"hpcyolo: {line}", file=sys.stderr)
+
+
+def _refuse_choices(raw: Any, file: str, key: str = "") -> None:
+    """A value `hpcyolo site init` left as a choice (CHOICE_MARK ...) is refused by its key."""
+    if isinstance(raw, dict):
+        for name, value in raw.items():
+            _refuse_choices(value, file, f"{key}.{name}" if key else str(name))
+    elif isinstance(raw, str) and raw.startswith(CHOICE_MARK):
+        raise ConfigError(file, key, f"is a choice hpcyolo site init left to you ({shown(raw[:120])}): replace it "
+                                     "with one of the candidates listed above it in the file")
 
 
 def _check_site(site: SiteConfig, file: str) -> None:

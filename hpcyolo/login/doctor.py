@@ -27,7 +27,7 @@ from hpcyolo_trainer.common.preemption import EXIT_CODE
 from hpcyolo import slurm
 from hpcyolo.login.config import JobSpec, SiteConfig
 from hpcyolo.node.preflight import Check
-from hpcyolo.slurm import limit_seconds
+from hpcyolo.slurm import limit_seconds, parse_config
 
 GPU_STYLE_SINCE = {"gpus-per-node": (19, 5), "gpus-per-task": (19, 5), "gres": (0, 0), "none": (0, 0)}
 
@@ -216,21 +216,25 @@ def compute_node_interfaces(site: SiteConfig) -> tuple[str, list[str]] | str:
     # without, and the node probed is then one a training job gets.
     argv += {"gres": [f"--gres={s.gres_name}:1"], "gpus-per-node": ["--gpus-per-node=1"],
              "gpus-per-task": ["--gpus-per-task=1"], "none": []}[s.gpu_request]
+    from hpcyolo.login.siteinit import probe_script
+
     try:
-        r = slurm.one_task(argv, ["sh", "-c", "hostname; ls /sys/class/net"], timeout=PROBE_WAIT_S + 60)
+        r = slurm.one_task(argv, ["sh", "-c", probe_script(), "node-probe"], timeout=PROBE_WAIT_S + 60)
     except slurm.NoAnswer as e:
         return "srun is not here" if e.missing else f"srun got no answer in {PROBE_WAIT_S + 60} s"
     return node_interfaces(r)
 
 
 def node_interfaces(r: subprocess.CompletedProcess) -> tuple[str, list[str]] | str:
-    """(host, interface names) from the probe's output (the host name, then
-    one interface per line); or why there is none."""
-    lines = r.stdout.split()
-    if r.returncode != 0 or len(lines) < 2:
+    """(host, interface names) from the node probe's output
+    (templates/node-probe.sh: `host NAME`, `if NAME KIND STATE ADDR`); or why there is none."""
+    from hpcyolo.login.siteinit import parse_probe
+
+    facts = parse_probe(r.stdout) if r.returncode == 0 else {}
+    if not facts.get("host") or not facts.get("if"):
         said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}, no output"])[-1]
         return f"srun could not run a task on a compute node ({said[:160]})"
-    return lines[0], lines[1:]
+    return facts["host"][0][0], [row[0] for row in facts["if"]]
 
 
 def check_interface(site: SiteConfig, use_srun: bool = True) -> Check:
@@ -387,6 +391,23 @@ def check_layout(plan, version: tuple[int, int] | None) -> Check:
     return Check("layout", "PASS", text)
 
 
+def check_gpu_binding(plan) -> Check | None:
+    """A WARN where the job asks a GPU per task (--gpus-per-task) and a node
+    may hold several of its tasks: Slurm then binds each task to its own
+    GPU (man sbatch: --gpus-per-task "will implicitly set
+    --gpu-bind=per_task"), and where the site confines devices by cgroup
+    each task sees that GPU alone: NCCL cannot see its peers on the node
+    and falls back to slower paths (NVIDIA/nccl#1066). None otherwise."""
+    per_task = dict(plan.sbatch).get("gpus_per_task")
+    if not per_task or (not plan.uneven and (plan.procs_per_node or 1) < 2):
+        return None
+    fix = ("an even layout (resources.nodes, every GPU of each node) asks its GPUs per node" if plan.uneven else
+           "the site's slurm.gpu_request: gres or gpus-per-node (each rank still takes its own GPU, by LOCAL_RANK)")
+    return Check("gpu binding", "WARN", f"the job asks --gpus-per-task={per_task}: each task is bound to its own "
+                 f"GPU, and where Slurm confines devices (ConstrainDevices) NCCL cannot see the other GPUs of the "
+                 f"node and falls back to slower paths (NVIDIA/nccl#1066)", fix)
+
+
 # == the preemption path: Slurm's grace against a checkpoint's write ===========
 
 # Bytes per parameter that a checkpoint holds: the weights and the EMA (float32
@@ -398,12 +419,6 @@ SPEED_PROBE_BYTES = 32 << 20
 # A grace below this many checkpoint writes warns: the ranks first finish
 # their optimizer step and agree, and the batch script must still requeue.
 GRACE_MARGIN = 3
-
-
-def parse_config(out: str) -> dict[str, str]:
-    """`scontrol show config`'s `Key = value` lines as a dict."""
-    pairs = (line.split("=", 1) for line in out.splitlines() if " = " in line)
-    return {k.strip(): v.strip() for k, v in pairs}
 
 
 def parse_partition(out: str, name: str | None) -> dict[str, str]:
@@ -526,6 +541,9 @@ def doctor(site: SiteConfig, job: JobSpec | None, data: str | None = None, plan=
     checks = [slurm]
     if plan is not None:
         checks.append(check_layout(plan, version))
+        binding = check_gpu_binding(plan)
+        if binding is not None:
+            checks.append(binding)
     partition_ok = False
     if slurm.status == "PASS":
         partition = check_partition(site, job)

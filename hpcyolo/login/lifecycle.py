@@ -54,6 +54,8 @@ def jobs(run: Path) -> list[JobRecord]:
             out.append(known[start.job])
         if start.log and known[start.job].via == "sbatch":
             known[start.job].logs = start.log  # the newest start's
+    if not out:  # a run of `hpcyolo run` only: its processes on this machine, their output the terminal's
+        out = [JobRecord(pid or "?", "local", None) for _, pid in rundir.local_starts(run)]
     if not out:
         raise HpcyoloError(f"{run}: no job recorded here (not a run directory of hpcyolo?)")
     return out
@@ -103,9 +105,15 @@ def local_state(record: JobRecord) -> dict[str, str]:
     alive = record.job.isdigit() and _alive(int(record.job))
     log = log_path(record, 0)
     text = log.read_text(errors="replace") if log and log.exists() else ""
-    state = "RUNNING" if alive else "COMPLETED" if "Job completed successfully" in text else "FAILED"
+    if alive:
+        state = "RUNNING"
+    elif log is None:  # `hpcyolo run`: its exit code was the command's
+        state = "ENDED"
+    else:
+        state = "COMPLETED" if "Job completed successfully" in text else "FAILED"
     return {"state": state, "elapsed": "?", "limit": "?", "nodes": os.uname().nodename, "restarts": "0",
-            "exit": "?" if alive else "0" if state == "COMPLETED" else "non-zero", "reason": "None", "stdout": "",
+            "exit": "?" if alive or log is None else "0" if state == "COMPLETED" else "non-zero", "reason": "None",
+            "stdout": "",
             "source": f"process {record.job}"}
 
 
@@ -156,6 +164,8 @@ def status(run: Path) -> str:
     log = log_path(latest, 0, state or {})  # {}: Slurm was asked already
     if log:
         lines.append(f"log       {log}")
+    elif latest.via == "local":
+        lines.append("log       none kept: `hpcyolo run` writes to its terminal")
     elif unreachable:
         lines.append(f"log       unknown: {unreachable}, and RUN/{RECORD} records no log path")
     else:
@@ -171,8 +181,9 @@ def health(run: Path) -> list[str]:
     lines = []
     for row in rundir.read_rows(run / rundir.FAILURES):
         lost = f", {row['lost_steps']} step(s) lost" if row.get("lost_steps") else ""
+        retried = "restarted in place" if row["job"] == "local" else f"retried without {row['nodes']}"
         lines.append(f"failure   job {row['job']} start {row['restart']}: {row['reason']} "
-                     f"({'retried without ' + row['nodes'] if row['retried'] == 'yes' else 'not retried'}{lost})")
+                     f"({retried if row['retried'] == 'yes' else 'not retried'}{lost})")
     slow = rundir.read_rows(run / rundir.STRAGGLERS)
     if slow:
         named = ", ".join(sorted({f"rank {r['rank']} on {r['host']}" for r in slow}))
@@ -200,6 +211,8 @@ NO_LOG_PATH = (f"Slurm no longer knows the job, and RUN/{RECORD} records no log 
 def log_path(record: JobRecord, rank: int | None, state: dict | None = None) -> Path | None:
     if record.logs:
         return Path(record.logs.replace("{rank}", str(rank or 0)) if record.via == "submitit" else record.logs)
+    if record.via == "local":  # `hpcyolo run`: a process of this machine, its output the terminal's
+        return None
     if state is None:
         state = slurm_state(record.job)
     return Path(state["stdout"]) if state and state.get("stdout") else None

@@ -79,6 +79,7 @@ class JobPlan:
     preempt_exit_code: int = PREEMPT_EXIT_CODE
     port_base: int = PORT_BASE  # MASTER_PORT = port_base + SLURM_JOB_ID % port_span (distenv.default_port)
     port_span: int = PORT_SPAN
+    via: str = "sbatch"  # what runs the script: sbatch, or submitit (hpcyolo.login.submit.JobTask)
     # The steps around training (hpcyolo.node.job), in the batch shell's words.
     staged_yaml: Raw = Raw(f'"{staged_yaml("$SCRATCH_DIR")}"')  # the staged copy's data YAML
 
@@ -95,8 +96,8 @@ class JobPlan:
         return tuple((name, Raw(f'"{value}"')) for name, value in env.items())
 
     def step_env(self, run_dir: str, job: str, restart: str, scratch: str) -> dict[str, str]:
-        """The variables the script exports for its steps, with values: what a
-        submitit task and `hpcyolo run` set (the site's environment.env and
+        """The variables the script exports for its steps, with values: what
+        `hpcyolo run` sets (the site's environment.env and
         modules belong to the cluster: the script's own)."""
         env = {name: os.path.expandvars(str(value)) for name, value in self.network_env}
         env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.omp_threads))
@@ -111,6 +112,8 @@ class JobPlan:
         directory is its own)."""
         words = [*self.step_prefix, "hpcyolo", "job", "begin", "--run-dir", Var("RUN_DIR"),
                  "--log", Raw('"$LOG_FILE"'), "--began", Raw('"$job_began"')]
+        if self.via != "sbatch":
+            words += ["--via", self.via]
         if self.resume:
             words.append("--resume")
             if not self.job.entrypoint:
@@ -130,7 +133,16 @@ class JobPlan:
                  "--marker", Raw('"$HPCYOLO_PREEMPT_MARKER"'), "--max-requeues", str(self.max_requeues),
                  "--srun-errors", Raw('"$srun_errors"'), "--run-dir", Var("RUN_DIR"),
                  "--max-failures", str(self.max_failures)]
+        if self.restarts_in_place:
+            words += ["--in-place", str(self.job.resources.nodes), str(self.procs_per_node), str(self.job.train.batch)]
         return tuple(words + (["--torchrun"] if self.launcher == "torchrun" else []))
+
+    @property
+    def restarts_in_place(self) -> bool:
+        """Whether a failed node may be left out inside the allocation (the
+        batch script starts the training step again without it): an even
+        layout of srun's ranks training hpcyolo's trainer, on more than one node."""
+        return restarts_in_place(self.job, self.launcher, self.uneven)
 
     @property
     def batch_per_rank(self) -> int:
@@ -150,9 +162,17 @@ class JobPlan:
     def layout(self) -> str:
         """The layout in words (the script's header, validate, doctor)."""
         if not self.uneven:
-            return f"{self.nodes} node(s) x {self.procs_per_node} process(es)"
+            spare = self.job.resources.spare_nodes
+            return (f"{self.nodes} node(s) x {self.procs_per_node} process(es)"
+                    + (f" and {spare} spare node(s), idle until a node fails" if spare else ""))
         per = "free GPUs" if self.gpus_per_node else "room for"
         return f"{self.world_size} process(es) over {self.node_count} node(s), as many on each as Slurm finds {per}"
+
+
+def restarts_in_place(job: JobSpec, launcher: str, uneven: bool) -> bool:
+    """JobPlan.restarts_in_place, for the plan's parts made before it."""
+    return (not uneven and launcher == "srun" and not job.entrypoint
+            and job.resources.nodes + job.resources.spare_nodes > 1)
 
 
 def node_range(nodes: int, max_nodes: int | None) -> int | str:
@@ -164,6 +184,12 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
               check_paths: bool = True) -> JobPlan:
     launcher = job.resources.launcher or site.slurm.launcher
     total = _uneven_total(site, job, job_file, launcher)
+    spare = job.resources.spare_nodes
+    if spare and (total or launcher != "srun" or job.entrypoint):
+        why = ("an uneven layout (resources.gpus or tasks)" if total else "the torchrun launcher"
+               if launcher != "srun" else "a custom entrypoint")
+        raise ConfigError(job_file, "resources.spare_nodes", f"is for srun's ranks of hpcyolo's trainer on "
+                                                             f"resources.nodes, not {why}")
     if total:
         gpus, procs, tasks, world = (1 if site.node.gpus else 0), None, None, total
         cpus_per_task = _uneven_cpus_per_task(site, job, job_file, total)
@@ -200,12 +226,13 @@ def make_plan(site: SiteConfig, job: JobSpec, *, site_file: str, job_file: str, 
         launcher=launcher, nodes=job.resources.nodes, max_nodes=job.resources.max_nodes, gpus_per_node=gpus,
         procs_per_node=procs, tasks_per_node=tasks, world_size=world, cpus_per_task=cpus_per_task, omp_threads=omp,
         time=format_time(parse_time(job.resources.time)), signal=signal,
-        sbatch=_sbatch_options(site, job, gpus, tasks, cpus_per_task, signal, total),
+        sbatch=_sbatch_options(site, job, gpus, tasks, cpus_per_task, signal, total,
+                               restarts_in_place(job, launcher, total is not None)),
         run_name=run_name, run_dir=f"{site.storage.runs}/{run_name}", data=str(data),
         scratch_dir=f"{site.storage.scratch}/hpcyolo-${{SLURM_JOB_USER}}/{run_name}", uses_scratch=uses_scratch,
         network_env=_network_env(site, gpus),
-        stage_srun=_stage_srun(site, job.resources.nodes, tasks, cpus_per_task),
-        train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus, total),
+        stage_srun=_stage_srun(site, job.resources.nodes + spare, tasks, cpus_per_task),
+        train_srun=_train_srun(site, job.resources.nodes, tasks, cpus_per_task, gpus, total, spare),
         step_prefix=_step_prefix(site, gpus),
         stage_argv=("hpcyolo", "stage", "--data", Var("DATA"), "--dest", Var("SCRATCH_DIR", f"/{STAGED}"),
                     "--signal", signal),
@@ -364,7 +391,7 @@ def _check_limits(site: SiteConfig, job: JobSpec, job_file: str, world: int) -> 
 
 
 def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int | None, cpus_per_task: int | None,
-                    signal: str, total: int | None) -> tuple[tuple[str, object], ...]:
+                    signal: str, total: int | None, in_place: bool = False) -> tuple[tuple[str, object], ...]:
     s = site.slurm
     res = job.resources
     if total:  # uneven: a total, one GPU per task (see _uneven_total)
@@ -372,7 +399,7 @@ def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int | None
         gpu = ("gpus_per_task", 1) if gpus else None
         tasks_option = ("ntasks", total)
     else:
-        nodes = res.nodes
+        nodes = res.nodes + res.spare_nodes
         gpu = {
             "gres": ("gres", f"{s.gres_name}:{gpus}"),
             "gpus-per-node": ("gpus_per_node", gpus),
@@ -395,6 +422,9 @@ def _sbatch_options(site: SiteConfig, job: JobSpec, gpus: int, tasks: int | None
         ("constraint", s.constraint),
         ("reservation", s.reservation),
         ("requeue", True),
+        # A node that Slurm finds failed ends the whole job unless --no-kill: with it the
+        # allocation lives on without that node, and the script restarts the training in place.
+        ("no_kill", True if in_place else None),
         ("open_mode", "append"),
         ("signal", f"{signal}@{site.preemption.grace}" if site.preemption.grace else None),
         ("output", logs),
@@ -445,7 +475,7 @@ def _stage_srun(site: SiteConfig, nodes: int, tasks: int | None, cpus_per_task: 
 
 
 def _train_srun(site: SiteConfig, nodes: int, tasks: int | None, cpus_per_task: int | None, gpus: int,
-                total: int | None) -> tuple[str, ...]:
+                total: int | None, spare: int = 0) -> tuple[str, ...]:
     # --kill-on-bad-exit: one failed rank ends the step instead of leaving the
     # others blocked in a collective. --cpus-per-task is repeated on purpose:
     # since Slurm 22.05 srun no longer inherits it from the batch allocation.
@@ -453,6 +483,8 @@ def _train_srun(site: SiteConfig, nodes: int, tasks: int | None, cpus_per_task: 
         options = ["--kill-on-bad-exit=1", Raw('--nodes="$SLURM_JOB_NUM_NODES"'), f"--ntasks={total}"]
     else:
         options = ["--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks-per-node={tasks}"]
+        if spare:  # the allocation's SLURM_NTASKS counts the spares' tasks too
+            options.append(f"--ntasks={nodes * tasks}")
     if cpus_per_task:
         options.append(f"--cpus-per-task={cpus_per_task}")
     if total and gpus:

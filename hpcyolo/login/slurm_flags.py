@@ -29,6 +29,9 @@ SBATCH_FLAGS: dict[str, str] = {
     # keeps every run (man sbatch: --open-mode=append).
     "requeue": "--requeue",
     "open_mode": "--open-mode",
+    # A failed node does not end the allocation (man sbatch, --no-kill): the
+    # batch script restarts the training without it.
+    "no_kill": "--no-kill",
     # Without "B:" Slurm signals every job step and not the batch shell, which
     # is what reaches the training processes (man sbatch, --signal).
     "signal": "--signal",

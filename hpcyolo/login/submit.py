@@ -3,43 +3,37 @@ sweeps as one job array.
 
 The submitit parameters come from the plan's resource table (plan.sbatch, the
 same one the rendered script's #SBATCH lines come from): one mapping below
-turns each generic name into submitit's. Each task runs `TrainTask`, which
-takes the job's steps as the batch script does (hpcyolo.node.job: the run
-directory, the variables, preflight, staging into node-local scratch, where
-every task asks and the node's first one copies, the training command, the
-ending), running the very `hpcyolo train` (or `hpcyolo exec`) command line
-as a child process, so the environment mapping, the trainer and its
-preemption protocol are the same code. The site's signal reaches the child
-directly (Slurm signals the task's process group); the child checkpoints at
-the next step and exits 75, and then rank 0 hands over to submitit's own
-checkpoint path: `checkpoint()` returns this same task, submitit pickles it
-and requeues the job, and the task, started again, resumes from the newest
-valid checkpoint in the same run directory.
+turns each generic name into submitit's. The job runs `JobTask` in its batch
+shell (submitit's use_srun=False), and JobTask runs the rendered batch script
+itself (`hpcyolo render`'s): the same steps, each an srun of its own, the
+same staging, failure retries, restart in place inside the allocation,
+ledger and requeue as `sbatch` gives. submitit brings what it is for: the
+submission from Python, its folder of logs and pickles, job arrays for
+sweeps. The script requeues the job itself (`scontrol requeue`, after a
+checkpoint or without a failed node); JobTask then leaves without a result,
+and submitit runs it again when Slurm starts the job again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcyolo_trainer.common import rundir
 from hpcyolo_trainer.common.errors import HpcyoloError
-from hpcyolo_trainer.common.preemption import EXIT_CODE, MARKER_ENV, PEER_LOST_EXIT_CODE, TERMINATED_EXIT_CODE
 from hpcyolo_trainer.common.rundir import record_job
 
 from hpcyolo.login.plan import JobPlan
-from hpcyolo.login.runcheck import check_job, planned_settings, warn_job
+from hpcyolo.login.runcheck import check_job, warn_job
 from hpcyolo.login.runcheck import expand as _expand
-from hpcyolo.login.shell import Raw, Var
-from hpcyolo.node import job as steps
-from hpcyolo.node.job import begin, end, job_id, restarts, staged_data
+from hpcyolo.node.job import restarts
 from hpcyolo.slurm import parse_time
 
 # plan.sbatch's generic names -> submitit SlurmExecutor parameters.
@@ -52,7 +46,8 @@ SUBMITIT_PARAMETERS = {
 # Passed as sbatch options verbatim (submitit has no parameter for them, or
 # would spell them differently: its `time` is whole minutes, its signal is
 # always USR2).
-VERBATIM = {"ntasks": "ntasks", "reservation": "reservation", "requeue": "requeue", "signal": "signal", "time": "time"}
+VERBATIM = {"ntasks": "ntasks", "reservation": "reservation", "requeue": "requeue", "signal": "signal", "time": "time",
+            "no_kill": "no_kill"}
 # Chosen by submitit itself: logs in its folder, opened in append mode.
 SUBMITIT_OWN = {"output", "open_mode"}
 
@@ -76,158 +71,56 @@ def submitit_parameters(plan: JobPlan) -> dict:
     params["time"] = math.ceil(parse_time(plan.job.resources.time) / 60)
     params["signal_delay_s"] = plan.site.preemption.grace
     params["additional_parameters"] = extra
-    params["srun_args"] = list(_srun_extra(plan))
     params["stderr_to_stdout"] = True
-    # submitit hands the signal to TrainTask's checkpoint path; it must be the site's.
-    params["setup"] = [*setup_lines(plan), f"export SUBMITIT_PREEMPT_SIGNAL={plan.signal}"]
+    # The function runs in the batch shell: the script it runs starts each step with srun.
+    params["use_srun"] = False
+    params["setup"] = setup_lines(plan)
     return params
 
 
-def _srun_extra(plan: JobPlan) -> tuple[str, ...]:
-    """The training step's srun options that submitit's own srun lacks."""
-    skip = ("--nodes=", "--ntasks-per-node=", "--cpus-per-task=")
-    return tuple(o for o in plan.train_srun if not str(o).startswith(skip))
-
-
 def setup_lines(plan: JobPlan) -> list[str]:
-    """The batch script's software environment, for submitit's `setup`."""
+    """The batch script's software environment, for submitit's `setup`
+    (the Python that runs JobTask may need the site's modules too)."""
     from hpcyolo.login.render import render_setup
 
     return render_setup(plan).splitlines()
 
 
-# == the task each Slurm task runs ===========================================
+# == what the job runs =========================================================
 
 @dataclass
-class TrainTask:
-    """What one task of the job runs (pickled by submitit; keep it small)."""
+class JobTask:
+    """What a submitit job runs in its batch shell: the rendered batch script
+    (pickled by submitit; the script is its one field)."""
 
-    plan: JobPlan
-    run_dir: str
-    scratch_dir: str
-    signal_name: str
+    script: str
 
     def __call__(self) -> int:
-        """The job's steps (hpcyolo.node.job), as every task of a submitit job takes them."""
-        from hpcyolo_trainer.common.ledger import process_start
-
-        env = os.environ
-        rank, first_on_node = int(env.get("SLURM_PROCID", "0")), env.get("SLURM_LOCALID", "0") == "0"
-        job, restart = job_id(env), restarts(env)
-        plan, run = self.plan, Path(self.run_dir)
-        # 1. begin: every task checks the run directory, rank 0 records the start (and stamps the ledger).
-        begin(run, via="submitit", resume=plan.resume, request=planned_settings(plan, run), record=rank == 0,
-              began=process_start() if rank == 0 else None)
-
-        def stamp(part: str) -> None:
-            if rank == 0:
-                steps.stamp(run, job, str(restart), part)
-
-        # 2. the variables the batch script exports
-        env.update(plan.step_env(self.run_dir, job, str(restart), self.scratch_dir))
-        values = {"RUN_DIR": self.run_dir, "DATA": plan.data, "SCRATCH_DIR": self.scratch_dir}
-        # 3. preflight, on every task
-        stamp("preflight")
-        if plan.preflight and subprocess.call(self._argv(plan.preflight_argv, values)) != 0:
-            raise HpcyoloError(f"preflight failed on rank {rank} ({os.uname().nodename})")
-        # 4. stage: every task asks; the node's first copies, the others wait on its lock.
-        stamp("stage")
-        if plan.stage:
-            from hpcyolo.node.stage import stage
-
-            values["DATA"] = str(stage(plan.data, staged_data(self.scratch_dir)))
-        # 5. train. submitit's handler for the signal would requeue at once,
-        # before the trainer's checkpoint: hold it until the child has stopped.
-        sig = getattr(signal, f"SIG{self.signal_name}")
-        submitit_handler = signal.getsignal(sig)
-        caught: list[int] = []
-        for s in {sig, signal.SIGTERM}:
-            signal.signal(s, lambda signum, frame: caught.append(signum))
-        stamp("train")
-        code = subprocess.call(self._argv(plan.train_argv, values))
-        stamp("end")
-        # 6. end: submitit requeues (rank 0 hands over to its checkpoint path);
-        # a rank's or node's failure is retried without its node; on every
-        # other ending the node's first task removes its scratch.
-        # (A rank ended by the preemption's SIGTERM after the checkpoint is no failure: no wait for an answer.)
-        if code != 0 and not rundir.checkpointed(code, env[MARKER_ENV]) and \
-                self._retried(code, rank, job, str(restart)):
-            return EXIT_CODE
-        ending = end(code, env[MARKER_ENV], job=job, restart=restart, max_requeues=plan.max_requeues)
-        if not ending.requeue:
-            stamp("exit")
-        if ending.requeue:
-            if rank == 0 and callable(submitit_handler):
-                print(f"hpcyolo: {ending.message} through submitit", file=sys.stderr, flush=True)
-                submitit_handler(sig, None)  # checkpoint() below, requeue, exit
-            return EXIT_CODE
-        if first_on_node and plan.uses_scratch:
-            from hpcyolo_trainer.common.stagedcopy import remove
-
-            remove(self.scratch_dir)
-        if ending.code != 0:
-            raise HpcyoloError(f"{ending.message} (rank {rank}, {os.uname().nodename})")
+        with tempfile.NamedTemporaryFile("w", prefix="hpcyolo-job-", suffix=".sh", delete=False) as f:
+            f.write(self.script)
+        try:
+            code = subprocess.call(["bash", f.name])
+        finally:
+            os.unlink(f.name)
+        if code == 0 and requeued(os.environ):
+            # The script requeued the job: no result (submitit would report the job done); Slurm ends this
+            # start and runs the job, and with it this task, again.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        if code != 0:
+            raise HpcyoloError(f"the job's script ended with exit {code}; its log above says why")
         return 0
 
-    def _retried(self, code: int, rank: int, job: str, restart: str) -> bool:
-        """After the training command failed: whether the job was requeued
-        without a failed node. Each task sees only its own rank's exit
-        (hpcyolo.node.job.task_failure); the first that finds a failure of
-        its own decides for the job as `hpcyolo job end` does for the batch
-        script, and the others (whose ranks lost their peer) wait for its answer."""
-        from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
-        from hpcyolo_trainer.run.watchdog import read_blame
 
-        run, host = Path(self.run_dir), os.uname().nodename
-        failure = steps.task_failure(code, rank, host, read_blame(rundir.hang_folder(run, job, restart)))
-        if failure is None or not steps.claim_failure(run, job, restart):
-            if failure is None and code not in (PEER_LOST_EXIT_CODE, HANG_EXIT_CODE, -signal.SIGTERM,
-                                                TERMINATED_EXIT_CODE):
-                return False  # this rank's own ending: the user's error, a cancel
-            answer = steps.settle_failure(run, job, restart)
-            if answer == "requeued":
-                print(f"hpcyolo: rank {rank} on {host}: the job was requeued after another rank's failure",
-                      file=sys.stderr, flush=True)
-            return answer == "requeued"
-        ending = end(code, None, job=job, restart=int(restart), max_requeues=self.plan.max_requeues,
-                     failure=failure, failures_before=steps.failures_retried(run, job),
-                     max_failures=self.plan.max_failures)
-        if rank != 0:
-            # Rank 0's trainer may still be finishing the step this one failed after (its .step file
-            # counts the steps lost); the batch script's job end runs after every rank has ended.
-            steps.wait_stamp(run, job, restart, "end")
-        steps.record_failure(run, job, restart, failure, retried=ending.requeue)
-        if not ending.exclude:
-            steps.settle_failure(run, job, restart, "final")
-            raise HpcyoloError(f"{ending.message} (rank {rank}, {host})")
-        print(f"hpcyolo: {ending.message}", file=sys.stderr, flush=True)
-        steps.settle_failure(run, job, restart, "requeued")
-        steps.requeue_without(job, ending.exclude)
-        steps.stamp(run, job, restart, "exit")
-        return True
+def requeued(env) -> bool:
+    """Whether this start of the job was requeued (by its script's `scontrol
+    requeue`): Slurm counts the restart at once."""
+    from hpcyolo import slurm
 
-    def _argv(self, words: tuple, values: dict[str, str]) -> list[str]:
-        """A step's command line: the plan's words with the script's variables
-        resolved, after the container's words; `hpcyolo` is this very installation."""
-        argv = [_word(w, values) for w in words]
-        if argv[0] == "hpcyolo" and not self.plan.step_prefix:
-            argv[0] = str(Path(sys.executable).parent / "hpcyolo")
-        return [_word(w, values) for w in self.plan.step_prefix] + argv
-
-    def checkpoint(self, *args, **kwargs):
-        """submitit's checkpoint path: run this same task again; the trainer
-        finds its checkpoints in the run directory."""
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
-
-
-def _word(word: object, values: dict[str, str]) -> str:
-    if isinstance(word, Var):
-        return word.resolve(values)
-    if isinstance(word, Raw):
-        raise HpcyoloError("the torchrun launcher is not supported through submitit; use --via sbatch")
-    return os.path.expandvars(str(word))
+    info = slurm.show_job(int(env["SLURM_JOB_ID"]))
+    return int(info.get("Restarts", "0") or 0) > restarts(env) or \
+        info.get("JobState", "") in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING")
 
 
 # == sweeps ==================================================================
@@ -304,7 +197,9 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
             check_job(plan, run_dir, plan.resume)
     folder = (run_dirs[0] if len(plans) == 1 else run_dirs[0].parent / f".sweep-{first.job.name}") / "submitit"
     folder = Path(str(folder) + ("/%j" if len(plans) == 1 else "/%A_%a"))
-    tasks = [TrainTask(p, str(r), expand(p.scratch_dir), p.signal) for p, r in zip(plans, run_dirs)]
+    from hpcyolo.login.render import render_sbatch
+
+    tasks = [JobTask(render_sbatch(dataclasses.replace(p, via="submitit"))) for p in plans]
     executor = executor_for(plans, folder.parent, parallel)
     if dry_run:
         from submitit.slurm.slurm import _make_sbatch_string
@@ -328,7 +223,7 @@ def submit_submitit(plans: list[JobPlan], names: list[str], parallel: int | None
         raise HpcyoloError(f"sbatch refused the job (through submitit): {why[-1]}") from None
     for job, run_dir, name in zip(jobs, run_dirs, names):
         record_job(run_dir, {"job": job.job_id, "via": "submitit", "name": name,
-                         "logs": str(folder.parent / f"{job.job_id}_{{rank}}_log.out"),
+                         "logs": str(folder.parent / f"{job.job_id}_0_log.out"),
                          "submission": str(folder.parent / f"{job.job_id}_submission.sh")})
     return [(job.job_id, run_dir) for job, run_dir in zip(jobs, run_dirs)]
 
@@ -374,6 +269,8 @@ def submit(site_path: str, job_path: str, *, via: str | None, dry_run: bool, swe
         # submitit counts tasks as nodes x tasks per node; the local launcher starts N per node.
         raise HpcyoloError(f"{job_path}: resources.{'gpus' if plans[0].gpus_per_node else 'tasks'}: an uneven layout "
                            f"is submitted with --via sbatch (or hpcyolo render SITE JOB | sbatch), not --via {via}")
+    if plans[0].job.resources.spare_nodes and via == "local":
+        raise HpcyoloError(f"{job_path}: resources.spare_nodes: the local site has no nodes to spare")
     check_datasets(plans)
     if via == "sbatch":
         return submit_sbatch(plans[0], dry_run)

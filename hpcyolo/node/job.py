@@ -1,10 +1,11 @@
 """What a job does around its training command, written once.
 
-Three paths start a job: the sbatch script (bash), a submitit task
-(hpcyolo.login.submit.TrainTask) and `hpcyolo run` on one machine
+Two paths start a job: the batch script (bash: `sbatch`, and `hpcyolo
+submit` through submitit, whose job runs the same script,
+hpcyolo.login.submit.JobTask) and `hpcyolo run` on one machine
 (hpcyolo.login.run). Each takes these steps, in this order, and each step is
 decided here; the paths differ only in how a step reaches every node (srun,
-one call per task, one call):
+one call):
 
 1. begin: the run directory. A first start that finds another run there,
    or this run without run.resume, is refused before anything is written;
@@ -77,6 +78,23 @@ def restarts(env) -> int:
     return int(value) if value.isdigit() else 0
 
 
+def in_place(failure: Failure, allocation: list[str], excluded: list[str], nodes: int, tasks_per_node: int,
+             batch: int) -> tuple[list[str], int] | None:
+    """(the nodes to leave out, the nodes to train on) for a training step
+    started again inside this allocation without the failed node(s): on as
+    many nodes as before where the allocation has that many left (a node the
+    step did not use), else on those left where the global batch still
+    splits over their ranks (every rank's step is the same at any world
+    size); None where neither holds (the job is requeued instead)."""
+    out = list(dict.fromkeys([*excluded, *failure.nodes]))
+    left = [n for n in allocation if n not in out]
+    if len(left) >= nodes:
+        return out, nodes
+    if left and batch % (len(left) * tasks_per_node) == 0:
+        return out, len(left)
+    return None
+
+
 # == 1. begin ================================================================
 
 def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume_how: str = rundir.RESUME_HOW,
@@ -101,7 +119,7 @@ def begin(run_dir: Path, *, via: str, resume: bool, request: dict | None, resume
 
     host = socket.gethostname()
     if via == "local":
-        line = rundir.local_start_line(host)
+        line = rundir.local_start_line(host, os.getpid())
     else:
         line = rundir.start_line(job, restart, host, via="" if via == "sbatch" else via, log=log)
     rundir.record_start(run_dir, line)
@@ -130,12 +148,14 @@ def start_ledger(run_dir: Path, job: str, restart: str, began: float, env) -> No
         f.write("".join(f"{line}\n" for line in lines) + f"begin {began:.6f}\n")
 
 
-def stamp(run_dir: Path, job: str, restart: str, part: str) -> None:
+def stamp(run_dir: Path, job: str, restart: str, part: str, when: float | None = None) -> None:
     """A part of this start begins (the batch script's `stamp PART`, for the
-    paths that are Python)."""
+    paths that are Python), now or at `when`."""
     try:
-        with open(rundir.ledger_file(run_dir, job, restart, ".times"), "a") as f:
-            f.write(f"{part} {time.time():.6f}\n")
+        path = rundir.ledger_file(run_dir, job, restart, ".times")
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"{part} {time.time() if when is None else when:.6f}\n")
     except OSError:
         pass  # the ledger is a record, never a reason to fail the job
 
@@ -214,8 +234,8 @@ def node_failure(code: int, srun_stderr: str, blame: dict | None = None) -> Fail
 
 
 def task_failure(code: int, rank: int, host: str, blame: dict | None = None) -> Failure | None:
-    """node_failure() as one task of a submitit job sees it, which has only
-    its own rank's exit (a negative code: the signal that ended it): the
+    """node_failure() as `hpcyolo run` sees one of its ranks, which has only
+    its own exit (a negative code: the signal that ended it): the
     watchdog's verdict, this rank killed by a signal (not by the OOM
     killer), or its device or network failed."""
     from hpcyolo_trainer.common.preemption import HANG_EXIT_CODE
@@ -303,56 +323,6 @@ def requeue_without(job: str, nodes: tuple[str, ...]) -> None:
     slurm.requeue(int(job))
     if excluded is not None:
         slurm.exclude_nodes(int(job), excluded)
-
-
-def claim_failure(run_dir: Path, job: str, restart: str) -> bool:
-    """True for the one task of a submitit job's start that handles its
-    failure (every rank may see one: a hang ends them all)."""
-    path = rundir.ledger_file(run_dir, job, restart, rundir.FAILURE_CLAIM)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        return True
-    except FileExistsError:
-        return False
-
-
-def settle_failure(run_dir: Path, job: str, restart: str, answer: str | None = None,
-                   wait: float = 10.0) -> str | None:
-    """The claiming task writes its `answer` (`requeued` or `final`); the
-    others wait up to `wait` seconds for it (None: no task claimed a failure,
-    as when a whole node is gone)."""
-    path = rundir.ledger_file(run_dir, job, restart, rundir.FAILURE_CLAIM)
-    if answer is not None:
-        path.write_text(answer + "\n")
-        return answer
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            text = ""
-        if text or time.monotonic() > deadline:
-            return text or None
-        time.sleep(0.2)
-
-
-def wait_stamp(run_dir: Path, job: str, restart: str, part: str, wait: float = 15.0) -> bool:
-    """Waits up to `wait` seconds for rank 0's stamp `part` of this start
-    (a task that ends first waits for rank 0's trainer, whose .step file
-    says how far the start got; False where it never comes, as when rank
-    0's node is gone)."""
-    path = rundir.ledger_file(run_dir, job, restart, ".times")
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            if any(line.split(" ", 1)[0] == part for line in path.read_text(errors="replace").splitlines()):
-                return True
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
 
 
 def record_failure(run_dir: Path, job: str, restart: str, failure: Failure, retried: bool) -> None:

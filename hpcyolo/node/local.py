@@ -31,20 +31,20 @@ def free_port() -> int:
 
 
 def launch(argv: Sequence[str], nproc: int, *, env: Mapping[str, str] | None = None, port: int | None = None,
-           grace: float = 30.0) -> int:
+           grace: float = 30.0, first: dict | None = None) -> int:
     """Run `argv` nproc times, a job of this machine alone; return 0, or the
-    first failure's exit code."""
+    first failure's exit code (and, in `first`, its "rank" and "code")."""
     base = dict(os.environ if env is None else env)
     # This launch's identity, checked at the rendezvous: another launch that
     # got the same port is refused, never joined (hpcyolo_trainer.common.rendezvous).
     job = base.get(JOB_ENV) or f"local launch {os.getpid()}-{secrets.token_hex(4)}"
     layout = NodeLayout(node_rank=0, nnodes=1, nproc_per_node=nproc, master_addr="127.0.0.1",
                         master_port=port or free_port(), host=socket.gethostname(), source="local", job=job)
-    return launch_layout(argv, layout, env=base, grace=grace)
+    return launch_layout(argv, layout, env=base, grace=grace, first=first)
 
 
 def launch_layout(argv: Sequence[str], layout: NodeLayout, *, env: Mapping[str, str] | None = None,
-                  grace: float = 30.0) -> int:
+                  grace: float = 30.0, first: dict | None = None) -> int:
     """Run this host's processes of `layout`: process i gets
     `layout.dist_env(i)`'s variables (RANK = node rank * nproc + i, the
     master host's address), so the hosts of a job form one process group."""
@@ -61,21 +61,20 @@ def launch_layout(argv: Sequence[str], layout: NodeLayout, *, env: Mapping[str, 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
                                                         signal.SIGUSR2)}
     try:
-        return _wait(procs, grace)
+        return _wait(procs, grace, {} if first is None else first)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def _wait(procs: list[subprocess.Popen], grace: float) -> int:
-    failed = None
+def _wait(procs: list[subprocess.Popen], grace: float, first: dict) -> int:
     exits = _exit_fds(procs)
     try:
         while any(p.poll() is None for p in procs):
             for rank, p in enumerate(procs):
                 code = p.poll()
-                if code not in (None, 0) and failed is None:
-                    failed = code
+                if code not in (None, 0) and not first:
+                    first.update(rank=rank, code=code)
                     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
                     print(f"hpcyolo: rank {rank} {how}; stopping the others", file=sys.stderr)
                     _stop(procs, grace)
@@ -83,8 +82,8 @@ def _wait(procs: list[subprocess.Popen], grace: float) -> int:
     finally:
         for fd in exits.values():
             os.close(fd)
-    if failed is not None:
-        return failed
+    if first:
+        return first["code"]
     return next((p.returncode for p in procs if p.returncode != 0), 0)
 
 

@@ -12,6 +12,7 @@
 #SBATCH --partition=standard-g
 #SBATCH --account=project_XXXXXXXXX
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 #SBATCH --signal=USR2@180
 #SBATCH --output=%x-%j.out
@@ -87,7 +88,7 @@ if [ "$status" = 75 ] || [ -e "$HPCYOLO_PREEMPT_MARKER" ]; then
     srun_errors=
     ending=$(singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo job end \
         --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3 --srun-errors "$srun_errors" \
-        --run-dir "$RUN_DIR" --max-failures 2) || ending=
+        --run-dir "$RUN_DIR" --max-failures 2 --in-place 2 8 64) || ending=
     stamp exit
     if [ "$ending" = requeue ]; then
         scontrol requeue "$SLURM_JOB_ID"
@@ -110,10 +111,18 @@ srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcyolo-srun-$SLURM_JOB_ID.XXXXXX")
 # would never be requeued. Trapped, bash waits for the training step to end.
 terminated=
 trap 'terminated=1' TERM
+# A rank or node that fails (killed, its device or network, not answering) is
+# left out and the step starts again inside this allocation, from the newest
+# checkpoint, where the nodes left can train it (`hpcyolo job end` prints
+# `restart EXCLUDED NODES TASKS`); each such start is named RESTART.N in the ledger.
+export HPCYOLO_IN_PLACE=0 HPCYOLO_EXCLUDED=
+ledger_base=${LEDGER%.times}
+in_place=()
+while :; do
 set +e
 exec 3>&1
 stamp train
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 \
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000 "${in_place[@]}" \
     singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo train \
     --run-dir "$RUN_DIR" --data "$DATA" --model s --epochs 50 --batch 64 --workers 4 --save-every 500 \
     --keep 2 --signal USR2 --dist-timeout 600 2>&1 1>&3 3>&- | tee "$srun_errors" >&2
@@ -126,7 +135,20 @@ set -e
 # It prints `requeue`, or the code to end with (nothing if it could not run: then the step's).
 ending=$(singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo job end \
     --status "$status" --marker "$HPCYOLO_PREEMPT_MARKER" --max-requeues 3 --srun-errors "$srun_errors" \
-    --run-dir "$RUN_DIR" --max-failures 2) || ending=
+    --run-dir "$RUN_DIR" --max-failures 2 --in-place 2 8 64) || ending=
+case "$ending" in
+    "restart "*)
+        read -r restart_word HPCYOLO_EXCLUDED nodes_left tasks_left <<< "$ending"
+        [ "$restart_word" = restart ] || break
+        in_place=(--nodes="$nodes_left" --ntasks="$tasks_left" --exclude="$HPCYOLO_EXCLUDED")
+        stamp exit
+        HPCYOLO_IN_PLACE=$((HPCYOLO_IN_PLACE + 1))
+        LEDGER="$ledger_base.$HPCYOLO_IN_PLACE.times"
+        stamp begin
+        continue ;;
+esac
+break
+done
 rm -f "$srun_errors"
 if [ "$ending" = requeue ]; then
     stamp exit
@@ -140,9 +162,21 @@ status=${ending:-$status}
 # Every ending but a requeue: remove the node-local scratch on every node
 # (after SIGTERM no step can start: each node's first rank removed it).
 if [ -z "$terminated" ]; then
-    srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=56 \
+    # After a restart in place: the nodes still in use, then each node left
+    # out where it takes a step at all (a node Slurm marked failed stays in
+    # the allocation and takes none: --immediate gives up on it).
+    IFS=, read -r -a left_out <<< "$HPCYOLO_EXCLUDED"
+    kept=$((SLURM_JOB_NUM_NODES - ${#left_out[@]}))
+    without=()
+    if [ -n "$HPCYOLO_EXCLUDED" ]; then without=(--exclude="$HPCYOLO_EXCLUDED"); fi
+    srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=56 --nodes="$kept" --ntasks="$kept" "${without[@]}" \
         singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo stage \
         --remove "$SCRATCH_DIR" || echo "hpcyolo: could not remove $SCRATCH_DIR on every node" >&2
+    for node in "${left_out[@]}"; do
+        srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=56 --nodes=1 --ntasks=1 --nodelist="$node" --immediate=10 \
+            singularity exec --bind /scratch/project_XXXXXXXXX --bind /project/project_XXXXXXXXX /project/project_XXXXXXXXX/containers/hpcyolo-lumi.sif hpcyolo stage \
+            --remove "$SCRATCH_DIR" || echo "hpcyolo: $SCRATCH_DIR not removed on $node (it takes no step)" >&2
+    done
 fi
 stamp exit
 exit "$status"

@@ -99,6 +99,8 @@ URGENT = "urgent"
 GRACE_TIME = 30
 CTLD_ADDR = "127.0.0.1"
 CTLD_PORT = 16817
+DBD_PORT = 16819  # slurmdbd, on CTLD_ADDR
+DB_PORT = 16306  # MariaDB for slurmdbd, on CTLD_ADDR, without grant tables (nothing else reaches loopback)
 SLURMD_BASE_PORT = 17000  # node I listens on SLURMD_BASE_PORT + I
 NODE_ADDR_BASE = 10  # node I has address 127.0.0.(NODE_ADDR_BASE + I)
 MAX_NODES = 200  # keeps addresses inside 127.0.0.0/24 and ports unique
@@ -106,11 +108,12 @@ MAX_NODES = 200  # keeps addresses inside 127.0.0.0/24 and ports unique
 HOSTS_FILE = Path("/etc/hosts")
 HOSTS_MARK = "# hpcyolo-testbed"
 
-APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+# slurmdbd and MariaDB: Slurm's accounting (`sacct`'s jobs and steps), about 200 MB.
+APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server")
 # What `install` must provide; `available()` additionally needs the rest.
-INSTALL_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged")
+INSTALL_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "mariadb-install-db")
 RUNTIME_BINARIES = INSTALL_BINARIES + (
-    "srun", "sinfo", "squeue", "scontrol", "scancel",
+    "srun", "sinfo", "squeue", "scontrol", "scancel", "sacct", "sacctmgr",
     "munge", "unmunge", "mungekey", "unshare", "runuser",
 )
 
@@ -127,8 +130,9 @@ DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Bounded waits (seconds).
 MUNGE_TIMEOUT = 15
 CTLD_TIMEOUT = 30
+DB_TIMEOUT = 60  # MariaDB and slurmdbd up and answering
 NODES_TIMEOUT = 60
-DRAIN_TIMEOUT = 45  # scancel -> squeue empty; KillWait=5 plus slack
+DRAIN_TIMEOUT = 75  # scancel -> squeue empty; KillWait=30 plus slack
 STOP_TIMEOUT = 15  # SIGTERM -> gone, before SIGKILL
 
 
@@ -546,6 +550,78 @@ class Testbed:
         return self.state_dir / "jobcomp.txt"
 
     @property
+    def dbd_conf(self) -> Path:  # slurmdbd reads slurmdbd.conf beside SLURM_CONF's slurm.conf
+        return self.conf.parent / "slurmdbd.conf"
+
+    def _dbd_conf_text(self) -> str:
+        return f"""\
+# Written by tests/testbed/slurm_testbed.py; removed by its `down`.
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr={CTLD_ADDR}
+DbdPort={DBD_PORT}
+SlurmUser=root
+PidFile={self.run_dir}/slurmdbd.pid
+LogFile={self.log_dir}/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost={CTLD_ADDR}
+StoragePort={DB_PORT}
+StorageUser=root
+StorageLoc=slurm_acct_db
+"""
+
+    def sacct_steps(self, job_id: int) -> dict[str, tuple[float, float]]:
+        """Slurm's accounting of a job's steps (`sacct -j J -P -o
+        JobID,Start,End`): step (batch, 0, 1, ...) -> (Start, End), in seconds
+        since the epoch (whole seconds: Slurm keeps no finer). slurmdbd takes
+        slurmctld's records a moment after a step ends: asked until each has an End."""
+        env = self._client_env()
+
+        def parse(when: str) -> float:
+            return time.mktime(time.strptime(when, "%Y-%m-%dT%H:%M:%S"))
+
+        rows: dict[str, tuple[float, float]] = {}
+
+        def complete() -> bool:
+            p = _run(["sacct", "-j", str(job_id), "-n", "-P", "-o", "JobID,Start,End"], env=env, timeout=30)
+            rows.clear()
+            for line in p.stdout.decode("utf-8", "replace").splitlines():
+                name, start, end = line.split("|")
+                if "." in name and start not in ("Unknown", "None", ""):
+                    rows[name.split(".", 1)[1]] = (parse(start), float("nan") if end in ("Unknown", "") else
+                                                   parse(end))
+            return p.returncode == 0 and bool(rows) and all(e == e for _, e in rows.values())
+
+        _wait_until(complete, 30, f"sacct to record job {job_id}'s steps", [self.log_dir / "slurmdbd.log"])
+        return rows
+
+    def steps(self, job_id: int) -> dict[int, tuple[float, float]]:
+        """Slurm's own record of a job's steps, from its slurmd logs (sacct
+        needs slurmdbd, which the testbed has not): step -> (the first node's
+        launch, the last node's end), in seconds since the epoch. Each slurmd
+        logs `launch task StepId=J.S request` when it starts a step's tasks and
+        `[J.S] done with job` when its slurmstepd ends."""
+        import datetime
+        import re
+
+        launch = re.compile(rf"^\[([^]]+)\] launch task StepId={job_id}\.(\d+) request")
+        done = re.compile(rf"^\[([^]]+)\] \[{job_id}\.(\d+)\] done with job")
+        starts: dict[int, float] = {}
+        ends: dict[int, float] = {}
+        for log in sorted(self.log_dir.glob("slurmd-*.log")):
+            if log.name.endswith("-start.log"):
+                continue
+            for line in log.read_text(errors="replace").splitlines():
+                for pattern, into, pick in ((launch, starts, min), (done, ends, max)):
+                    m = pattern.match(line)
+                    if m:
+                        when = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+                        step = int(m.group(2))
+                        into[step] = pick(into.get(step, when), when)
+        return {step: (starts[step], ends.get(step, float("nan"))) for step in sorted(starts)}
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment variables Slurm clients (sbatch, srun, ...) need."""
         return {"SLURM_CONF": str(self.conf)}
@@ -630,9 +706,14 @@ MpiDefault=none
 LaunchType=launch/slurm
 SwitchType=switch/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-# (No AccountingStorageTRES=gres/gpu: slurmctld refuses it without slurmdbd.
-# A job's GPUs show as TresPerNode=gres:gpu:N in `scontrol show job`.)
+# Accounting through slurmdbd (MariaDB behind it): `sacct` shows each job's
+# steps with Slurm's own Start and End (the ledger is checked against them).
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={DBD_PORT}
+# GPUs as a TRES (what --gpus-per-node and --mem-per-gpu are counted in
+# where accounting is on): a job's GPUs show as AllocTRES=...,gres/gpu=N.
+AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/filetxt
 JobCompLoc={self.jobcomp_file}
 
@@ -648,7 +729,11 @@ FirstJobId={_first_job_id()}
 # Batch jobs may be requeued (scontrol requeue, node failure, preemption).
 JobRequeue=1
 ReturnToService=2
-KillWait=5
+# SIGTERM to SIGKILL, Slurm's default: what a time limit without a warning
+# signal leaves 4 ranks to checkpoint, exit and requeue the job on this
+# machine's 2 shared cores (5 s and then 10 s were too short in loaded CI
+# runs: the batch shell was killed before its `scontrol requeue`, TIMEOUT).
+KillWait=30
 InactiveLimit=0
 MinJobAge=300
 MailProg=/bin/true
@@ -799,6 +884,7 @@ NodeName={node_range} Name=gpu File={files}
             self.meta_file.write_text(json.dumps(meta, indent=2) + "\n")
 
         env = self._daemon_env()
+        self._start_accounting(env)
         self._log("starting slurmctld")
         ctld_start_log = self.log_dir / "slurmctld-start.log"
         ctld_watch = _LogWatch(self.ctld_log)
@@ -852,6 +938,48 @@ NodeName={node_range} Name=gpu File={files}
                     f"`sinfo -h -N -t idle` to list {', '.join(sorted(want))}", node_logs)
         self._log(f"up: {self.nodes} node(s), partition {PARTITION}, "
                   f"in {time.monotonic() - t0:.1f} s; SLURM_CONF={self.conf}")
+
+    def _start_accounting(self, env: dict[str, str]) -> None:
+        """MariaDB (its own data directory, on loopback, no grant tables)
+        and slurmdbd on it, with the testbed's cluster registered."""
+        sd = self.state_dir
+        self._log("starting mariadbd and slurmdbd (accounting)")
+        out = self.log_dir / "mariadb-install.log"
+        with open(out, "ab") as fh:
+            p = subprocess.run([_which("mariadb-install-db") or "mariadb-install-db", "--no-defaults", "--user=root",
+                                f"--datadir={sd}/mysql", "--auth-root-authentication-method=normal",
+                                "--skip-test-db"], env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
+                               timeout=120)
+        if p.returncode != 0:
+            raise TestbedError(f"mariadb-install-db exited {p.returncode}\n" + _tails([out]))
+        db_log = self.log_dir / "mariadbd.err"
+        subprocess.Popen([_which("mariadbd") or "mariadbd", "--no-defaults", "--user=root", f"--datadir={sd}/mysql",
+                          f"--socket={self.run_dir}/mariadbd.sock", f"--port={DB_PORT}", f"--bind-address={CTLD_ADDR}",
+                          f"--pid-file={self.run_dir}/mariadbd.pid", f"--log-error={db_log}", "--skip-grant-tables",
+                          "--skip-log-bin", "--innodb-buffer-pool-size=32M"],
+                         env=env, cwd=sd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait_until(lambda: _live_pid(self.run_dir / "mariadbd.pid", "mariadbd") is not None and
+                    "ready for connections" in (db_log.read_text(errors="replace") if db_log.exists() else ""),
+                    DB_TIMEOUT, "mariadbd to be ready for connections", [db_log])
+        self.dbd_conf.write_text(self._dbd_conf_text())
+        os.chmod(self.dbd_conf, 0o600)  # slurmdbd refuses a config others may read
+        out = self.log_dir / "slurmdbd-start.log"
+        with open(out, "ab") as fh:
+            p = subprocess.run([_which("slurmdbd") or "slurmdbd"], env=env, cwd=sd, stdin=subprocess.DEVNULL,
+                               stdout=fh, stderr=fh, start_new_session=True, timeout=60)
+        if p.returncode != 0:
+            raise TestbedError(f"slurmdbd exited {p.returncode}\n" + _tails([out, self.log_dir / "slurmdbd.log"]))
+        client = self._client_env()
+
+        def dbd_answers() -> bool:
+            return _run(["sacctmgr", "-n", "-P", "show", "cluster"], env=client, timeout=15).returncode == 0
+
+        _wait_until(dbd_answers, DB_TIMEOUT, "slurmdbd to answer `sacctmgr show cluster`",
+                    [out, self.log_dir / "slurmdbd.log"])
+        p = _run(["sacctmgr", "-i", "add", "cluster", "hpcyolo-testbed"], env=client, timeout=30)
+        if p.returncode != 0 and b"already exists" not in p.stdout + p.stderr:
+            raise TestbedError("sacctmgr add cluster failed: " + (p.stdout + p.stderr).decode("utf-8", "replace"))
 
     def _start_slurmd(self, name: str, env: dict[str, str]) -> None:
         self._log(f"starting slurmd {name}")
@@ -954,6 +1082,10 @@ NodeName={node_range} Name=gpu File={files}
             pid = _live_pid(self.ctld_pid_file, "slurmctld")
             if pid is not None:
                 _stop_pid(pid, "slurmctld", self._log)
+            for name in ("slurmdbd", "mariadbd"):
+                pid = _live_pid(self.run_dir / f"{name}.pid", name)
+                if pid is not None:
+                    _stop_pid(pid, name, self._log)
             munged_pid = meta.get("munged_pid")
             if isinstance(munged_pid, int):
                 # Only a munged this testbed started; prefer munged's own pid file.

@@ -71,7 +71,7 @@ def close_to(ours: dict, theirs: dict, what: str) -> float:
     assert list(ours) == list(theirs), (what, list(ours), list(theirs))
     worst = 0.0
     for name, value in ours.items():
-        assert value == pytest.approx(theirs[name], rel=1e-5, abs=1e-7 if theirs[name] == 0 else 0), \
+        assert value == pytest.approx(theirs[name], rel=1e-6, abs=1e-7 if theirs[name] == 0 else 0), \
             (what, name, ours, theirs)
         worst = max(worst, abs(value - theirs[name]) / abs(theirs[name]) if theirs[name] else 0.0)
     return worst

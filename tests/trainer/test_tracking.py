@@ -12,6 +12,9 @@ import glob
 import json
 import os
 import struct
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,9 @@ from hpcyolo_trainer.common.preemption import EXIT_CODE
 def wandb_history(path: str) -> list[dict]:
     """The history records of a .wandb file: W&B's header, then records
     framed as in a LevelDB log (32 KiB blocks; crc, length, type), each a
-    wandb_internal_pb2.Record."""
+    wandb_internal_pb2.Record. Every chunk's checksum (CRC-32 of its type
+    and payload, as wandb-core writes it) is checked: a file still being
+    written, or cut short, fails here by name, not as a protobuf error."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = Path(path).read_bytes()
@@ -33,18 +38,49 @@ def wandb_history(path: str) -> list[dict]:
         if left < 7:  # a block's trailer
             pos += left
             continue
-        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
-        chunk = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
         if kind == 0:
             break
+        assert pos + 7 + length <= len(data) and zlib.crc32(data[pos + 6:pos + 7 + length]) == crc, \
+            f"{path}: torn chunk at byte {pos} of {len(data)}"
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):  # FULL or LAST: a whole record
             record = pb.Record()
             record.ParseFromString(pending)
             if record.WhichOneof("record_type") == "history":
                 out.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+    assert pos == len(data), f"{path}: {len(data) - pos} bytes after the last whole chunk"
     return out
+
+
+def test_a_wandb_run_is_on_disk_whole_when_its_rank_ends(tmp_path):
+    """wandb.finish() returns while wandb-core (a process of its own) may
+    still be writing the run's file; a rank ends with os._exit, skipping
+    W&B's exit hook, and a Slurm step's end kills what is left. Closed by
+    the trainer, the file is whole and no W&B process is left when the
+    rank ends."""
+    script = f"""if True:
+        import os, sys
+        from pathlib import Path
+        from hpcyolo_trainer.report.tracking import _Wandb
+        w = _Wandb(Path({str(tmp_path / "run")!r}), "whole", {{}}, {{"epochs": 3}})
+        for step in range(1, 301):
+            w.scalars(step, {{"metrics/mAP50(B)": step / 300, "train/box_loss": 1 / step}})
+        w.close(finished=True)
+        me = str(os.getpid())
+        children = [p for p in os.listdir("/proc") if p.isdigit() and
+                    Path("/proc", p, "stat").read_text().rsplit(")", 1)[1].split()[1] == me]
+        print("children", len(children), flush=True)
+        os._exit(0)
+    """
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "children 0" in r.stdout, r.stdout + r.stderr[-2000:]
+    files = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "*.wandb"))
+    history = wandb_history(files[0])
+    assert [h["_step"] for h in history] == list(range(1, 301))
 
 
 def test_a_tracker_not_installed_is_one_line_before_anything_runs(monkeypatch):

@@ -56,7 +56,7 @@ def test_ultralytics_checkpoint_gives_ultralytics_output(arch, one_thread):
     assert out.shape == expected.shape == tuple(reference["output_shape"])
     diff = ((out - expected).abs().max() / expected.abs().max()).item()
     print(f"{arch}: max abs diff / max abs value = {diff:.2e}")
-    assert diff < 1e-4
+    assert diff < 1e-6  # docs/training.md: within 1e-6 relative (measured 1e-7 to 3e-7)
 
 
 @needs_fixtures

@@ -48,6 +48,22 @@ MARKER_ENV = "HPCYOLO_PREEMPT_MARKER"
 # Node-local scratch of the job (staged data, caches): removed by the node's
 # first rank on an ending that no requeue follows.
 SCRATCH_ENV = "HPCYOLO_SCRATCH_DIR"
+# The restart of a job without Slurm (`hpcyolo run` starts its training again
+# after a rank's failure): names this start's records as SLURM_RESTART_COUNT does.
+LOCAL_RESTART_ENV = "HPCYOLO_RESTART"
+# The training step's start inside one allocation (the batch script starts it
+# again without a failed node: 1, 2, ...; 0 or unset at first): this start's
+# records are named RESTART.N (rundir.ledger_file, hang_folder).
+IN_PLACE_ENV = "HPCYOLO_IN_PLACE"
+# The nodes that training step leaves out so far (a comma list; the batch script's).
+EXCLUDED_ENV = "HPCYOLO_EXCLUDED"
+
+
+def start_name(restart: str, env) -> str:
+    """A start's name in the run's records: Slurm's restart count, and the
+    step's start inside the allocation after the first."""
+    k = env.get(IN_PLACE_ENV, "0")
+    return restart if k in ("", "0") else f"{restart}.{k}"
 
 # A drill for tests and for trying a cluster's requeue path: behave as if the
 # signal arrived right after this optimizer step.

@@ -233,9 +233,19 @@ def start_line(job: str, restart: str, host: str, via: str = "", log: str | None
     return f"job {job} restart {restart} on {host}" + (f"{_VIA}{via}" if via else "") + (f"{_LOG}{log}" if log else "")
 
 
-def local_start_line(host: str) -> str:
-    """The record of `hpcyolo run`'s start: no job, no requeue."""
-    return f"local run on {host}"
+def local_start_line(host: str, pid: int | None = None) -> str:
+    """The record of `hpcyolo run`'s start: no job, no requeue; its process."""
+    return f"local run on {host}" + (f" pid {pid}" if pid else "")
+
+
+_LOCAL_START = re.compile(r"local run on (\S*)(?: pid (\d+))?")
+
+
+def local_starts(run: Path) -> list[tuple[str, str | None]]:
+    """(host, pid or None) of each `hpcyolo run` start recorded, oldest first."""
+    record = run / RECORD
+    lines = record.read_text(errors="replace").splitlines() if record.exists() else []
+    return [(m[1], m[2]) for m in map(_LOCAL_START.fullmatch, lines) if m]
 
 
 def record_start(run_dir: Path, line: str) -> None:
@@ -345,7 +355,7 @@ def checkpointed(code: int, marker: str | None = None) -> bool:
 
 # == the job's health: hangs, slow ranks, failures ===========================
 
-HANGS = "hangs"  # + /JOB-RESTART/: each rank's stacks (rank-R.txt) and the verdict (blame.json) of a hang
+HANGS = "hangs"  # + /JOB-RESTART/: each rank's stacks (rank-R.txt), its collectives (rank-R.flight.json) and the verdict (blame.json) of a hang
 STRAGGLERS = "stragglers.csv"  # a row per slow rank named (hpcyolo_trainer.run.stragglers)
 FAILURES = "failures.csv"  # a row per job start that failed on a rank or node (hpcyolo.node.job.end)
 STRAGGLER_COLUMNS = ("time", "job", "step", "rank", "host", "ms", "median_ms", "on")
@@ -354,8 +364,6 @@ FAILURE_COLUMNS = ("time", "job", "restart", "nodes", "ranks", "reason", "retrie
 
 INDEX = "index"  # + /SPLIT.npz: the dataset's index (dataindex.py), which every start of the run reads
 LEDGER = "ledger"  # JOB-RESTART.times (the batch script's stamps) and .json (the trainer's): ledger.py
-# JOB-RESTART.failure in LEDGER: the one submitit task that handles this start's failure (hpcyolo.node.job).
-FAILURE_CLAIM = ".failure"
 
 
 def ledger_file(run_dir: Path | str, job: str, restart: str, suffix: str) -> Path:

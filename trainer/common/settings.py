@@ -349,10 +349,14 @@ SETTINGS: tuple[Setting, ...] = (
     S("hang_factor", 10.0, float, "The hang watchdog: a step (or a validation, a checkpoint) taking more than this "
       "many times the median of its kind so far in the job ends the job (exit 79) with every rank's stacks in "
       "RUN/hangs/ and the rank that did not arrive named; a job's first steps, first validation and first "
-      "checkpoint are left to dist_timeout; 0: off.", False, "when a hung job is ended", check_non_negative,
+      "checkpoint have run.hang_cold instead; 0: off.", False, "when a hung job is ended", check_non_negative,
       key="run.hang_factor", flag="--hang-factor"),
     S("hang_min", 60.0, float, "The hang watchdog's floor: no step or phase is called hung before this many "
       "seconds.", False, "when a hung job is ended", check_positive, key="run.hang_min", flag="--hang-min"),
+    S("hang_cold", 300.0, float, "The hang watchdog's bound for what it has not timed yet in this job (its first "
+      "steps, first validation and first checkpoint; a validation counts from its latest batch): generous, as a "
+      "cold start compiles, warms caches and reads data for the first time; 0: those are left to dist_timeout.",
+      False, "when a hung job is ended", check_non_negative, key="run.hang_cold", flag="--hang-cold"),
     S("straggler_every", 50, int, "Every this many optimizer steps the ranks share their data wait and forward "
       "time (one all-gather of two numbers); 0: off.", False, "how often slow ranks are looked for",
       check_non_negative, key="run.straggler_every", flag="--straggler-every"),

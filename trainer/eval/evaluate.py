@@ -61,6 +61,7 @@ from ..model.rboxes import non_max_suppression_obb, xywhr2xyxyxyxy
 from ..model.pose import keypoint_sigmas
 from ..model.segment import predicted_masks
 from ..model.weights import Weights, as_weights, build_from
+from ..parallel.workers import loader_context
 from ..parallel.dist import Dist, gather_objects
 from .metrics import ConfusionMatrix, DetStats, OBBStats, SegStats, curves
 from .pose_metrics import PoseStats
@@ -366,8 +367,10 @@ def share_batches(d: Dist, batches, per_batch, *, workers: int = 0, worker_init=
     called after its last batch]) on rank 0, None on the others, INTERRUPTED
     on every rank where `interrupted()`, asked before each batch, said so."""
     mine = range(d.rank, len(batches), d.world_size)
-    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=min(workers, len(mine)),
-                        worker_init_fn=worker_init, collate_fn=as_is)
+    processes = min(workers, len(mine))  # a rank with no batch has no workers
+    loader = DataLoader(batches, batch_size=None, sampler=mine, num_workers=processes,
+                        worker_init_fn=worker_init, collate_fn=as_is,
+                        multiprocessing_context=loader_context(processes))
     results, stopped = [], False
     for k, batch in zip(mine, loader):
         if interrupted is not None and interrupted():

@@ -12,13 +12,14 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ..common.devices import device_for
 from ..common.rendezvous import init_process_group
-from . import forksafe
+from . import flight, workers
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,12 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device(device_for(local_rank, os.environ, gpus=torch.cuda.device_count()))
 
 
-def setup(timeout_s: int = 600) -> Dist:
-    forksafe.install()  # loader workers fork beside gloo's threads
+def setup(timeout_s: int = 600, loader_workers: int = 0, hangs: Path | None = None) -> Dist:
+    """This rank's process group (where several) and device; the loader
+    workers' server first where the run has loader workers; torch's flight
+    recorder on (parallel/flight.py: `hangs` is where NCCL's own timeout dumps it)."""
+    if loader_workers:
+        workers.start()  # before the process group's threads: loader workers fork from a server without them
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -60,6 +65,7 @@ def setup(timeout_s: int = 600) -> Dist:
     control = None
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        flight.enable(os.environ, backend, hangs)
         # Keyed by the job: a port clash is refused, never joined (hpcyolo_trainer.common.rendezvous).
         init_process_group(backend, timeout_s, device_id=device if device.type == "cuda" else None)
         if backend == "nccl":
@@ -133,22 +139,48 @@ def lost_peer_line(e: BaseException) -> str | None:
             f"collective failed ({first}); stopping")
 
 
-# What a failing GPU or interconnect says, in CUDA's and NCCL's words (never
-# an out-of-memory error: that is the model's size, the user's to change).
+# A failing GPU or interconnect, as torch raises it (never an out-of-memory
+# error: that is the model's size, the user's to change):
+# - CUDA: torch.AcceleratorError (c10's C10_CUDA_CHECK, torch 2.8 on) with
+#   the runtime's cudaError_t in `error_code`; these codes are the hardware's
+#   or the driver's (an illegal address or instruction is a kernel's bug, the
+#   code's): ECC uncorrectable (214), NVLink uncorrectable (220), launch
+#   failure (719, what a GPU that fell off the bus gives), devices
+#   unavailable (46), no device (100), system not ready (802), unknown (999);
+# - NCCL: torch.distributed.DistBackendError from ProcessGroupNCCL's
+#   C10D_NCCL_CHECK ("NCCL error in: FILE:LINE, " + ncclGetErrorString's words
+#   + ", NCCL version ..." + a detail line): a system error (a socket, a
+#   device) or an unhandled CUDA error;
+# - older torch, other paths: a RuntimeError whose text says so (CUDA's and
+#   NCCL's own words, below).
+_CUDA_FAULT_CODES = {214: "uncorrectable ECC error", 220: "uncorrectable NVLink error", 719: "launch failure",
+                     46: "devices unavailable", 100: "no CUDA device", 802: "system not ready", 999: "unknown error"}
+_NCCL_FAULT_SIGNS = ("unhandled system error", "unhandled cuda error", "ncclSystemError", "ncclUnhandledCudaError")
 _DEVICE_FAULT_SIGNS = ("uncorrectable ECC", "ECC error", "fallen off the bus", "GPU is lost",
-                       "CUDA error: unknown error", "unspecified launch failure", "unhandled system error",
-                       "unhandled cuda error", "ncclSystemError", "ncclUnhandledCudaError", "NVLink", "Xid")
+                       "CUDA error: unknown error", "unspecified launch failure", "NVLink", "Xid", *_NCCL_FAULT_SIGNS)
 
 
 def device_fault_line(e: BaseException) -> str | None:
     """One line for an error of this rank's own GPU or network (the node's
-    fault, retried without the node), or None for anything else."""
+    fault, retried without the node), or None for anything else: by the
+    exception's type and code where torch gives them, else by its words."""
     text = str(e)
-    if "out of memory" in text or not any(sign in text for sign in _DEVICE_FAULT_SIGNS):
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in text:
+        return None
+    accelerator = getattr(torch, "AcceleratorError", None)
+    code = getattr(e, "error_code", None) if accelerator is not None and isinstance(e, accelerator) else None
+    if code is not None:
+        fault = code in _CUDA_FAULT_CODES
+    elif isinstance(e, dist.DistBackendError) and text.startswith("NCCL error"):
+        fault = any(sign in text for sign in _NCCL_FAULT_SIGNS)
+    else:
+        fault = any(sign in text for sign in _DEVICE_FAULT_SIGNS)
+    if not fault:
         return None
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)[:200]
+    said = f"{type(e).__name__} {code} ({_CUDA_FAULT_CODES[code]})" if code is not None else type(e).__name__
     return (f"hpcyolo: rank {os.environ.get('RANK', '0')} on {socket.gethostname()}: its device or network failed "
-            f"({type(e).__name__}: {first}); stopping")
+            f"({said}: {first}); stopping")
 
 
 def gather_objects(d: Dist, obj):

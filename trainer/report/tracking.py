@@ -175,7 +175,14 @@ class _Wandb:
         self.wb.log({tag: wandb.Image(str(path))}, step=step)
 
     def close(self, finished: bool) -> list[str]:
+        import wandb
+
         self.wb.finish(exit_code=0 if finished else 1)
+        # finish() returns while wandb-core, a process of its own, may still be
+        # writing the run's file; a rank ends with os._exit (no W&B exit hook)
+        # and a Slurm step's end kills what is left: its last records were lost.
+        # teardown() waits for wandb-core to write everything and exit.
+        wandb.teardown()
         if self.mode != "offline":
             return []
         return [f"wandb: offline run {self.wb.id}; from a login node: wandb sync "

@@ -159,6 +159,20 @@ def _filled(obj, buffers: list[torch.Tensor]):
     return obj
 
 
+WRITER_THREAD = "checkpoint-writer"
+
+
+def finish_writes() -> None:
+    """Let a checkpoint write still in flight reach the disk: for a rank that
+    ends with os._exit (an error in a collective while the step's
+    checkpoint was being written), which would kill the thread half-way and
+    lose the newest checkpoint. What it cannot write in time (a node or a
+    store that stopped) is ended by srun's or the launcher's kill."""
+    for thread in threading.enumerate():
+        if thread.name == WRITER_THREAD:
+            thread.join()
+
+
 class Writer:
     """Checkpoints written in the background after a fast snapshot."""
 
@@ -181,7 +195,7 @@ class Writer:
         copy = Snapshot(state, steady, self._buffers)
         self._copied.clear()
         go = threading.Event()
-        self._thread = threading.Thread(target=self._write, args=(copy, folder, keep, go), name="checkpoint-writer")
+        self._thread = threading.Thread(target=self._write, args=(copy, folder, keep, go), name=WRITER_THREAD)
         self._thread.start()
         # The thread waits until save() is done with Python: started at once, its work held the GIL
         # the loop needed to come back from start() (a few ms on 2 busy cores).

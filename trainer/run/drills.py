@@ -11,7 +11,10 @@ environment variable (docs/architecture.md lists them with the others):
   itself SIGSTOP, as `kill -STOP PID` would;
 - HPCYOLO_DRILL_KILL=HOST:STEP: after optimizer step STEP every rank on HOST
   sends itself SIGKILL (a node lost); on other hosts nothing happens, so a
-  job retried without HOST runs through;
+  job retried without HOST runs through. Before it, every rank lets the
+  checkpoint writes of earlier steps reach the disk and waits for the others
+  (a node lost between two steps: which checkpoint the retry resumes from
+  is known, not a race with the background writer);
 - HPCYOLO_DRILL_FAULT=HOST:STEP: after optimizer step STEP every rank on
   HOST raises the error NCCL raises when its node's network fails
   (DistBackendError, "unhandled system error"), as a bad link or GPU would;
@@ -50,6 +53,7 @@ class Drills:
         self.stall = int(stall[1]) if stall and stall[0] == str(rank) else None
         self.freeze = int(freeze[1]) if freeze and freeze[0] == str(rank) else None
         self.kill = int(kill[1]) if kill and kill[0] == host else None
+        self.kill_step = int(kill[1]) if kill else None  # every rank settles its writes before the kill
         self.fault = int(fault[1]) if fault and fault[0] == host else None
         val_signal = env.get(VAL_SIGNAL_ENV)
         self.val_signal = int(val_signal) if val_signal else None
@@ -69,6 +73,8 @@ class Drills:
         if self.freeze is not None and step == self.freeze:
             print(f"drill: rank stopping itself (SIGSTOP) after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
+        if self.kill_step is not None and step == self.kill_step:
+            settle_writes()
         if self.kill is not None and step == self.kill:
             print(f"drill: killing this rank (SIGKILL) after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -85,6 +91,17 @@ class Drills:
             self.val_signal = None  # once
             print(f"drill: SIG{signal_name} to this rank before its validation batch {batch}", flush=True)
             os.kill(os.getpid(), getattr(signal, f"SIG{signal_name}"))
+
+
+def settle_writes() -> None:
+    """Every checkpoint write in flight on every rank reaches the disk."""
+    import torch.distributed as dist
+
+    from .checkpoint import finish_writes
+
+    finish_writes()
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def drill_stall(step: int) -> None:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..common import rundir
 from ..common.ledger import Ledger
+from ..common.preemption import LOCAL_RESTART_ENV, start_name
 from ..report.background import Background
 from ..report.tboard import StepLosses
 from ..report.tracking import Tracking
@@ -71,18 +72,19 @@ class SideTasks:
 def this_start() -> tuple[str, str]:
     """(job, restart) of this start of the job, as the batch script names its
     records (hpcyolo job end reads the hang verdict and the ledger by them)."""
-    return os.environ.get("SLURM_JOB_ID", "local"), os.environ.get("SLURM_RESTART_COUNT", "0")
+    restart = os.environ.get("SLURM_RESTART_COUNT", os.environ.get(LOCAL_RESTART_ENV, "0"))
+    return os.environ.get("SLURM_JOB_ID", "local"), start_name(restart, os.environ)
 
 
 def health(side: SideTasks, cfg, d, model, folder: Path, hosts: list[str]) -> None:
     """The hang watchdog, the slow-rank report and the drills, where set."""
     if cfg.hang_factor > 0:
         from ..common.rendezvous import side_store
-        from .watchdog import ANSWER_SECONDS
+        from .watchdog import STORE_SECONDS
 
-        store = functools.partial(side_store, ANSWER_SECONDS + 5) if d.distributed else None
+        store = functools.partial(side_store, STORE_SECONDS) if d.distributed else None
         side.watch = Watchdog(d.rank, hosts, rundir.hang_folder(folder, *this_start()), cfg.hang_factor,
-                              cfg.hang_min, store)
+                              cfg.hang_min, store, cold=cfg.hang_cold)
     if cfg.straggler_every > 0 and d.distributed:
         job, _ = this_start()
         side.stragglers = Stragglers(d, hosts, cfg.straggler_every, cfg.straggler_margin, record=lambda row: \

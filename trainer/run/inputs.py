@@ -27,6 +27,7 @@ from ..data import index as dataindex
 from ..data.dataset import collate, keep_freed_memory, load_data_spec
 from ..data.sampler import EvenShardSampler, RectBatchSampler, RunBatches, steps_per_epoch
 from ..parallel.dist import Dist, print0, warn0
+from ..parallel.workers import in_worker, loader_context
 from ..tasks.task import Task
 from ..tasks.task import load as load_task
 from .state import Position
@@ -227,15 +228,17 @@ def cache_folder(cfg: TrainConfig) -> Path:
 
 def train_loader(cfg: TrainConfig, d: Dist, data: Data, pos: Position) -> DataLoader:
     """One loader for the whole run, from `pos` on (sampler.RunBatches): its
-    workers start once, here, before the checkpoint thread ever writes (a
-    child forked amid another thread's lock can hang, and the job with it),
-    and prepare each epoch's first batches while the last one ends. (Only
+    workers start once, forked by the workers' server (parallel/workers.py:
+    never by this process, whose other threads' locks a child would
+    inherit), and prepare each epoch's first batches while the last one
+    ends. (Only
     a `time` plan that moves close_mosaic across batches already prepared
     makes a new one.)"""
     run_batches = RunBatches(data.sampler, data.batch_per_rank, pos.epoch, pos.batch * data.batch_per_rank,
                              None if cfg.time is not None else pos.epochs, mosaic_until=pos.epochs - cfg.close_mosaic)
     return DataLoader(data.train_set, batch_sampler=run_batches, num_workers=cfg.workers, collate_fn=collate,
                       pin_memory=d.device.type == "cuda",
+                      multiprocessing_context=loader_context(cfg.workers),
                       worker_init_fn=functools.partial(ignore_signals, (cfg.signal, "TERM")))
 
 
@@ -246,29 +249,15 @@ def stop_workers(batches) -> None:
     shutdown = getattr(batches, "_shutdown_workers", None)  # none without workers
     if shutdown is not None:
         shutdown()
-        settle_feeders()
-
-
-def settle_feeders(timeout: float = 5.0) -> None:
-    """Wait for the feeder threads of the queues a loader just closed to end
-    (multiprocessing's QueueFeederThread ends on its own, a moment after the
-    close), so that the next loader forks its workers beside as few
-    threads as possible. (A worker forked right after a loader was stopped
-    once hung in PyOS_AfterFork_Child; the cause found since is gloo's
-    threads and the runtime's lock: forksafe.) Called where the run's only
-    loader was stopped, so no feeder of a live queue is waited for."""
-    import threading
-
-    for thread in threading.enumerate():
-        if thread.name == "QueueFeederThread":
-            thread.join(timeout)
 
 
 def ignore_signals(names: tuple[str, ...], worker_id: int) -> None:
     """In data-loader workers: Slurm signals the whole process group, and a
     worker killed by the warning signal would crash the loader before the
     main process can checkpoint. Only the main process acts on it. Also
-    tunes the worker's malloc for image buffers (data.keep_freed_memory)."""
+    tunes the worker's malloc for image buffers (data.keep_freed_memory),
+    and ties the worker's life to its rank's (parallel/workers.in_worker)."""
+    in_worker()
     for name in names:
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
     keep_freed_memory()

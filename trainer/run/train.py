@@ -96,7 +96,7 @@ def main(cfg: TrainConfig, stop: StopFlag | None = None, prescan: Prescan | None
     check_installed(settings)  # a tracker asked for and not installed: one line, before anything runs
     ledger = Ledger()
     ledger.mark("rendezvous")
-    d = setup(cfg.dist_timeout)
+    d = setup(cfg.dist_timeout, cfg.workers, rundir.hang_folder(run, *this_start()))
     ledger.mark("setup")
     if d.is_main:
         ledger.path = rundir.ledger_file(run, *this_start(), ".json")

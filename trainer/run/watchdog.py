@@ -5,17 +5,20 @@ Each rank's training loop beats once per optimizer step, and says when it
 enters a validation or a checkpoint. A thread beside the loop compares the
 time since the last beat with a bound learnt from the run's own times: a
 multiple (run.hang_factor) of the median step, or of the median of the same
-phase earlier in this job, never below a floor (run.hang_min). Nothing is
-bounded before it was timed: the first steps of a job (until HANG_LEARN
-steps were timed), the first validation and the first checkpoint of a job
-fall back on the collectives' timeout; a preemption being handled is never
-bounded. A validation says it moves at each batch (`progress`): its bound
+phase earlier in this job, never below a floor (run.hang_min). What was not
+timed yet in this job (its first steps, until HANG_LEARN were timed, its
+first validation and first checkpoint; "start" is the loader's start and
+the first step) has a generous cold bound instead (run.hang_cold, 300 s; 0
+leaves them to the collectives' timeout); a preemption being handled, and
+the end, are never bounded. A validation says it moves at each batch (`progress`): its bound
 counts from its latest batch, so a slow one is not a hang.
 
 When a bound is passed, every rank that can still answer (its watchdog
 thread runs while its main thread waits in a collective, or in a drill's
 sleep) writes the Python stacks of all its threads to RUN/hangs/JOB-RESTART/
-rank-R.txt and says through the rendezvous store where its main thread is.
+rank-R.txt (and torch's flight recorder of its collectives to
+rank-R.flight.json) and says through the rendezvous store where its main
+thread is and its newest collective.
 The first rank to notice names, in one log line, the ranks that did not
 answer (a stopped process, a dead node) and those stuck outside a
 collective while the others wait in one; blame.json beside the stacks keeps
@@ -42,7 +45,8 @@ from ..common.preemption import HANG_EXIT_CODE
 
 HANG_LEARN = 5  # steps timed in this job before a step is bounded
 ANSWER_SECONDS = 10.0  # how long the first rank to notice waits for the others' answers
-UNBOUNDED = ("start", "stopping", "end")  # phases the watchdog never bounds
+STORE_SECONDS = ANSWER_SECONDS + 5  # each store operation's limit (a stopped rank 0 hosts the store)
+UNBOUNDED = ("stopping", "end")  # phases the watchdog never bounds
 
 
 class Watchdog:
@@ -51,9 +55,9 @@ class Watchdog:
     preemption; `close()` at the end."""
 
     def __init__(self, rank: int, hosts: list[str], folder: Path, factor: float, floor: float,
-                 store=None, tick: float | None = None):
+                 store=None, tick: float | None = None, cold: float = 0.0):
         self.rank, self.hosts, self.folder = rank, hosts, folder
-        self.factor, self.floor = factor, floor
+        self.factor, self.floor, self.cold = factor, floor, cold
         self.store = store  # a callable giving a store client (the rendezvous' store), or None for one rank
         self._lock = threading.Lock()
         self._phase, self._since, self._step, self._fresh = "start", time.monotonic(), 0, True
@@ -116,8 +120,10 @@ class Watchdog:
         with self._lock:
             phase = self._phase
             times = list(self._times.get(phase, ()))
-        if phase in UNBOUNDED or len(times) < (HANG_LEARN if phase == "train" else 1):
+        if phase in UNBOUNDED:
             return None
+        if _cold(phase, times):
+            return max(self.cold, self.floor) if self.cold else None
         return max(self.floor, self.factor * statistics.median(times))
 
     def _watch(self) -> None:
@@ -134,12 +140,15 @@ class Watchdog:
         thread is doing."""
         try:
             where, waiting = main_thread_place(self._main)
+            with self._lock:
+                cold = _cold(phase, self._times.get(phase, ()))
             me = {"rank": self.rank, "host": self.hosts[self.rank], "step": step, "phase": phase,
-                  "where": where, "waiting": waiting, "waited": round(waited, 1)}
+                  "where": where, "waiting": waiting, "waited": round(waited, 1), "cold": cold}
             self.folder.mkdir(parents=True, exist_ok=True)
             (self.folder / f"rank-{self.rank}.txt").write_text(
                 f"rank {self.rank} on {me['host']} (pid {os.getpid()}): no step for {waited:.1f} s in phase {phase} "
                 f"after step {step}; the bound was {bound:.1f} s\n\n{all_stacks()}")
+            me["collective"] = _flight(self.folder, self.rank)
             line = self._verdict(me, bound)
             if line:
                 print(line, flush=True)
@@ -206,6 +215,24 @@ class Watchdog:
         return line
 
 
+def _flight(folder: Path, rank: int) -> dict | None:
+    """This rank's flight recorder into the hang folder (parallel/flight.py);
+    its newest collective, or None where it could not be had."""
+    from ..parallel import flight
+
+    try:
+        return flight.dump(folder, rank)
+    except Exception as e:  # noqa: BLE001 - the stacks and the verdict matter more
+        print(f"hpcyolo: rank {rank}: torch's flight recorder could not be dumped ({e})", flush=True)
+        return None
+
+
+def _cold(phase: str, times) -> bool:
+    """Whether `phase` was not timed enough in this job for a bound of its own
+    (the start has none: it happens once)."""
+    return len(times) < (HANG_LEARN if phase in ("train", "start") else 1)
+
+
 class Off:
     """No watchdog (run.hang_factor 0): the same calls, doing nothing."""
 
@@ -228,9 +255,12 @@ class Off:
 
 def verdict(answers: dict[int, dict], hosts: list[str], me: dict, bound: float, folder: Path) -> tuple[str, dict]:
     """The log line and blame from every rank's answer (rank -> its place):
-    ranks that did not answer are to blame; else ranks stuck outside a
-    collective while others wait in one; else no single rank (every rank
-    alike: the code or the collective itself)."""
+    ranks that did not answer are to blame, with their nodes (a stopped
+    process, a dead node: the batch script retries the job without them);
+    else ranks stuck outside a collective while others wait in one (in
+    their loader, in code of their own: they answered, so their node works;
+    the run's failure, retried nowhere, no node blamed); else no single rank
+    (every rank alike: the code or the collective itself)."""
     missing = [r for r in range(len(hosts)) if r not in answers]
     stuck = [r for r, a in sorted(answers.items()) if not a["waiting"]]
     waiting = [r for r, a in sorted(answers.items()) if a["waiting"]]
@@ -242,6 +272,7 @@ def verdict(answers: dict[int, dict], hosts: list[str], me: dict, bound: float, 
         blamed, reason = stuck, "stuck outside a collective while the others wait"
         for r in stuck:
             parts.append(f"rank {r} on {hosts[r]} is stuck in {answers[r]['where']}")
+        parts.append("it answered, so its node works: the run's own failure (not retried without a node)")
     else:
         blamed, reason = [], "every rank alike: no single rank or node to blame"
     if waiting:
@@ -253,11 +284,18 @@ def verdict(answers: dict[int, dict], hosts: list[str], me: dict, bound: float, 
         parts.append(f"{_ranks(stuck, hosts)} {'is' if len(stuck) == 1 else 'are'} in {'; '.join(places)}")
     if not blamed:
         parts.append(reason)
+    from ..parallel.flight import words
+
+    collectives = words({r: a.get("collective") for r, a in answers.items()})
+    if collectives:
+        parts.append(collectives)
+    how = ("run.hang_cold: the first of its kind in this job" if me.get("cold") else
+           "run.hang_factor x the median, at least run.hang_min")
     line = (f"hpcyolo: hang: no step for {me['waited']} s in phase {me['phase']} after step {me['step']} (bound "
-            f"{bound:.1f} s, run.hang_factor x the median, at least run.hang_min); " + "; ".join(parts)
+            f"{bound:.1f} s, {how}); " + "; ".join(parts)
             + f"; stacks of {_ranks(sorted(answers), hosts, hosts_too=False)} in {folder}; ending the job "
               f"(exit {HANG_EXIT_CODE})")
-    nodes = sorted({hosts[r] for r in blamed})
+    nodes = sorted({hosts[r] for r in missing})  # only ranks that did not answer are their nodes' failure
     return line, {"ranks": blamed, "nodes": nodes, "reason": reason, "step": me["step"], "phase": me["phase"]}
 
 
