@@ -4,7 +4,8 @@
 #   bash scripts/setup.sh            # system packages (when root) + .venv
 #   bash scripts/setup.sh --no-system  # only the Python side
 #
-# System packages: Slurm and munge (the local test cluster, tests/testbed) and
+# System packages: Slurm, munge, slurmdbd and MariaDB (the local test cluster,
+# tests/testbed, with Slurm's accounting) and
 # the linter that the tests run on the rendered scripts (shellcheck). Python: a venv in
 # .venv with PyTorch's CPU build and hpcyolo in editable mode, with the dev and
 # export extras.
@@ -15,7 +16,9 @@ system=1
 [ "${1:-}" = "--no-system" ] && system=0
 
 if [ "$system" = 1 ]; then
-    packages=(slurmctld slurmd slurm-client munge shellcheck)
+    # The testbed's packages (tests/testbed/slurm_testbed.py APT_PACKAGES: Slurm,
+    # munge, slurmdbd and MariaDB for its accounting) and shellcheck.
+    packages=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server shellcheck)
     missing=()
     for p in "${packages[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
