@@ -111,3 +111,28 @@ def test_without_onnx_a_one_line_hint(tmp_path):
     assert r.stderr.strip().splitlines() == [f"hpcyolo: error: {HINT}"]
     assert "pip install 'hpcyolo[export]'" in HINT
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_nms_free_parity_takes_rows_whose_scores_tie_in_either_order_and_nothing_else():
+    """end2end_diff: onnxruntime 1.32 put two detections whose scores differ
+    by 1.7e-7 in the other order than torch, which relative_diff read as a
+    difference of 0.35 and refused the export."""
+    from hpcyolo_trainer.eval.export import end2end_diff
+
+    rng = np.random.default_rng(0)
+    want = np.concatenate([rng.uniform(0, 160, (1, 6, 4)), np.linspace(0.9, 0.4, 6)[None, :, None],
+                           rng.integers(0, 3, (1, 6, 1))], -1).astype(np.float32)
+    want[0, 3, 4] = want[0, 2, 4] - 1e-7  # rows 2 and 3 tie to rounding
+    swapped = want[:, [0, 1, 3, 2, 4, 5]]
+    assert relative_diff(swapped, want) > 0.1 and end2end_diff(swapped, want) < 1e-6
+    moved = want.copy()
+    moved[0, 1, 0] += 1.0  # a box 1 px off
+    assert end2end_diff(moved, want) == pytest.approx(1.0 / np.abs(want).max(), rel=1e-3)
+    other_at_cut = want.copy()
+    other_at_cut[0, 5, :4] += 50  # the last row, at the cut: either of two tied detections may be kept
+    assert end2end_diff(other_at_cut, want) < 1e-6
+    other_above = want.copy()
+    other_above[0, 4, :4] += 50  # not at the cut
+    assert end2end_diff(other_above, want) > 0.1
+    unsorted = want[:, [1, 0, 2, 3, 4, 5]]
+    assert end2end_diff(unsorted, want) == float("inf")

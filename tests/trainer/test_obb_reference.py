@@ -100,8 +100,8 @@ def test_predict_finds_ultralytics_oriented_boxes_by_their_corners(reference_set
 def test_yolo26_obb_nms_free_gives_ultralytics_nms_false_val_predict_and_onnx(reference_set, tmp_path):
     """--end2end (ultralytics' nms=False) on its yolo26n-obb: val within
     0.005 of its figures, predict finds its boxes, export writes output0
-    [B, 300, 7] within 1e-4 of torch."""
-    from hpcyolo_trainer.eval.export import relative_diff, run_onnx_outputs
+    [B, 300, 7] within 1e-4 of torch (rows whose scores tie to rounding in either order)."""
+    from hpcyolo_trainer.eval.export import end2end_diff, run_onnx_outputs
     from hpcyolo_trainer.model.weights import build_from, read_weights
 
     trained = REFERENCE / "yolo26n-obb"
@@ -125,7 +125,7 @@ def test_yolo26_obb_nms_free_gives_ultralytics_nms_false_val_predict_and_onnx(re
     out0, = run_onnx_outputs(str(onnx_file), x.numpy())
     with torch.no_grad():
         expected = build_from(read_weights(trained / "model.pt")).eval().predict(x, end2end=True)
-    assert out0.shape == (1, 300, 7) and relative_diff(out0, expected.numpy()) < 1e-4
+    assert out0.shape == (1, 300, 7) and end2end_diff(out0, expected.numpy()) < 1e-4
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import SHARED
 
-from hpcyolo_trainer.eval.export import export_onnx, relative_diff, run_onnx
+from hpcyolo_trainer.eval.export import end2end_diff, export_onnx, run_onnx
 from hpcyolo_trainer.model.weights import build_from, read_weights
 
 FIXTURES = SHARED / "fixtures" / "ultralytics"
@@ -57,12 +57,12 @@ def test_onnx_end2end_is_ultralytics_output_batch_1_and_dynamic_2(tmp_path):
     expected = torch.load(Y26 / "output_e2e.pt", weights_only=True).numpy()
     export_onnx(str(Y26 / "model.pt"), str(tmp_path / "fixed.onnx"), imgsz=160, end2end=True)
     one = run_onnx(str(tmp_path / "fixed.onnx"), x[:1].numpy())
-    assert one.shape == (1, 300, 6) and relative_diff(one, expected[:1]) <= PRECISION
+    assert one.shape == (1, 300, 6) and end2end_diff(one, expected[:1]) <= PRECISION
     export_onnx(str(Y26 / "model.pt"), str(tmp_path / "dynamic.onnx"), imgsz=160, dynamic=True, end2end=True)
     two = run_onnx(str(tmp_path / "dynamic.onnx"), x.numpy())
-    print(f"yolo26n end2end ONNX: batch 1 {relative_diff(one, expected[:1]):.2e}, "
-          f"dynamic batch 2 {relative_diff(two, expected):.2e}")
-    assert two.shape == (2, 300, 6) and relative_diff(two, expected) <= PRECISION
+    print(f"yolo26n end2end ONNX: batch 1 {end2end_diff(one, expected[:1]):.2e}, "
+          f"dynamic batch 2 {end2end_diff(two, expected):.2e}")
+    assert two.shape == (2, 300, 6) and end2end_diff(two, expected) <= PRECISION
 
 
 @pytest.mark.parametrize("command", ["val", "predict", "export"])
