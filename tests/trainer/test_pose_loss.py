@@ -148,8 +148,12 @@ def test_two_ranks_with_an_image_each_give_one_process_gradient(kind, tmp_path):
     assert heads[0][1][0].grad.abs().sum() > 0  # the keypoint terms reach the keypoint maps
     if kind == "yolo26":
         assert heads[0][2][0].grad.abs().sum() > 0  # and RLE the sigma maps
+        # The flow's gradient sums every keypoint's: where the two ranks' parts
+        # cancel (-36.8 and 16.7 for -10.08), float32 rounding of the parts
+        # (1e-7 of them) is the bound, not 1e-4 of the small sum.
         for p, a, b in zip(_flow(loss_fn).parameters(), ranks[0]["flow"], ranks[1]["flow"]):
-            assert torch.allclose((a + b) / 2, p.grad, rtol=1e-4, atol=1e-8)
+            bound = 1e-4 * p.grad.abs() + 1e-6 * (a.abs() + b.abs())
+            assert ((a + b) / 2 - p.grad).abs().le(bound).all(), ((a + b) / 2 - p.grad).abs().max()
 
 
 def flow_of(script, kpt_shape):
