@@ -45,10 +45,11 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # 78 CPU-seconds, went to the rest; at e79930b rest 1258 s, trainer 1361 s, Slurm
 # 1165 s, before test_segment.py went to the Slurm lane; at 7a75c86 rest 1248 s,
 # trainer 1513 s, Slurm 1349 s, before test_multiscale_rect.py, some 150 s, went to
-# the rest).
+# the rest; at 2f98e15 plus fixes, on a machine about 1.6 times slower, rest 2165 s, trainer 2431 s, Slurm 1987 s, before
+# test_resume.py, 4 ranks for 124 s, went to the Slurm lane).
 LANE_OF = {"test_time_budget.py": "rest", "test_watchdog.py": "rest", "test_train_coco8.py": "rest",
            "test_one_validation.py": "rest", "test_world_size.py": "rest", "test_multiscale_rect.py": "rest",
-           "test_val_rect.py": "slurm", "test_segment.py": "slurm"}
+           "test_val_rect.py": "slurm", "test_segment.py": "slurm", "test_resume.py": "slurm"}
 LANES = ("rest", "trainer", "slurm")
 
 
