@@ -86,15 +86,20 @@ def results(run: Path) -> list[dict[str, str]]:
 def tracked(data, tmp_path_factory) -> dict:
     """Per task, one two-rank run (global batch 4) with TensorBoard, MLflow
     and W&B on, 3 epochs, stopped by the preemption drill after the first
-    step of epoch 2 and resumed (conftest.requeued_offline)."""
-    out = {}
-    for task in TASKS:
-        run = tmp_path_factory.mktemp(f"tracked-{task}") / "run"
+    step of epoch 2 and resumed (conftest.requeued_offline). The tasks'
+    runs at once, each in a network namespace of its own: nothing in them
+    depends on time, and a lane's runs that wait (imports, the loggers'
+    start and end) leave the cores to the others."""
+    runs = {task: tmp_path_factory.mktemp(f"tracked-{task}") / "run" for task in TASKS}
+
+    def one(task):
         steps = TRAIN[task] // 4  # an epoch's optimizer steps
-        argv = train_argv(run, data[task], task, "--weights", str(START[task]), "--epochs", "3", "--seed", "3",
-                          "--close-mosaic", "1", "--mlflow", "local", "--wandb", f"shapes-{task}")
-        out[task] = requeued_offline(argv, steps + 1, run)
-    return out
+        argv = train_argv(runs[task], data[task], task, "--weights", str(START[task]), "--epochs", "3", "--seed",
+                          "3", "--close-mosaic", "1", "--mlflow", "local", "--wandb", f"shapes-{task}")
+        return requeued_offline(argv, steps + 1, runs[task])
+
+    with ThreadPoolExecutor(len(TASKS)) as pool:
+        return dict(zip(TASKS, pool.map(one, TASKS)))
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -154,17 +159,20 @@ PATIENCE_EPOCHS = {"segment": 8, "classify": 15, "obb": 8, "pose": 8}
 @pytest.fixture(scope="module")
 def patient(data, tmp_path_factory) -> dict:
     """Per task, one rank fine-tuning ultralytics' model with patience 2,
-    save_period 1 (an epochN.pt a epoch): (the run directory, its output)."""
-    out = {}
-    for task in TASKS:
-        run = tmp_path_factory.mktemp(f"patience-{task}") / "run"
-        r = subprocess.run(train_argv(run, data[task], task, "--weights", str(START[task]), "--epochs",
-                                      str(PATIENCE_EPOCHS[task]), "--patience", "2", "--save-period", "1", "--seed",
-                                      "0"),
-                           capture_output=True, text=True, env=env(), timeout=600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        out[task] = run, r.stdout
-    return out
+    save_period 1 (an epochN.pt a epoch): (the run directory, its output).
+    The tasks' runs at once (one thread each: nothing depends on time)."""
+    runs = {task: tmp_path_factory.mktemp(f"patience-{task}") / "run" for task in TASKS}
+
+    def one(task):
+        return subprocess.run(train_argv(runs[task], data[task], task, "--weights", str(START[task]), "--epochs",
+                                         str(PATIENCE_EPOCHS[task]), "--patience", "2", "--save-period", "1",
+                                         "--seed", "0"), capture_output=True, text=True, env=env(), timeout=600)
+
+    with ThreadPoolExecutor(len(TASKS)) as pool:
+        done = dict(zip(TASKS, pool.map(one, TASKS)))
+    for task, r in done.items():
+        assert r.returncode == 0, task + ": " + r.stdout[-3000:] + r.stderr[-3000:]
+    return {task: (runs[task], r.stdout) for task, r in done.items()}
 
 
 def fitness_of(task: str, row: dict[str, str]):
