@@ -1,7 +1,9 @@
 """Multi-scale and rectangular training on 3 and 4 gloo ranks, with a dataset
 whose size no world size divides and images of mixed aspect ratios: the ranks
-never hang, agree on every step's image shape, and a run stopped mid-epoch by
-the preemption path and resumed ends bit-identical to an uninterrupted one."""
+never hang, agree on every step's image shape, 3 ranks and 4 draw the same
+shapes (a global batch's shape does not depend on how it is split), and a run
+on 3 ranks stopped mid-epoch by the preemption path and resumed ends
+bit-identical to an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -62,24 +64,27 @@ def step_shapes(run: Path, world: int) -> list[list[str]]:
     return [(run.parent / f"{run.name}-shapes" / f"rank-{r}.txt").read_text().splitlines() for r in range(world)]
 
 
-@pytest.mark.parametrize("world", [3, 4])
-def test_multi_scale_rect_ranks_agree_and_resume_bit_identical(tmp_path, world):
+def test_multi_scale_rect_ranks_agree_and_resume_bit_identical(tmp_path):
     data = make_shapes(tmp_path / "shapes", n_train=26, n_val=7, imgsz=64, classes=3, seed=1)
     mixed_aspect(data)
-    assert train(tmp_path / "a", data, world) == 0
-    shapes = step_shapes(tmp_path / "a", world)
+    assert train(tmp_path / "a", data, 3) == 0
+    shapes = step_shapes(tmp_path / "a", 3)
     assert len(shapes[0]) == 3 * 3  # 3 epochs of ceil(26 / 12) steps
     assert all(rank == shapes[0] for rank in shapes), "ranks trained on different image shapes"
     sizes = {tuple(line.split()[2:]) for line in shapes[0]}
     assert len({h for h, _ in sizes}) > 1  # multi-scale drew several sizes
     assert any(h != w for h, w in sizes)  # rectangular batches
 
+    # 4 ranks split each global batch differently (26 = 4 * 6 + 2): the same shapes, step for step.
+    assert train(tmp_path / "four", data, 4) == 0
+    assert all(rank == shapes[0] for rank in step_shapes(tmp_path / "four", 4)), "4 ranks drew other shapes than 3"
+
     # Stopped by the preemption path after step 4 (epoch 2, batch 1), then resumed.
-    assert train(tmp_path / "b", data, world, {DRILL_ENV: "4"}) == EXIT_CODE
+    assert train(tmp_path / "b", data, 3, {DRILL_ENV: "4"}) == EXIT_CODE
     stopped = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
     assert (stopped["epoch"], stopped["batch"], stopped["global_step"]) == (1, 1, 4)
-    assert train(tmp_path / "b", data, world) == 0
-    assert step_shapes(tmp_path / "b", world) == shapes
+    assert train(tmp_path / "b", data, 3) == 0
+    assert step_shapes(tmp_path / "b", 3) == shapes
 
     a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
     b = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
