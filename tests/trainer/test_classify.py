@@ -312,6 +312,11 @@ def test_val_of_ultralytics_classifier_gives_its_top1_top5_and_val_loss_on_one_r
     assert ours["top5"] == pytest.approx(reference["top5"], abs=1e-6)
     assert ours["loss"] == pytest.approx(reference["val_loss"], rel=1e-4)
     assert reference["top1"] > 0.5  # a classifier that learned the set (chance: 1/6)
+    if name != CLASSIFIERS[0]:
+        # Two ranks (evaluate.share_batches: every rank a share of the batches, rank 0 merging their stats in batch
+        # order) is the task's path, not the model family's: the first model's two-rank launch shows it, the
+        # second family's repeated it at a launch's cost.
+        return
     capfd.readouterr()
     assert launch(args, 2, env=env()) == 0
     out = capfd.readouterr().out.strip().splitlines()

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_runs import obb_run
 from test_yolo26_train import env
 
 from hpcyolo.login.shapes import make_shapes
@@ -37,10 +38,17 @@ def train(data: Path, run: Path, model: str, epochs: int) -> subprocess.Complete
 
 
 @pytest.mark.parametrize("model, epochs", [("yolo11n", 2), ("yolo26n", 1)])
-def test_an_obb_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, model, epochs):
-    r = train(tiny_set, tmp_path / "run", model, epochs)
-    assert r.returncode == 0, r.stderr
-    run = tmp_path / "run"
+def test_an_obb_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, tmp_path_factory, model, epochs):
+    """yolo11n: the uninterrupted run of test_obb_reference.py's resume test
+    (shared_runs.obb_run: 2 ranks, 2 epochs, 64 px), which this test's own
+    run (one rank, 96 px) repeated for the same columns, plots and weights;
+    yolo26n: a run of its own (1 rank, 1 epoch, 96 px)."""
+    if model == "yolo11n":
+        run = obb_run(tmp_path_factory).run
+    else:
+        r = train(tiny_set, tmp_path / "run", model, epochs)
+        assert r.returncode == 0, r.stderr
+        run = tmp_path / "run"
     header, *rows = [line.split(",") for line in (run / "results.csv").read_text().splitlines()]
     theirs = json.loads((REFERENCE / f"{model}-obb" / "val.json").read_text())["columns"]
     assert header[:len(theirs)] == theirs  # ultralytics' names and order; hpcyolo's speed columns after

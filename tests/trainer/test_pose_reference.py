@@ -47,6 +47,11 @@ def test_val_of_ultralytics_pose_model_gives_its_figures_on_one_rank_and_two(ref
     close(ours, reference)
     plots = {p.name for p in (tmp_path / "plots").iterdir()}
     assert {"BoxPR_curve.png", "PosePR_curve.png", "val_batch0_labels.jpg", "val_batch0_pred.jpg"} <= plots
+    if name != MODELS[0]:
+        # Two ranks (evaluate.share_batches: every rank a share of the batches, rank 0 merging their stats in batch
+        # order) is the task's path, not the model family's: the first model's two-rank launch shows it, the
+        # second family's repeated it at a launch's cost.
+        return
     capfd.readouterr()
     assert launch(args, 2, env=env()) == 0
     out = capfd.readouterr().out.strip().splitlines()

@@ -17,12 +17,13 @@ import math
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+from shared_runs import stopped_and_resumed_like, two_ranks
 from test_obb_train import refused_in_one_line
-from test_segment import stopped_and_resumed
-from test_yolo26_train import env
+from test_yolo26_train import argv, env
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo_trainer.model.weights import read_weights
@@ -43,13 +44,39 @@ def train(data: Path, run: Path, model: str, epochs: int, *more: str) -> subproc
                            *more], capture_output=True, text=True, env=env())
 
 
+# The resume test's runs: 16 images, 2 ranks x 2: 4 steps an epoch; two loader workers a rank; mosaic, a rotating
+# warp, flips by flip_idx, mixup and CutMix move the keypoints.
+RESUME_ARGS = ["--task", "pose", "--model", "yolo11n", "--epochs", "2", "--close-mosaic", "1", "--workers", "2",
+               "--degrees", "10", "--mixup", "0.5", "--cutmix", "0.5"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> types.SimpleNamespace:
+    """The resume test's uninterrupted run (RESUME_ARGS, 2 ranks): data, run
+    (its directory), out (its output). Also the yolo11n run of
+    test_a_pose_run_trains_and_logs_ultralytics_columns, which trained one
+    of its own (one rank, 96 px) for the same columns, plots and reads."""
+    tmp = tmp_path_factory.mktemp("pose-run")
+    data = make_shapes(tmp / "shapes", n_train=16, n_val=4, imgsz=64, task="pose", seed=1)
+    r = two_ranks(argv(tmp / "a", data, *RESUME_ARGS))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return types.SimpleNamespace(data=data, run=tmp / "a", out=r.stdout)
+
+
 @pytest.mark.parametrize("model, epochs, losses", [
     ("yolo11n", 2, ["box_loss", "pose_loss", "kobj_loss", "cls_loss", "dfl_loss"]),
     ("yolo26n", 1, ["box_loss", "pose_loss", "kobj_loss", "cls_loss", "l1_loss", "rle_loss"])])
-def test_a_pose_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, model, epochs, losses):
-    run = tmp_path / "run"
-    r = train(tiny_set, run, model, epochs)
-    assert r.returncode == 0, r.stderr
+def test_a_pose_run_trains_and_logs_ultralytics_columns(request, tiny_set, tmp_path, model, epochs, losses):
+    """yolo11n: the resume test's uninterrupted run (2 ranks, 2 epochs, 64 px);
+    yolo26n: a run of its own (1 rank, 1 epoch, 96 px)."""
+    if model == "yolo11n":
+        shared = request.getfixturevalue("uninterrupted")
+        run, data, stdout = shared.run, shared.data, shared.out
+    else:
+        run, data = tmp_path / "run", tiny_set
+        r = train(data, run, model, epochs)
+        assert r.returncode == 0, r.stderr
+        stdout = r.stdout
     header, *rows = list(csv.reader((run / "results.csv").open()))
     want = ["epoch", "time", *(f"train/{k}" for k in losses), *METRICS, *(f"val/{k}" for k in losses),
             "lr/pg0", "lr/pg1", "lr/pg2"]
@@ -62,16 +89,16 @@ def test_a_pose_run_trains_and_logs_ultralytics_columns(tiny_set, tmp_path, mode
         assert all(math.isfinite(float(figures[c])) for c in want[1:])
         assert all(float(figures[f"train/{k}"]) > 0 for k in losses)
         assert all(0 <= float(figures[c]) <= 1 for c in METRICS)
-    line = next(text for text in r.stdout.splitlines() if text.startswith(f"epoch {epochs}/{epochs}: loss"))
+    line = next(text for text in stdout.splitlines() if text.startswith(f"epoch {epochs}/{epochs}: loss"))
     assert "; pose P " in line and " kobj " in line
-    assert "\nkeypoints\n" in r.stdout  # the per-class tables: the boxes', then the keypoints'
+    assert "\nkeypoints\n" in stdout  # the per-class tables: the boxes', then the keypoints'
     drawn = {p.name for p in run.iterdir()}
     assert {"train_batch0.jpg", "labels.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg", "val_pred_0.jpg",
             "BoxPR_curve.png", "PosePR_curve.png", "confusion_matrix.png", "results.png"} <= drawn
     weights = read_weights(run / "weights" / "last.pt")
     assert (weights.task, weights.arch, weights.nc, weights.kpt_shape) == ("pose", model, 4, (4, 3))
     # hpcyolo val of last.pt: results.csv's last row (the EMA weights it holds, validated alike)
-    v = subprocess.run([HPCYOLO, "val", str(run / "weights" / "last.pt"), "--data", str(tiny_set), "--json",
+    v = subprocess.run([HPCYOLO, "val", str(run / "weights" / "last.pt"), "--data", str(data), "--json",
                         "--batch", "16"], capture_output=True, text=True, env=env())
     assert v.returncode == 0, v.stderr
     result, last = json.loads(v.stdout), dict(zip(header, rows[-1]))
@@ -125,17 +152,14 @@ def test_a_bad_data_yaml_stops_the_run_in_one_line_naming_its_key(tiny_set, tmp_
     assert f"{data}: {said}" in errors[0]
 
 
-def test_a_pose_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tmp_path, capfd):
+def test_a_pose_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(uninterrupted, tmp_path):
     """16 images, 2 ranks x 2: 4 steps an epoch; held after step 5 (epoch 2,
     the last: close_mosaic's), stopped by SIGUSR2, resumed; two loader
     workers a rank; mosaic, a rotating warp, flips by flip_idx, mixup and
     CutMix move the keypoints: model, EMA, optimizer and results.csv the
-    same as an uninterrupted run's."""
-    data = make_shapes(tmp_path / "shapes", n_train=16, n_val=4, imgsz=64, task="pose", seed=1)
-    args = ["--task", "pose", "--model", "yolo11n", "--epochs", "2", "--close-mosaic", "1", "--workers", "2",
-            "--degrees", "10", "--mixup", "0.5", "--cutmix", "0.5"]
+    same as the uninterrupted run's."""
     # epoch, losses, box and keypoint figures, val losses, lrs
-    rows = stopped_and_resumed(tmp_path, capfd, data, args, 21)
+    rows = stopped_and_resumed_like(uninterrupted.run, uninterrupted.data, RESUME_ARGS, tmp_path / "b", 21)
     assert rows[0][1:6] == ["train/box_loss", "train/pose_loss", "train/kobj_loss", "train/cls_loss",
                             "train/dfl_loss"]
     assert rows[0][6:14] == METRICS

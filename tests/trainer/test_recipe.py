@@ -269,7 +269,7 @@ def test_single_cls_trains_and_validates_one_class_named_item(tmp_path, shapes):
     import subprocess
 
     r = subprocess.run([HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(shapes), "--epochs", "1",
-                        "--batch", "4", "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0",
+                        "--batch", "4", "--nbs", "4", "--imgsz", "64", "--weights", str(V8), "--workers", "0",
                         "--optimizer", "sgd", "--lr0", "0", "--single-cls"], capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
@@ -309,12 +309,14 @@ def test_a_recipe_run_stopped_mid_epoch_resumes_bit_identical(tmp_path, shapes, 
 
     from test_copy_paste import as_outlines
 
-    outlined = make_shapes(tmp_path / "outlined", n_train=8, n_val=8, imgsz=160, classes=4, seed=2)
+    # 64 px: what is compared (the state and results.csv, bit for bit) and the steps the plan counts do not
+    # depend on the size; each of the three two-rank launches trains and validates at a sixth of 160 px's cost.
+    outlined = make_shapes(tmp_path / "outlined", n_train=8, n_val=8, imgsz=64, classes=4, seed=2)
     as_outlines(outlined)
 
     def argv(run: Path) -> list[str]:
         return [HPCYOLO, "train", "--run-dir", str(run), "--data", str(outlined), "--epochs", "3", "--batch", "4",
-                "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "2", "--close-mosaic", "1",
+                "--nbs", "4", "--imgsz", "64", "--weights", str(V8), "--workers", "2", "--close-mosaic", "1",
                 "--mixup", "0.5", "--perspective", "0.0005", "--flipud", "0.3", "--bgr", "0.2", "--degrees", "5",
                 "--shear", "2", "--freeze", "5", "--fraction", "0.75", "--cos-lr", "--cutmix", "0.3",
                 "--copy-paste", "0.5", "--copy-paste-mode", "mixup", "--time", "0.02"]
@@ -372,8 +374,8 @@ def test_classes_trains_and_validates_on_those_classes_boxes_only(tmp_path, shap
         load_data(TrainConfig(run_dir=str(tmp_path / "r"), data=str(shapes), batch=4, imgsz=160, classes=(0, 7)), d)
 
     argv = [HPCYOLO, "train", "--run-dir", str(tmp_path / "run"), "--data", str(shapes), "--epochs", "1", "--batch",
-            "4", "--nbs", "4", "--imgsz", "160", "--weights", str(V8), "--workers", "0"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            "4", "--nbs", "4", "--imgsz", "64", "--weights", str(V8), "--workers", "0"]  # 64 px: what it asserts
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # (classes, images, settings, the same-run rule) is size-free
     bad = subprocess.run(argv + ["--classes", "0,x"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and not (tmp_path / "run").exists()
     assert bad.stderr.strip().splitlines() == ["hpcyolo: error: --classes: must be class ids separated by commas "

@@ -3,6 +3,7 @@ hpcyolo weights) on every rank; a run's own checkpoint wins on resume."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -89,31 +90,35 @@ def test_two_ranks_fine_tune_ultralytics_weights_to_other_classes(tmp_path, shap
 
 
 FRESH_INIT = """
-import hashlib, sys, torch
+import hashlib, json, sys, torch
 from hpcyolo_trainer.run.setup import initial_model
 from hpcyolo_trainer.model.weights import read_weights
-rank, seed = int(sys.argv[1]), int(sys.argv[2])
-torch.manual_seed(seed + rank)  # as the trainer seeds each rank's data RNG: different per rank
-torch.rand(100 + rank)
-model, line = initial_model("yolov8n", 3, seed, read_weights(sys.argv[3]))
-h = hashlib.sha256()
-for k, v in model.state_dict().items():
-    h.update(k.encode()); h.update(v.numpy().tobytes())
-print(h.hexdigest())
+weights = read_weights(sys.argv[2])
+for rank, seed in json.loads(sys.argv[1]):
+    torch.manual_seed(seed + rank)  # as the trainer seeds each rank's data RNG: different per rank
+    torch.rand(100 + rank)
+    model, line = initial_model("yolov8n", 3, seed, weights)
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode()); h.update(v.numpy().tobytes())
+    print(h.hexdigest())
 """
 
 
 def test_new_class_convs_are_the_same_on_every_rank_without_a_broadcast():
     """initial_model is what each rank runs before DDP exists (DDP's initial
-    broadcast would hide a difference): per-rank RNG state must not matter."""
-    def digest(rank: int, seed: int) -> str:
-        r = subprocess.run(["nice", "-n", "19", sys.executable, "-c", FRESH_INIT, str(rank), str(seed), str(V8)],
-                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert r.returncode == 0, r.stderr
-        return r.stdout.strip()
-
-    assert digest(0, 0) == digest(1, 0)
-    assert digest(0, 1) != digest(0, 0)  # the seed does set the new convs
+    broadcast would hide a difference): per-rank RNG state must not matter.
+    The three starts (rank 0 and 1 of seed 0, rank 0 of seed 1) one after
+    the other in one process, each after its own RNG state: one torch import
+    instead of three (each start set the global RNG as its rank would)."""
+    starts = [(0, 0), (1, 0), (0, 1)]
+    r = subprocess.run(["nice", "-n", "19", sys.executable, "-c", FRESH_INIT, json.dumps(starts), str(V8)],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    digest = dict(zip(starts, r.stdout.split()))
+    assert len(digest) == 3 and all(len(d) == 64 for d in digest.values()), r.stdout
+    assert digest[0, 0] == digest[1, 0]
+    assert digest[0, 1] != digest[0, 0]  # the seed does set the new convs
 
 
 def test_preempted_fine_tuning_resumes_from_its_checkpoint_bit_identical(tmp_path, shapes3, capfd):

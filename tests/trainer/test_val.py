@@ -51,29 +51,41 @@ def test_val_matches_ultralytics_on_the_fixture(name):
     assert sum(c["instances"] for c in result["classes"]) == result["instances"] > 0
 
 
-def test_val_loader_workers_give_the_same_figures_as_loading_in_process():
+def v8_args() -> list[str]:
+    """yolov8n-shapes at 160 px in batches of 8 (5 batches of its 40 images)."""
+    folder = FIXTURES / "yolov8n-shapes"
+    return [str(folder / "model.pt"), "--data", str(folder / "data.yaml"), "--imgsz", "160", "--batch", "8"]
+
+
+@pytest.fixture(scope="module")
+def inline() -> dict:
+    """`hpcyolo val --json --workers 0` (the images read in the process) of
+    v8_args: one rank's figures, for the two tests below (each ran it)."""
+    r = val(*v8_args(), "--json", "--workers", "0")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_val_loader_workers_give_the_same_figures_as_loading_in_process(inline):
     """--workers 2 (loader processes, as ultralytics' val reads images) and
     --workers 0 (in the process) measure the same."""
-    folder = FIXTURES / "yolov8n-shapes"
-    args = (str(folder / "model.pt"), "--data", str(folder / "data.yaml"), "--imgsz", "160", "--batch", "8", "--json")
-    runs = [val(*args, "--workers", n) for n in ("0", "2")]
-    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
-    inline, workers = (json.loads(r.stdout) for r in runs)
-    assert inline == workers and inline["images"] == 40
+    r = val(*v8_args(), "--json", "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert inline == json.loads(r.stdout) and inline["images"] == 40
 
 
-def test_val_table_and_two_ranks_agree_with_one(tmp_path, capfd):
+def test_val_table_and_two_ranks_agree_with_one(tmp_path, capfd, inline):
     folder = FIXTURES / "yolov8n-shapes"
     if not (folder / "model.pt").is_file():
         pytest.skip(f"no reference fixture {folder}")
-    args = [str(folder / "model.pt"), "--data", str(folder / "data.yaml"), "--imgsz", "160", "--batch", "8"]
+    args = v8_args()
     table = val(*args)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[1].split() == ["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"]
     assert [line.split()[0] for line in lines[2:]] == ["all", "circle", "square", "triangle", "cross"]
 
-    one = json.loads(val(*args, "--json").stdout)
+    one = inline  # one rank's JSON figures (read in the process; the test above: loader workers measure the same)
     capfd.readouterr()
     # 5 batches of 8 over 2 ranks: rank 0 takes 3, rank 1 takes 2.
     assert launch([HPCYOLO, "val", *args, "--json"], 2, env=ENV) == 0
