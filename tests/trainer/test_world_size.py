@@ -2,7 +2,7 @@
 depend on how the batch is split over ranks.
 
 Real gloo process groups (the trainer's own dist.setup), ultralytics' own
-yolov8n checkpoint read by our loader, its 160 px images, and the trainer's
+yolov8n checkpoint read by our loader, its 160 px images (at imgsz 96), and the trainer's
 own pieces for everything between the batch and the new weights: the model
 as the trainer places it, the loss, DDP's reduction, accumulation to nbs,
 the weight-decay scaling, the warm-up and schedule, clipping and the SGD
@@ -25,6 +25,7 @@ the global batch (ClassificationLoss).
 from __future__ import annotations
 
 import os
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,9 @@ OBB_WEIGHTS = {name: SEGMENT_WEIGHTS[SEGMENT].parent.parent / model / "model.pt"
 OBB_DATA = "HPCYOLO_TEST_OBB_DATA"
 # Likewise ultralytics' yolo11n-pose and yolo26n-pose, on the keypoints `steps` writes (POSE_DATA). yolo26n-pose in
 # float64, as the classifier: in float32 one rank's step and two ranks' differed by 1.4e-5 (relative; the largest
-# gaps in stage 5's BatchNorm biases, 5 x 5 maps whose gradients cancel, reordered by the ranks' split; 1.8e-6 with
-# BatchNorm frozen), in float64 by 3.1e-8 (the loss's own float32 terms): rounding, not the world size's scaling.
+# gaps in stage 5's BatchNorm biases, 5 x 5 maps at imgsz 160 whose gradients cancel, reordered by the ranks' split;
+# 1.8e-6 with BatchNorm frozen), in float64 by 3.1e-8 (the loss's own float32 terms): rounding, not the world size's
+# scaling.
 POSE, POSE26 = "yolo11n-pose-shapes", "yolo26n-pose-shapes"
 POSE_WEIGHTS = {name: SEGMENT_WEIGHTS[SEGMENT].parent.parent / model / "model.pt"
                 for name, model in ((POSE, "yolo11n-pose"), (POSE26, "yolo26n-pose"))}
@@ -64,13 +66,16 @@ CASES = [("yolov8n-shapes", bn, clip) for bn in ("frozen", "train") for clip in 
         [("yolo26n-shapes", "train", 10.0), (SEGMENT, "train", 10.0), (SEGMENT26, "train", 10.0),
          (OBB, "train", 10.0), (OBB26, "train", 10.0), (POSE, "train", 10.0), (POSE26, "train", 10.0),
          (CLASSIFY, "train", 0.0)]
-GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 160  # accumulate 2: one optimizer step sees 16 images
+GLOBAL_BATCH, NBS, IMGSZ = 8, 16, 96  # accumulate 2: one optimizer step sees 16 images
+# imgsz 96, not 160: nothing in the split depends on the size, and the ranks' CPU time is a tenth lower; the
+# largest update gap (yolo26n-obb, 4 ranks) was 8.5e-6 relative at 96 against 7.9e-6 (2 ranks) at 160.
 STEP = 5  # an optimizer step at batch 5, inside the warm-up (18 batches here): warm-up LR and momentum apply
 
 
 def _steps(rank: int, world: int, port: int, out: str) -> None:
     """Rank `rank` of `world`: for each of CASES, one optimizer step from the
-    same weights on its share of two global batches."""
+    same weights on its share of two global batches (the cases that differ
+    only in clip_norm share the model and its gradients: _one_step)."""
     from hpcyolo_trainer.parallel.dist import cleanup, setup
     from hpcyolo_trainer.common.rendezvous import JOB_ENV
     from hpcyolo_trainer.run.setup import loader_workers, say_ranks
@@ -79,7 +84,11 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), **{JOB_ENV: f"world-{world}"})
     torch.set_num_threads(1)
     d = setup(60)
-    results = {case: _one_step(d, *case) for case in CASES}
+    results = {}
+    for fixture, batchnorm in dict.fromkeys(case[:2] for case in CASES):
+        clips = [c for f, b, c in CASES if (f, b) == (fixture, batchnorm)]
+        results.update({(fixture, batchnorm, clip): record
+                        for clip, record in zip(clips, _one_step(d, fixture, batchnorm, clips))})
     everyone = say_ranks(d)
     results["layout"] = [(*r[:6], tuple(sorted(r[-1]))) for r in everyone]  # torch.load takes no frozenset
     results["workers"] = loader_workers(64, d, everyone)
@@ -88,7 +97,11 @@ def _steps(rank: int, world: int, port: int, out: str) -> None:
     cleanup()
 
 
-def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
+def _one_step(d, fixture: str, batchnorm: str, clips: list[float]) -> list[dict]:
+    """One record per clip_norm in `clips`: the model read, placed and run
+    forward and backward once (nothing before the optimizer step depends on
+    clip_norm), then each optimizer step from the same weights and the same
+    summed gradients, with an optimizer of its own."""
     from hpcyolo_trainer.data.dataset import AugmentHyp, YoloDataset, collate, load_data_spec
     from hpcyolo_trainer.optim.ema import ModelEMA
     from hpcyolo_trainer.common.settings import TrainConfig
@@ -103,7 +116,7 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
     data = os.environ[SEGMENT_DATA] if segment else os.environ[OBB_DATA] if obb else os.environ[POSE_DATA] if pose \
         else os.environ[CLASSIFY_DATA] if fixture == CLASSIFY else str(FIXTURES / fixture / "data.yaml")
     cfg = TrainConfig(run_dir="unused", data=data, batch=GLOBAL_BATCH, nbs=NBS, task=task.name,
-                      imgsz=IMGSZ, clip_norm=clip, epochs=10, optimizer="sgd")
+                      imgsz=IMGSZ, clip_norm=clips[0], epochs=10, optimizer="sgd")
     spec = load_data_spec(cfg.data)
     task = task.with_data(spec)  # pose: the data YAML's kpt_shape in the model, the dataset and the loss
     if fixture == CLASSIFY:
@@ -139,22 +152,56 @@ def _one_step(d, fixture: str, batchnorm: str, clip: float) -> dict:
         items.append(forward_backward(net, loss_fn, imgs.to(dtype) / 255, targets, False, torch.float32, scaler,
                                       reduce=k == accumulate - 1))
     assert STEP < schedule.warmup_batches
-    schedule.apply(optimizer, STEP)
-    norm = optimizer_step(model, optimizer, scaler, ModelEMA(model), clip)
     mean_items = torch.stack(items).mean(0)
     if d.distributed:
         torch.distributed.all_reduce(mean_items)
         mean_items /= world
-    after = {k: p.detach().clone() for k, p in model.named_parameters()}
-    return {"after": after, "delta": {k: p - before[k] for k, p in after.items()},
-            "buffers": {k: b.detach().clone() for k, b in model.named_buffers()},
-            "norm": None if norm is None else float(norm), "items": mean_items}
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    records = []
+    for n, clip in enumerate(clips):
+        if n:  # the next clip_norm: back to the weights and gradients before the step, a fresh optimizer
+            with torch.no_grad():
+                for k, p in model.named_parameters():
+                    p.copy_(before[k])
+                    p.grad = grads[k].clone() if k in grads else None
+            optimizer, schedule, _ = build_optimization(cfg, model, len(dataset) // GLOBAL_BATCH)
+        schedule.apply(optimizer, STEP)
+        norm = optimizer_step(model, optimizer, scaler, ModelEMA(model), clip)
+        after = {k: p.detach().clone() for k, p in model.named_parameters()}
+        records.append({"after": after, "delta": {k: p - before[k] for k, p in after.items()},
+                        "buffers": {k: b.detach().clone() for k, b in model.named_buffers()},
+                        "norm": None if norm is None else float(norm), "items": mean_items})
+    return records
+
+
+# What the ranks import, once, in the server they fork from (start): a fresh interpreter per rank spent about a
+# CPU-second importing them.
+PRELOAD = [__name__, "hpcyolo_trainer.parallel.dist", "hpcyolo_trainer.parallel.syncbn", "hpcyolo_trainer.run.setup",
+           "hpcyolo_trainer.run.step", "hpcyolo_trainer.data.dataset", "hpcyolo_trainer.data.classify",
+           "hpcyolo_trainer.model.weights", "hpcyolo_trainer.tasks.task", "hpcyolo_trainer.optim.ema"]
+
+
+def start(fn, args: tuple, nprocs: int) -> None:
+    """mp.spawn(fn, args, nprocs), each process forked from multiprocessing's
+    fork server (a fresh process that imported PRELOAD and nothing else: no
+    thread of this one's, no process group) instead of a fresh interpreter."""
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fork_server_down():
+    """The fork server (start) ends with this module's tests, not with the session: its imports hold memory."""
+    yield
+    stop = getattr(forkserver._forkserver, "_stop", None)  # a later user starts another
+    if stop is not None:
+        stop()
 
 
 def steps_of(world: int, tmp_path: Path) -> dict:
     """{case: the step's record} of rank 0 of `world` ranks."""
     out = str(tmp_path / f"steps-{world}.pt")
-    mp.spawn(_steps, args=(world, free_port(), out), nprocs=world, join=True)
+    start(_steps, (world, free_port(), out), world)
     return torch.load(out)
 
 
@@ -243,31 +290,54 @@ def _affine(bn: torch.nn.BatchNorm2d) -> torch.nn.BatchNorm2d:
     return bn
 
 
-def _uneven_batchnorm(rank: int, world: int, port: int, out: str, bounds: list[int]) -> None:
-    """Rank `rank` normalises images bounds[rank]:bounds[rank + 1] of one global
-    batch with CrossRankBatchNorm2d; saves its output, input gradient and buffers."""
+# Ranks with uneven shares of one global batch of 6, one with none: {test id: each rank's first image, and the end}.
+SPLITS = {"2+4": [0, 2, 6], "6+0": [0, 6, 6], "1+0+5": [0, 1, 1, 6]}
+
+
+def _uneven_batchnorm(rank: int, world: int, ports: list[int], out: str) -> None:
+    """For each of SPLITS with a rank `rank`: that rank normalises images
+    bounds[rank]:bounds[rank + 1] of one global batch with
+    CrossRankBatchNorm2d, in a process group of the split's own; saves its
+    output, input gradient and buffers."""
     import torch.distributed as dist
 
     from hpcyolo_trainer.parallel.syncbn import CrossRankBatchNorm2d
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    x_all, w_all = _global_batch()
-    bn = _affine(CrossRankBatchNorm2d(3))
-    x = x_all[bounds[rank]:bounds[rank + 1]].clone().requires_grad_()
-    y = bn(x)
-    (y * w_all[bounds[rank]:bounds[rank + 1]]).sum().backward()
-    torch.save({"y": y.detach(), "grad": x.grad, "mean": bn.running_mean, "var": bn.running_var},
-               f"{out}-{rank}.pt")
-    dist.destroy_process_group()
+    for port, (split, bounds) in zip(ports, SPLITS.items()):
+        if rank >= len(bounds) - 1:
+            continue
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(bounds) - 1)
+        x_all, w_all = _global_batch()
+        bn = _affine(CrossRankBatchNorm2d(3))
+        x = x_all[bounds[rank]:bounds[rank + 1]].clone().requires_grad_()
+        y = bn(x)
+        (y * w_all[bounds[rank]:bounds[rank + 1]]).sum().backward()
+        torch.save({"y": y.detach(), "grad": x.grad, "mean": bn.running_mean, "var": bn.running_var},
+                   f"{out}-{split}-{rank}.pt")
+        dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("bounds", [[0, 2, 6], [0, 6, 6], [0, 1, 1, 6]], ids=["2+4", "6+0", "1+0+5"])
-def test_cross_rank_batchnorm_is_one_batchnorm_of_the_global_batch_for_any_split(tmp_path, bounds):
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory) -> dict:
+    """{split: each rank's saved record} for every split of SPLITS, one
+    after the other in the same processes (one start of them for all)."""
+    out = tmp_path_factory.mktemp("uneven") / "bn"
+    world = max(len(bounds) - 1 for bounds in SPLITS.values())
+    ports: list[int] = []
+    while len(ports) < len(SPLITS):  # a store of its own per split
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    start(_uneven_batchnorm, (world, ports, str(out)), world)
+    return {split: [torch.load(f"{out}-{split}-{r}.pt") for r in range(len(bounds) - 1)]
+            for split, bounds in SPLITS.items()}
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_cross_rank_batchnorm_is_one_batchnorm_of_the_global_batch_for_any_split(uneven, split):
     # Ranks with uneven shares, one with none: outputs, input gradients and running statistics are
     # those of torch's own BatchNorm2d over the whole batch in one process.
-    world = len(bounds) - 1
-    mp.spawn(_uneven_batchnorm, args=(world, free_port(), str(tmp_path / "bn"), bounds), nprocs=world, join=True)
-    parts = [torch.load(tmp_path / f"bn-{r}.pt") for r in range(world)]
+    parts = uneven[split]
     x_all, w_all = _global_batch()
     ref = _affine(torch.nn.BatchNorm2d(3))
     x = x_all.clone().requires_grad_()
