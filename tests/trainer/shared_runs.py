@@ -1,8 +1,8 @@
 """Two-rank runs that tests in more than one file read, made once a pytest
 session (a module-scoped fixture is one file's): the uninterrupted run of
 an OBB resume test (test_obb_reference.py), which test_obb_train.py's
-yolo11n run reads too; and the stopped-and-resumed twin of such a run,
-held to test_segment.stopped_and_resumed's asserts."""
+yolo11n run reads too; and the stopped-and-resumed twin of such a run
+(the segment, pose and OBB resume tests)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def obb_run(tmp_path_factory) -> types.SimpleNamespace:
 
 
 def stopped_and_resumed_like(a: Path, data: Path, args: list[str], b: Path, columns: int) -> list[list[str]]:
-    """test_segment.stopped_and_resumed against a finished run `a` (of
-    `args` on `data`, 2 ranks): run b, held after step 5 (epoch 2, batch
+    """Against a finished, uninterrupted run `a` (of `args` on `data`,
+    2 ranks): run b, held after step 5 (epoch 2, batch
     1), stopped by SIGUSR2 and resumed, on 2 ranks. Asserts the two end with
     the same model, EMA and optimizer after 8 steps and the same results.csv
     but the time column (its first `columns` columns after `time`), and

@@ -18,14 +18,13 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED, max_abs_diff
-from test_yolo26_train import argv, env, hold_then_signal
+from conftest import SHARED
+from shared_runs import stopped_and_resumed_like
+from test_yolo26_train import argv, env
 
 from hpcyolo.login.shapes import make_shapes
 from hpcyolo.node.local import launch
-from hpcyolo_trainer.common.preemption import EXIT_CODE
 from hpcyolo_trainer.model.boxes import box_iou
-from hpcyolo_trainer.run import checkpoint as ckpt
 
 HPCYOLO = str(Path(sys.executable).parent / "hpcyolo")
 REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "ultralytics" / "trained"
@@ -91,43 +90,16 @@ def test_val_of_ultralytics_segmenter_gives_its_box_and_mask_figures_on_one_rank
     assert len(out) == 1 and json.loads(out[0]) == ours
 
 
-def stopped_and_resumed(tmp_path: Path, capfd, data: Path, args: list[str], columns: int) -> list[list[str]]:
-    """Run a, uninterrupted; run b, held after step 5 (epoch 2, batch 1),
-    stopped by SIGUSR2 and resumed; both on 2 ranks. Asserts the two end
-    with the same model, EMA and optimizer after 8 steps and the same
-    results.csv but the time column (its first `columns` columns after
-    `time`), and returns those rows."""
-    assert launch(argv(tmp_path / "a", data, *args), 2, env=env()) == 0
-    code, out = hold_then_signal(argv(tmp_path / "b", data, *args), 5)
-    assert code == EXIT_CODE, out
-    assert "stopping for preemption (SIGUSR2) at epoch 2, batch 1" in out
-    capfd.readouterr()
-    assert launch(argv(tmp_path / "b", data, *args), 2, env=env()) == 0
-    assert "resumed from" in capfd.readouterr().out
-    a = ckpt.load_latest(tmp_path / "a" / "checkpoints", warn=print)
-    b = ckpt.load_latest(tmp_path / "b" / "checkpoints", warn=print)
-    assert a["global_step"] == b["global_step"] == 8
-    for part in ("model", "ema", "optimizer"):
-        assert max_abs_diff(a[part], b[part], part) == 0.0, part
-
-    def measured(run: Path) -> list[list[str]]:  # epoch, then `columns` after the time (second)
-        return [(cells := row.split(","))[:1] + cells[2:2 + columns]
-                for row in (run / "results.csv").read_text().splitlines()]
-
-    rows = measured(tmp_path / "a")
-    assert rows == measured(tmp_path / "b") and len(rows) == 3
-    return rows
-
-
-def test_a_segment_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tmp_path, capfd):
+def test_a_segment_run_stopped_by_a_signal_on_two_ranks_resumes_bit_identical(tmp_path):
     """16 images, 2 ranks x 2: 4 steps an epoch; held after step 5 (epoch 2,
     the last: close_mosaic's), stopped by SIGUSR2, resumed; two loader workers
     a rank; mosaic, a rotating warp and copy-paste move the polygons."""
     data = make_shapes(tmp_path / "shapes", n_train=16, n_val=4, imgsz=64, task="segment", seed=1)
     args = ["--task", "segment", "--model", "yolo11n", "--epochs", "2", "--close-mosaic", "1", "--workers", "2",
             "--degrees", "10", "--copy-paste", "0.5"]
+    assert launch(argv(tmp_path / "a", data, *args), 2, env=env()) == 0  # run a, uninterrupted
     # epoch, losses, box and mask figures, val losses, lrs
-    rows = stopped_and_resumed(tmp_path, capfd, data, args, 21)
+    rows = stopped_and_resumed_like(tmp_path / "a", data, args, tmp_path / "b", 21)
     assert rows[0][1:6] == ["train/box_loss", "train/seg_loss", "train/cls_loss", "train/dfl_loss", "train/sem_loss"]
     assert rows[0][10:14] == ["metrics/precision(M)", "metrics/recall(M)", "metrics/mAP50(M)", "metrics/mAP50-95(M)"]
     assert rows[0][14:22] == ["val/box_loss", "val/seg_loss", "val/cls_loss", "val/dfl_loss", "val/sem_loss", "lr/pg0",
